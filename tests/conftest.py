@@ -1,0 +1,32 @@
+"""Shared fixtures: seeded random checkpoints written once per test session.
+
+`tiny` is the named tiny shape; `odd` has C=192 (not a multiple of 128), three heads
+and low-rank widths unlike any released model.
+"""
+from __future__ import annotations
+
+import pytest
+
+from rwkv_torch_ref import ModelConfig, named_config, write_random_checkpoint
+
+ODD_CONFIG = ModelConfig(n_layer=3, n_embd=192, n_head=3, head_size=64, vocab_size=300,
+                         dim_ffn=768, d_decay=24, d_aaa=40, d_mv=20, d_gate=56)
+
+
+def _write_pair(tmp_path_factory, name: str, config: ModelConfig, seed: int):
+    d = tmp_path_factory.mktemp(name)
+    for ext in ("pth", "safetensors"):
+        write_random_checkpoint(d / f"model.{ext}", config, seed=seed)
+    return d / "model.pth"
+
+
+@pytest.fixture(scope="session")
+def tiny_ckpt(tmp_path_factory):
+    """Path to a float32 tiny checkpoint (.pth; a .safetensors twin lies beside it)."""
+    return _write_pair(tmp_path_factory, "tiny", named_config("tiny"), seed=1234)
+
+
+@pytest.fixture(scope="session")
+def odd_ckpt(tmp_path_factory):
+    """Path to a float32 checkpoint of ODD_CONFIG (.pth; .safetensors twin beside it)."""
+    return _write_pair(tmp_path_factory, "odd", ODD_CONFIG, seed=4321)
