@@ -1,0 +1,136 @@
+"""Variable-length ("varlen") pieces: several sequences flattened into one token stream.
+
+Tokens of P sequences are concatenated without padding; sequence p owns the flat
+positions [starts[p], starts[p] + lengths[p]). Every per-token matrix product runs over
+the flat rows at once; only the two sequential pieces need to know where sequences
+begin:
+
+- the token shift (`token_shift_varlen`): a sequence's first token sees that
+  sequence's carried shift state, not the previous sequence's last token;
+- the wkv recurrence (`wkv_varlen`): each sequence starts from its own state row and
+  its final state lands in its own row. The scan runs the model's batched `wkv_step`
+  over all sequences in parallel, step t handling token t of every sequence still
+  running, so it takes max(lengths) steps, never sum(lengths).
+
+Empty sequences (length 0) are allowed anywhere and leave their state row unchanged.
+Flat positions at or past starts[-1] + lengths[-1] are padding (outputs zero).
+`wkv_varlen_reference` is the plain per-sequence loop the segmented scan must equal.
+"""
+from __future__ import annotations
+
+from typing import Callable, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+
+class Segments(NamedTuple):
+    """Where each flattened sequence lives: starts, lengths int32 [P] (device or numpy)."""
+
+    starts: jax.Array
+    lengths: jax.Array
+
+
+def segments_from_lengths(lengths, n_seqs: int | None = None) -> Segments:
+    """Host-side: contiguous segments for `lengths` (ints >= 0), padded with empty
+    segments to `n_seqs` rows. Returns numpy int32 arrays."""
+    lengths = np.asarray(lengths, dtype=np.int64).reshape(-1)
+    if (lengths < 0).any():
+        raise ValueError(f"sequence lengths must be >= 0, got {lengths.tolist()}")
+    n_seqs = len(lengths) if n_seqs is None else n_seqs
+    if n_seqs < len(lengths):
+        raise ValueError(f"n_seqs={n_seqs} is smaller than the {len(lengths)} sequences given")
+    padded = np.zeros(n_seqs, np.int64)
+    padded[:len(lengths)] = lengths
+    starts = np.concatenate([[0], np.cumsum(padded)[:-1]])
+    return Segments(starts.astype(np.int32), padded.astype(np.int32))
+
+
+def token_segment_ids(n_tokens: int, segs: Segments) -> tuple[jax.Array, jax.Array]:
+    """Per flat position: (segment id int32 [T] — P for padding, is_start bool [T])."""
+    t = jnp.arange(n_tokens, dtype=jnp.int32)
+    ends = segs.starts + segs.lengths
+    # The owning segment is the first whose end lies past t; empty segments
+    # (end == start) are skipped automatically.
+    seg = jnp.searchsorted(ends, t, side="right").astype(jnp.int32)
+    n_seqs = segs.starts.shape[0]
+    owner_start = segs.starts[jnp.minimum(seg, n_seqs - 1)]
+    is_start = (seg < n_seqs) & (t == owner_start)
+    return seg, is_start
+
+
+def token_shift_varlen(x: jax.Array, shift0: jax.Array, segs: Segments
+                       ) -> tuple[jax.Array, jax.Array]:
+    """Previous-token rows with a reset at every sequence start.
+
+    x [T, C] (this layer's LayerNorm output per flat token), shift0 [P, C] (carried
+    shift state per sequence). Returns prev [T, C] (x[t-1], or shift0[p] at p's first
+    token) and the new shift state [P, C] (x at each sequence's last token; shift0
+    for empty sequences).
+    """
+    n_tokens, n_seqs = x.shape[0], shift0.shape[0]
+    seg, is_start = token_segment_ids(n_tokens, segs)
+    shifted = jnp.concatenate([jnp.zeros_like(x[:1]), x[:-1]], axis=0)
+    prev = jnp.where(is_start[:, None], shift0[jnp.minimum(seg, n_seqs - 1)], shifted)
+    last = jnp.clip(segs.starts + segs.lengths - 1, 0, n_tokens - 1)
+    new_shift = jnp.where((segs.lengths > 0)[:, None], x[last], shift0)
+    return prev, new_shift
+
+
+WkvStep = Callable[..., tuple[jax.Array, jax.Array]]
+
+
+def wkv_varlen(r, w, k, v, kk, a, state0: jax.Array, segs: Segments, *,
+               wkv_step: WkvStep, n_single: int = 0) -> tuple[jax.Array, jax.Array]:
+    """Segmented wkv recurrence over a flat token stream.
+
+    r, w, k, v, kk, a: float32 [T, H, N] (the `Ops.wkv_step` operands per flat token);
+    state0 float32 [P, H, N, N], one row per sequence; `wkv_step` an `Ops.wkv_step`.
+    The first `n_single` sequences must have length <= 1 (decode rows in a mixed
+    step): they take one batched step instead of joining the loop. Returns
+    y float32 [T, H, N] (zero on padding) and the final states [P, H, N, N].
+    """
+    n_tokens = r.shape[0]
+    operands = (r, w, k, v, kk, a)
+    y = jnp.zeros_like(r)
+    single = Segments(segs.starts[:n_single], segs.lengths[:n_single])
+    multi = Segments(segs.starts[n_single:], segs.lengths[n_single:])
+    s_single, s_multi = state0[:n_single], state0[n_single:]
+
+    def step(t, seg: Segments, state, y):
+        """Token t of every segment in `seg` (inactive rows keep their state)."""
+        idx = seg.starts + t
+        active = t < seg.lengths
+        gathered = [o[jnp.minimum(idx, n_tokens - 1)] for o in operands]
+        y_t, new = wkv_step(*gathered, state)
+        state = jnp.where(active[:, None, None, None], new, state)
+        y = y.at[jnp.where(active, idx, n_tokens)].set(y_t, mode="drop")
+        return state, y
+
+    if n_single:
+        s_single, y = step(0, single, s_single, y)
+    if state0.shape[0] > n_single:
+        s_multi, y = jax.lax.fori_loop(
+            0, jnp.max(multi.lengths), lambda t, c: step(t, multi, *c), (s_multi, y))
+    return y, jnp.concatenate([s_single, s_multi], axis=0)
+
+
+def wkv_varlen_reference(r, w, k, v, kk, a, state0, lengths, *, wkv_step: WkvStep
+                         ) -> tuple[jax.Array, jax.Array]:
+    """Plain reference: each sequence run alone, token by token (host loop).
+
+    Same operands as `wkv_varlen` with `lengths` a host list; sequences are packed
+    from position 0 in order. Returns (y [T, H, N], final states [P, H, N, N]).
+    """
+    y = jnp.zeros_like(r)
+    finals = []
+    pos = 0
+    for p, n in enumerate(lengths):
+        s = state0[p:p + 1]
+        for t in range(pos, pos + n):
+            y_t, s = wkv_step(*(o[t:t + 1] for o in (r, w, k, v, kk, a)), s)
+            y = y.at[t].set(y_t[0])
+        finals.append(s)
+        pos += n
+    return y, jnp.concatenate(finals, axis=0)
