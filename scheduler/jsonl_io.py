@@ -1,0 +1,189 @@
+"""JSONL request input and crash-safe, resumable JSONL result output (standard library only).
+
+Input lines are ``{"id": ..., "prompt": "text"}`` or ``{"id": ..., "tokens": [int, ...]}``
+plus optional per-request sampling fields. Output lines are whole JSON objects appended
+with one ``write`` each and fsynced in small groups, so a crash leaves at most one torn
+last line, which the next run detects and cuts off before it appends.
+
+Every output record is keyed for resumption: by its ``id``, or — for records of input
+lines that have no usable id of their own (malformed JSON, a duplicate id) — by the
+``line`` number they carry.
+"""
+from __future__ import annotations
+
+import json
+import os
+import time
+from typing import Any, Iterator, NamedTuple
+
+ResultKey = tuple[str, Any]  # ("id", id) or ("line", line number)
+
+PROMPT_FIELDS = ("id", "prompt", "tokens")
+
+
+class InputRequest(NamedTuple):
+    """One well-formed input line: exactly one of prompt (str) / tokens (list[int]) is set."""
+
+    line: int
+    id: str | int
+    prompt: str | None
+    tokens: list[int] | None
+    overrides: dict[str, Any]  # the line's sampling fields, not yet validated
+
+
+class InputError(NamedTuple):
+    """An input line that cannot become a request; ``key`` identifies its error record."""
+
+    line: int
+    id: str | int | None
+    message: str
+
+    @property
+    def by_line(self) -> bool:
+        """True when the record must be keyed by line (no id, or the id belongs to another line)."""
+        return self.id is None or "duplicate id" in self.message
+
+    @property
+    def key(self) -> ResultKey:
+        return ("line", self.line) if self.by_line else ("id", self.id)
+
+
+def _valid_id(value: Any) -> bool:
+    return (isinstance(value, str) and value != "") or (isinstance(value, int) and not isinstance(value, bool))
+
+
+def parse_line(line_no: int, text: str) -> InputRequest | InputError:
+    """Parse and shape-check one input line (sampling fields are checked later, by SamplingParams)."""
+    try:
+        obj = json.loads(text)
+    except ValueError as e:
+        return InputError(line_no, None, f"line {line_no}: malformed JSON ({e})")
+    if not isinstance(obj, dict):
+        return InputError(line_no, None, f"line {line_no}: expected a JSON object, got {type(obj).__name__}")
+    rid = obj.get("id")
+    if not _valid_id(rid):
+        return InputError(line_no, None, f"line {line_no}: 'id' must be a non-empty string or an integer, "
+                                         f"got {rid!r}")
+    has_prompt, has_tokens = "prompt" in obj, "tokens" in obj
+    if has_prompt == has_tokens:
+        return InputError(line_no, rid, f"line {line_no}: give exactly one of 'prompt' (text) or "
+                                        f"'tokens' (list of ints)")
+    prompt, tokens = obj.get("prompt"), obj.get("tokens")
+    if has_prompt and not isinstance(prompt, str):
+        return InputError(line_no, rid, f"line {line_no}: 'prompt' must be a string, got {type(prompt).__name__}")
+    if has_tokens and not (isinstance(tokens, list)
+                           and all(isinstance(t, int) and not isinstance(t, bool) for t in tokens)):
+        return InputError(line_no, rid, f"line {line_no}: 'tokens' must be a list of integers")
+    overrides = {k: v for k, v in obj.items() if k not in PROMPT_FIELDS}
+    return InputRequest(line_no, rid, prompt, tokens, overrides)
+
+
+def read_requests(path: str | os.PathLike) -> Iterator[InputRequest | InputError]:
+    """Yield every non-blank line of ``path`` as a request or an input error.
+
+    A repeated id becomes an InputError on its later lines (the first line keeps it).
+    Line numbers count from 1 and include blank lines.
+    """
+    first_line: dict[Any, int] = {}
+    with open(path, encoding="utf-8", errors="replace") as f:
+        for line_no, text in enumerate(f, start=1):
+            if not text.strip():
+                continue
+            item = parse_line(line_no, text)
+            if item.id is not None:
+                if item.id in first_line:
+                    yield InputError(line_no, item.id, f"line {line_no}: duplicate id {item.id!r} "
+                                                       f"(first used on line {first_line[item.id]})")
+                    continue
+                first_line[item.id] = line_no
+            yield item
+
+
+def error_record(err: InputError) -> dict[str, Any]:
+    """The output record of an input line that failed before reaching the scheduler."""
+    record: dict[str, Any] = {"id": err.id, "tokens": [], "finish_reason": "error", "error": err.message,
+                              "prompt_tokens": 0, "generated_tokens": 0}
+    if err.by_line:
+        record["line"] = err.line
+    return record
+
+
+def record_key(record: dict[str, Any]) -> ResultKey:
+    return ("line", record["line"]) if "line" in record else ("id", record["id"])
+
+
+class ResultWriter:
+    """Append-only JSONL writer that resumes a previous run's file.
+
+    Opening scans ``path``: complete lines give ``done`` (the keys already written);
+    an unterminated or unparsable last line is a torn write and is truncated away
+    (reported in ``torn_bytes``). Each record is written with one ``os.write`` of a
+    whole line, so a killed process never leaves a partial line behind it except the
+    one being written; ``fsync`` runs every ``group`` records or ``interval`` seconds.
+    """
+
+    def __init__(self, path: str | os.PathLike, group: int = 16, interval: float = 1.0):
+        self.path = os.fspath(path)
+        self.group, self.interval = group, interval
+        self.done: set[ResultKey] = set()
+        self.records_before = 0
+        self.torn_bytes = 0
+        self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
+        self._scan()
+        self._pending = 0
+        self._last_sync = time.monotonic()
+
+    def _scan(self) -> None:
+        with open(self._fd, "rb", closefd=False) as f:
+            data = f.read()
+        keep = len(data)
+        lines = data.split(b"\n")
+        if lines[-1]:  # unterminated tail: a torn write
+            keep -= len(lines[-1])
+        complete = lines[:-1]
+        for i, raw in enumerate(complete):
+            if not raw.strip():
+                continue
+            try:
+                record = json.loads(raw)
+                self.done.add(record_key(record))
+            except (ValueError, KeyError, TypeError):
+                if i == len(complete) - 1:  # a terminated but garbled last line is torn too
+                    keep -= len(raw) + 1
+                    break
+                raise ValueError(f"{self.path!r} holds a line that is not a result record "
+                                 f"({raw[:80]!r}); refusing to append to it") from None
+            self.records_before += 1
+        self.torn_bytes = len(data) - keep
+        if self.torn_bytes:
+            os.ftruncate(self._fd, keep)
+            os.fsync(self._fd)
+
+    def write(self, record: dict[str, Any]) -> None:
+        """Append one record as a whole line; fsync when the group is full or old enough."""
+        line = (json.dumps(record, ensure_ascii=False) + "\n").encode("utf-8")
+        view = memoryview(line)
+        while view:
+            view = view[os.write(self._fd, view):]
+        self.done.add(record_key(record))
+        self._pending += 1
+        if self._pending >= self.group or time.monotonic() - self._last_sync >= self.interval:
+            self.sync()
+
+    def sync(self) -> None:
+        if self._pending:
+            os.fsync(self._fd)
+            self._pending = 0
+        self._last_sync = time.monotonic()
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            self.sync()
+            os.close(self._fd)
+            self._fd = -1
+
+    def __enter__(self) -> "ResultWriter":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
