@@ -82,3 +82,32 @@ def test_segments_from_lengths_rejects_bad_input():
         segments_from_lengths([1, 2, 3], n_seqs=2)
     segs = segments_from_lengths([2, 0, 3], n_seqs=5)
     assert segs.starts.tolist() == [0, 2, 2, 5, 5] and segs.lengths.tolist() == [2, 0, 3, 0, 0]
+
+
+def test_plan_pieces_fills_budget_first_come_first_served():
+    from scheduler.prefill_policies import plan_pieces
+    assert plan_pieces([5, 300, 7], budget=256) == [5, 251]
+    assert plan_pieces([5, 3, 7], budget=256) == [5, 3, 7]
+    assert plan_pieces([5, 3, 7], budget=8) == [5, 3]
+    assert plan_pieces([1000], budget=256) == [256]
+    assert plan_pieces([1, 1, 1, 1], budget=256, max_pieces=3) == [1, 1, 1]
+    assert plan_pieces([], budget=256) == []
+    rng = np.random.default_rng(0)
+    for _ in range(50):
+        remaining = rng.integers(1, 100, rng.integers(1, 12)).tolist()
+        budget, cap = int(rng.integers(1, 300)), int(rng.integers(1, 6))
+        counts = plan_pieces(remaining, budget, cap)
+        assert len(counts) <= cap and sum(counts) <= budget
+        assert all(c == n for c, n in zip(counts[:-1], remaining))   # only the last is cut
+        assert sum(counts) == min(budget, sum(remaining[:cap]))
+    with pytest.raises(ValueError, match="budget"):
+        plan_pieces([3], budget=0)
+    with pytest.raises(ValueError, match="tokens left"):
+        plan_pieces([0, 3], budget=4)
+
+
+def test_varlen_shape_rounds_to_powers_of_two():
+    from scheduler.prefill_policies import varlen_shape
+    assert [varlen_shape(n) for n in (1, 16, 17, 256, 257)] == [16, 16, 32, 256, 512]
+    with pytest.raises(ValueError):
+        varlen_shape(0)
