@@ -1,0 +1,96 @@
+"""The recurrent state of the torch reference: one NamedTuple with a leading batch axis.
+
+Layout (identical in the JAX model)::
+
+    att_shift  [B, L, C]        model dtype  previous token's LN1 output, per layer
+    wkv        [B, L, H, N, N]  float32      (float64 for a float64 model); rows = value
+                                             dim i, cols = key dim j
+    ffn_shift  [B, L, C]        model dtype  previous token's LN2 output, per layer
+
+A fresh sequence is all zeros. Row b of every leaf belongs to sequence b, so the
+scheduler moves sequences with ``select_rows`` / ``concat_states`` / ``replace_rows``.
+"""
+from __future__ import annotations
+
+from typing import NamedTuple, Sequence
+
+import torch
+
+from .config import ModelConfig
+
+
+class State(NamedTuple):
+    att_shift: torch.Tensor
+    wkv: torch.Tensor
+    ffn_shift: torch.Tensor
+
+    @property
+    def batch_size(self) -> int:
+        return self.att_shift.shape[0]
+
+
+def wkv_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The wkv state's dtype for a model of ``dtype``: float64 stays, all else float32."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def zeros_state(config: ModelConfig, batch_size: int, dtype: torch.dtype,
+                device: torch.device | str = "cpu") -> State:
+    """A fresh (all-zero) state for ``batch_size`` sequences."""
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    c = config
+    shift = (batch_size, c.n_layer, c.n_embd)
+    return State(
+        att_shift=torch.zeros(shift, dtype=dtype, device=device),
+        wkv=torch.zeros((batch_size, c.n_layer, c.n_head, c.head_size, c.head_size),
+                        dtype=wkv_dtype(dtype), device=device),
+        ffn_shift=torch.zeros(shift, dtype=dtype, device=device))
+
+
+def select_rows(state: State, rows: Sequence[int] | torch.Tensor) -> State:
+    """Gather sequences ``rows`` (indices into the batch axis) into a new state."""
+    idx = torch.as_tensor(rows, dtype=torch.long, device=state.wkv.device)
+    return State(*(leaf.index_select(0, idx) for leaf in state))
+
+
+def concat_states(states: Sequence[State]) -> State:
+    """Stack states of the same model along the batch axis (in the given order)."""
+    if not states:
+        raise ValueError("concat_states needs at least one state")
+    return State(*(torch.cat(leaves, dim=0) for leaves in zip(*states)))
+
+
+def replace_rows(state: State, rows: Sequence[int] | torch.Tensor, new: State) -> State:
+    """A copy of ``state`` whose batch rows ``rows`` are the rows of ``new`` (in order)."""
+    idx = torch.as_tensor(rows, dtype=torch.long, device=state.wkv.device)
+    if new.batch_size != idx.numel():
+        raise ValueError(f"replace_rows: {idx.numel()} row indices but the new state has "
+                         f"batch size {new.batch_size}")
+    return State(*(leaf.index_copy(0, idx, part.to(leaf.dtype))
+                   for leaf, part in zip(state, new)))
+
+
+def check_state(state: object, config: ModelConfig, batch_size: int, dtype: torch.dtype) -> State:
+    """Validate a state against the model and a token batch; ValueError names the problem."""
+    if not isinstance(state, tuple) or len(state) != 3:
+        raise ValueError("state must be a State(att_shift, wkv, ffn_shift) as made by "
+                         f"init_state, got {type(state).__name__}")
+    state = State(*state)
+    c = config
+    want = {"att_shift": ((batch_size, c.n_layer, c.n_embd), dtype),
+            "wkv": ((batch_size, c.n_layer, c.n_head, c.head_size, c.head_size), wkv_dtype(dtype)),
+            "ffn_shift": ((batch_size, c.n_layer, c.n_embd), dtype)}
+    for name, (shape, dt) in want.items():
+        leaf = getattr(state, name)
+        if not isinstance(leaf, torch.Tensor):
+            raise ValueError(f"state.{name} must be a torch.Tensor, got {type(leaf).__name__}")
+        if leaf.dim() >= 1 and leaf.shape[0] != batch_size:
+            raise ValueError(f"state.{name} has batch size {leaf.shape[0]} but the tokens "
+                             f"have batch size {batch_size}")
+        if tuple(leaf.shape) != shape:
+            raise ValueError(f"state.{name} has shape {tuple(leaf.shape)}, expected {shape} "
+                             "[B, L, C] / [B, L, H, N, N]")
+        if leaf.dtype != dt:
+            raise ValueError(f"state.{name} has dtype {leaf.dtype}, expected {dt}")
+    return state
