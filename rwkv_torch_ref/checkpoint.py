@@ -139,17 +139,24 @@ def _read_safetensors(path: Path) -> Tensors:
         except ValueError as e:
             raise CheckpointError(f"{str(path)!r}: safetensors header is not JSON ({e})") from None
         buf = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if size else b""
+    if not isinstance(header, dict):
+        raise CheckpointError(f"{str(path)!r}: safetensors header is not a JSON object")
     header.pop("__metadata__", None)
     out = {}
     for key, info in header.items():
-        dtype = _ST_DTYPES.get(info.get("dtype"))
+        try:
+            dtype = _ST_DTYPES.get(info["dtype"])
+            start, end = (int(x) for x in info["data_offsets"])
+            shape = tuple(int(x) for x in info["shape"])
+        except (TypeError, KeyError, ValueError):
+            raise CheckpointError(f"{str(path)!r}: malformed safetensors entry for key {key!r}: "
+                                  f"{info!r}") from None
         if dtype is None:
-            raise CheckpointError(f"key {key!r}: unsupported safetensors dtype {info.get('dtype')}")
-        start, end = info["data_offsets"]
-        shape = tuple(info["shape"])
+            raise CheckpointError(f"{str(path)!r}, key {key!r}: unsupported safetensors dtype "
+                                  f"{info['dtype']}")
         if 8 + n + end > size or end - start != np.dtype(dtype).itemsize * int(np.prod(shape)):
-            raise CheckpointError(f"key {key!r}: data range {start}..{end} does not fit the file "
-                                  f"(truncated?) or shape {shape}")
+            raise CheckpointError(f"{str(path)!r}, key {key!r}: data range {start}..{end} does not "
+                                  f"fit the file (truncated?) or shape {shape}")
         out[key] = np.frombuffer(buf, dtype=dtype, count=int(np.prod(shape)),
                                  offset=8 + n + start).reshape(shape)
     return out
