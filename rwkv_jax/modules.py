@@ -1,0 +1,192 @@
+"""Flax NNX modules of RWKV-7: time-mix, channel-mix, block and the whole model.
+
+Built from checkpoint tensors (``from_checkpoint``) or as zeros (for an abstract skeleton).
+Every matrix is stored ``[out, in]`` (the low-rank ``w1 a1 v1 g1`` / ``w2 a2 v2 g2``
+transposed from the checkpoint's ``x @ W`` layout) so all products go through
+``Ops.linear``; per-channel vectors that feed float32 math (LayerNorm, decay, ``a``,
+``kk``, GroupNorm) are kept float32. Each layer owns its own arrays: XLA on the CPU
+copies a slice of a layer-stacked weight before a matrix product, which measured 2-3x
+slower for memory-bound decode (see docs in ``forward.py``).
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from rwkv_torch_ref.config import ModelConfig
+
+from .ops import Ops, layer_norm
+
+F32 = jnp.float32
+DECAY_SCALE = 0.606531  # exp(-0.5): decay = exp(-DECAY_SCALE * sigmoid(.)) in [0.545, 1)
+GROUP_NORM_EPS = 64e-5
+TIME_MIX_VECS = ("w0", "a0", "v0", "k_k", "k_a", "ln_x.weight", "ln_x.bias")
+LOW_RANK = ("w1", "w2", "a1", "a2", "v1", "v2", "g1", "g2")
+
+
+class Tensors:
+    """Checkpoint tensors -> jax arrays in a target dtype; None builds zeros of each shape."""
+
+    def __init__(self, tensors: dict | None, dtype):
+        self.tensors, self.dtype = tensors, dtype
+
+    def get(self, key: str, shape: tuple[int, ...], dtype=None, transpose: bool = False) -> nnx.Param:
+        dtype = dtype or self.dtype
+        if self.tensors is None:
+            return nnx.Param(jnp.zeros(shape, dtype))
+        a = np.asarray(self.tensors[key], dtype=np.float32)
+        a = a.T if transpose else a
+        return nnx.Param(jnp.asarray(a.reshape(shape), dtype))
+
+    def rows(self, keys: list[str], width: int, dtype=None) -> nnx.Param:
+        """Stack 1-element-per-channel tensors (any of shapes (C,), (1,1,C)) as [len(keys), C]."""
+        dtype = dtype or self.dtype
+        if self.tensors is None:
+            return nnx.Param(jnp.zeros((len(keys), width), dtype))
+        stacked = np.stack([np.asarray(self.tensors[k], np.float32).reshape(width) for k in keys])
+        return nnx.Param(jnp.asarray(stacked, dtype))
+
+
+class TimeMix(nnx.Module):
+    """Attention-like mixing with the wkv recurrence (one layer)."""
+
+    def __init__(self, config: ModelConfig, layer_id: int, t: Tensors):
+        C, H, N = config.n_embd, config.n_head, config.head_size
+        p = f"blocks.{layer_id}.att."
+        self.layer_id, self.n_head, self.head_size = layer_id, H, N
+        self.mix = t.rows([p + f"x_{n}" for n in "rwkvag"], C)
+        self.vecs = t.rows([p + n for n in TIME_MIX_VECS], C, F32)
+        self.r_k = t.get(p + "r_k", (H, N), F32)
+        for name in ("receptance", "key", "value", "output"):
+            setattr(self, name, t.get(p + name + ".weight", (C, C)))
+        widths = {"w": config.d_decay, "a": config.d_aaa, "v": config.d_mv, "g": config.d_gate}
+        for n, d in widths.items():  # stored [out, in]
+            setattr(self, n + "1", t.get(p + n + "1", (d, C), transpose=True))
+            setattr(self, n + "2", t.get(p + n + "2", (C, d), transpose=True))
+
+    def __call__(self, mixed, S, v_first, *, ops: Ops, step: bool):
+        """mixed [6, B, T, C] (order r w k v a g), S [B, H, N, N] f32, v_first [B*T, C] f32 | None
+        -> (out [B, T, C] model dtype, S_new, v_first)."""
+        _, B, T, C = mixed.shape
+        H, N, M = self.n_head, self.head_size, B * T
+        xr, xw, xk, xv, xa, xg = mixed.reshape(6, M, C)
+        w0, a0, v0, k_k, k_a, lnx_w, lnx_b = self.vecs[...]
+        lin = ops.linear
+
+        r = lin(xr, self.receptance[...]).astype(F32)
+        k = lin(xk, self.key[...]).astype(F32)
+        v = lin(xv, self.value[...]).astype(F32)
+        w_lora = lin(jnp.tanh(lin(xw, self.w1[...])), self.w2[...]).astype(F32)
+        w = jnp.exp(-DECAY_SCALE * jax.nn.sigmoid(w0 + w_lora))
+        a = jax.nn.sigmoid(a0 + lin(lin(xa, self.a1[...]), self.a2[...]).astype(F32))
+        g = lin(jax.nn.sigmoid(lin(xg, self.g1[...])), self.g2[...]).astype(F32)
+
+        kk = (k * k_k).reshape(M, H, N)
+        kk = (kk / jnp.maximum(jnp.linalg.norm(kk, axis=-1, keepdims=True), 1e-12)).reshape(M, C)
+        k = k * (1 + (a - 1) * k_a)
+        if self.layer_id == 0:
+            v_first = v
+        else:
+            v = v + (v_first - v) * jax.nn.sigmoid(v0 + lin(lin(xv, self.v1[...]), self.v2[...]).astype(F32))
+
+        if step:  # T == 1: [B, H, N]
+            y, S = ops.wkv_step(*(x.reshape(B, H, N) for x in (r, w, k, v, kk, a)), S)
+        else:
+            y, S = ops.wkv_seq(*(x.reshape(B, T, H, N) for x in (r, w, k, v, kk, a)), S)
+        y = y.reshape(M, H, N)
+        mean = y.mean(-1, keepdims=True)
+        var = jnp.square(y - mean).mean(-1, keepdims=True)
+        y = ((y - mean) * jax.lax.rsqrt(var + GROUP_NORM_EPS)).reshape(M, C) * lnx_w + lnx_b
+        bonus = (r * k).reshape(M, H, N) * self.r_k[...]
+        y = y + (bonus.sum(-1, keepdims=True) * v.reshape(M, H, N)).reshape(M, C)
+        out = lin((y * g).astype(mixed.dtype), self.output[...])
+        return out.reshape(B, T, C), S, v_first
+
+
+class ChannelMix(nnx.Module):
+    """The squared-ReLU feed-forward (one layer)."""
+
+    def __init__(self, config: ModelConfig, layer_id: int, t: Tensors):
+        C, F = config.n_embd, config.dim_ffn
+        p = f"blocks.{layer_id}.ffn."
+        self.mix = t.rows([p + "x_k"], C)
+        self.key = t.get(p + "key.weight", (F, C))
+        self.value = t.get(p + "value.weight", (C, F))
+
+    def __call__(self, xk, *, ops: Ops):
+        """xk [B, T, C] -> [B, T, C]."""
+        B, T, C = xk.shape
+        return ops.channel_mix(xk.reshape(B * T, C), self.key[...], self.value[...]).reshape(B, T, C)
+
+
+def _shift_mix_seq(h, delta, shift, ln_w, ln_b, mix):
+    """The sequence form of Ops.shift_mix: h, delta [B, T, C], shift [B, C] -> (h_out, mixed
+    [n, B, T, C], new shift [B, C]); position t mixes with the LN output of t-1."""
+    h = h if delta is None else h + delta
+    x = layer_norm(h, ln_w, ln_b)
+    prev = jnp.concatenate([shift[:, None].astype(x.dtype), x[:, :-1]], axis=1)
+    return h, x[None] + (prev - x)[None] * mix[:, None, None, :], x[:, -1]
+
+
+class Block(nnx.Module):
+    """One layer: LN1 + time-mix and LN2 + channel-mix, each with a token shift."""
+
+    def __init__(self, config: ModelConfig, layer_id: int, t: Tensors):
+        p = f"blocks.{layer_id}."
+        self.ln = t.rows([p + "ln1.weight", p + "ln1.bias", p + "ln2.weight", p + "ln2.bias"],
+                         config.n_embd, F32)
+        self.att = TimeMix(config, layer_id, t)
+        self.ffn = ChannelMix(config, layer_id, t)
+
+    def _shift_mix(self, ops, step, h, delta, shift, ln_w, ln_b, mix):
+        if not step:
+            return _shift_mix_seq(h, delta, shift, ln_w, ln_b, mix)
+        h, mixed, x_ln = ops.shift_mix(h[:, 0], None if delta is None else delta[:, 0],
+                                       shift, ln_w, ln_b, mix)
+        return h[:, None], mixed[:, :, None], x_ln
+
+    def __call__(self, h, delta, layer_state, v_first, *, ops: Ops, step: bool):
+        """h [B, T, C]; delta [B, T, C] | None (the previous layer's channel-mix output, not yet
+        added); layer_state (att_shift [B, C], wkv [B, H, N, N], ffn_shift [B, C])
+        -> (h, delta, layer_state, v_first)."""
+        att_shift, S, ffn_shift = layer_state
+        ln1_w, ln1_b, ln2_w, ln2_b = self.ln[...]
+        h, mixed, att_shift = self._shift_mix(ops, step, h, delta, att_shift, ln1_w, ln1_b,
+                                              self.att.mix[...])
+        att_out, S, v_first = self.att(mixed, S, v_first, ops=ops, step=step)
+        h, mixed, ffn_shift = self._shift_mix(ops, step, h, att_out, ffn_shift, ln2_w, ln2_b,
+                                              self.ffn.mix[...])
+        return h, self.ffn(mixed[0], ops=ops), (att_shift, S, ffn_shift), v_first
+
+
+class RWKV7(nnx.Module):
+    """The whole model: embedding + LN0, the blocks, LN_out and the head."""
+
+    def __init__(self, config: ModelConfig, tensors: dict | None = None, dtype=F32):
+        t = Tensors(tensors, dtype)
+        C, V = config.n_embd, config.vocab_size
+        self.emb = t.get("emb.weight", (V, C))
+        self.ln = t.rows(["blocks.0.ln0.weight", "blocks.0.ln0.bias", "ln_out.weight", "ln_out.bias"], C, F32)
+        self.head = t.get("head.weight", (V, C))
+        self.blocks = nnx.List([Block(config, layer, t) for layer in range(config.n_layer)])
+
+    def __call__(self, tokens, state, *, ops: Ops, step: bool, full_output: bool = False):
+        """tokens int32 [B, T], state (att_shift [B, L, C], wkv [B, L, H, N, N], ffn_shift [B, L, C])
+        -> (logits float32 [B, V] or [B, T, V], new (att_shift, wkv, ffn_shift))."""
+        ln0_w, ln0_b, lnout_w, lnout_b = self.ln[...]
+        h = layer_norm(jnp.take(self.emb[...], tokens, axis=0), ln0_w, ln0_b)
+        delta, v_first, per_layer = None, None, []
+        for layer, block in enumerate(self.blocks):
+            layer_state = tuple(leaf[:, layer] for leaf in state)
+            h, delta, layer_state, v_first = block(h, delta, layer_state, v_first, ops=ops, step=step)
+            per_layer.append(layer_state)
+        h = h + delta
+        if not full_output:
+            h = h[:, -1:]
+        B, T, C = h.shape
+        logits = ops.linear(layer_norm(h, lnout_w, lnout_b).reshape(B * T, C), self.head[...])
+        logits = logits.astype(F32).reshape(B, T, -1)
+        new_state = tuple(jnp.stack(leaves, axis=1) for leaves in zip(*per_layer))
+        return (logits if full_output else logits[:, 0]), new_state
