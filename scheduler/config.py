@@ -1,0 +1,70 @@
+"""Scheduler configuration (immutable) and the bucket ladder."""
+from __future__ import annotations
+
+import enum
+from typing import NamedTuple, Sequence
+
+
+class PrefillPolicy(enum.Enum):
+    """How prompts are prefilled. SERIAL: one prompt at a time in a worker thread while
+    decode steps keep running (the default; the others are added by the prefill-policy work)."""
+    SERIAL = "serial"
+    VARLEN = "varlen"
+    MIXED = "mixed"
+
+
+class SchedulerConfig(NamedTuple):
+    """max_batch: most live rows; buckets: decode batch sizes (default powers of two up to
+    max_batch, max_batch itself included); prefix_cache_bytes: host prefix-state cache bound
+    (0 = off); prefix_block: besides whole prompts, the state at the last multiple of this many
+    tokens is cached, so prompts sharing a system prompt hit; precompile: compile every bucket
+    before the first step; prefill_policy: a PrefillPolicy value; chunk: prompt tokens per
+    mixed step."""
+    max_batch: int = 256
+    buckets: Sequence[int] | None = None
+    prefix_cache_bytes: int = 0
+    prefix_block: int = 64
+    precompile: bool = False
+    prefill_policy: str = "serial"
+    chunk: int = 256
+
+    def validated(self) -> "SchedulerConfig":
+        """Return a copy with ``buckets`` resolved to a sorted tuple; ValueError on bad fields."""
+        if not isinstance(self.max_batch, int) or self.max_batch < 1:
+            raise ValueError(f"SchedulerConfig.max_batch={self.max_batch!r}: must be an integer >= 1")
+        buckets = bucket_ladder(self.max_batch) if self.buckets is None else tuple(sorted(set(self.buckets)))
+        if not buckets or any(not isinstance(b, int) or b < 1 for b in buckets):
+            raise ValueError(f"SchedulerConfig.buckets={self.buckets!r}: must be positive integers")
+        if buckets[-1] < self.max_batch:
+            raise ValueError(f"SchedulerConfig.buckets={self.buckets!r}: largest bucket is below "
+                             f"max_batch={self.max_batch}")
+        if self.prefix_cache_bytes < 0:
+            raise ValueError(f"SchedulerConfig.prefix_cache_bytes={self.prefix_cache_bytes!r}: must be >= 0")
+        if self.prefix_block < 1:
+            raise ValueError(f"SchedulerConfig.prefix_block={self.prefix_block!r}: must be >= 1")
+        if self.chunk < 1:
+            raise ValueError(f"SchedulerConfig.chunk={self.chunk!r}: must be >= 1")
+        try:
+            PrefillPolicy(self.prefill_policy)
+        except ValueError:
+            raise ValueError(f"SchedulerConfig.prefill_policy={self.prefill_policy!r}: choose one of "
+                             f"{[p.value for p in PrefillPolicy]}") from None
+        return self._replace(buckets=buckets)
+
+
+def bucket_ladder(max_batch: int) -> tuple[int, ...]:
+    """Powers of two below max_batch, then max_batch: 256 -> (1, 2, 4, ..., 256); 6 -> (1, 2, 4, 6)."""
+    ladder = []
+    b = 1
+    while b < max_batch:
+        ladder.append(b)
+        b *= 2
+    return tuple(ladder) + (max_batch,)
+
+
+def bucket_for(n: int, buckets: Sequence[int]) -> int:
+    """Smallest bucket holding n rows (buckets sorted); the largest when none does."""
+    for b in buckets:
+        if b >= n:
+            return b
+    return buckets[-1]

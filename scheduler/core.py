@@ -1,0 +1,463 @@
+"""The scheduler: serial prefill in a worker thread, bucketed batched decode in the caller's.
+
+Threads: ``run()`` drives decode steps in the calling thread; one prefill worker takes
+WAITING requests in arrival order, prefills them one at a time under ``prefill_lock``
+(using the prefix cache), draws each first token and hands the request over as READY.
+Every loop iteration of ``run()``: report finished/cancelled requests, admit READY requests
+(at most ``max_batch`` live rows), resize the batch to the smallest bucket holding the live
+rows plus the prompt in prefill (which joins soon: no shrink-then-grow) if that differs
+from the current one (compacting live slots to the front; compiling a new bucket first
+unless precompiled), insert the
+admitted rows into free slots, run one engine step, and account the drawn tokens.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from typing import Callable, Mapping
+
+import numpy as np
+
+from .config import SchedulerConfig, bucket_for
+from .engine import NONFINITE_TOKEN, Engine
+from .params import Request, RequestOutput, RequestState, SamplingParams
+from .prefix_cache import PrefixCache
+from .stats import BucketSwitch, CompileEvent, PrefillRecord, RequestRecord, Stats, StepRecord
+
+_NO_TOKEN = -2  # padding in the per-slot stop-token table
+
+
+class _Entry:
+    """Scheduler-side bookkeeping of one request."""
+
+    def __init__(self, request: Request, arrival: float):
+        self.id = request.id
+        self.request = request
+        self.params: SamplingParams | None = None
+        self.prompt: list[int] = []
+        self.state = RequestState.WAITING
+        self.times = {RequestState.WAITING: arrival}
+        self.arrival = arrival
+        self.tokens: list[int] = []
+        self.row = None
+        self.first_token: int | None = None
+        self.first_token_time: float | None = None
+        self.cached_tokens = 0
+        self.prefill_seconds: float | None = None
+        self.error: str | None = None
+        self.cancel_requested = False
+        self.slot = -1
+
+    def set_state(self, state: RequestState) -> None:
+        self.state = state
+        self.times[state] = time.perf_counter()
+
+
+class Scheduler:
+    """Schedules requests on an ``Engine``; see the module docstring.
+
+    ``tokenizer``: any object with ``decode(list[int]) -> str``; needed for stop strings.
+    ``results``: {id: RequestOutput} of every request that reached a final state.
+    ``stats``: a ``Stats`` record of the runs so far.
+    """
+
+    def __init__(self, engine: Engine, config: SchedulerConfig | None = None, tokenizer=None):
+        self.engine = engine
+        self.config = (config or SchedulerConfig()).validated()
+        self.tokenizer = tokenizer
+        self.stats = Stats()
+        self.results: dict[str, RequestOutput] = {}
+        self.prefill_lock = threading.Lock()
+        self._prefix = PrefixCache(self.config.prefix_cache_bytes) if self.config.prefix_cache_bytes else None
+        self._seed_rng = np.random.default_rng()
+        self._cond = threading.Condition()
+        self._entries: dict[str, _Entry] = {}
+        self._waiting: deque[_Entry] = deque()   # guarded by _cond
+        self._ready: deque[_Entry] = deque()     # guarded by _cond
+        self._finals: deque[_Entry] = deque()    # final before reaching the batch; guarded by _cond
+        self._cancels: set[str] = set()          # guarded by _cond
+        self._prefilling = 0                     # guarded by _cond
+        self._live_count = 0                     # guarded by _cond (copy of the main thread's)
+        self._admitting = True
+        self._stop_worker = False
+        self._compiled: set[int] = set()
+        self._on_token = self._on_finish = None
+        self._resize_slots(0, [])
+
+    # ---- public API -------------------------------------------------------------------
+    def add(self, request: Request) -> None:
+        """Queue a request. An invalid one is not raised: it finishes FAILED with a message
+        (reported by ``run``). A duplicate id of a known request raises ValueError."""
+        if request.id in self._entries:
+            raise ValueError(f"duplicate request id {request.id!r}")
+        entry = _Entry(request, time.perf_counter())
+        self._entries[request.id] = entry
+        try:
+            entry.params, entry.prompt = self._validated(request)
+        except (ValueError, TypeError) as e:
+            entry.error = f"invalid request: {e}"
+        with self._cond:
+            if entry.error is not None or entry.params.max_tokens == 0:
+                self._finals.append(entry)
+            else:
+                self._waiting.append(entry)
+            self._cond.notify_all()
+
+    def cancel(self, request_id: str) -> None:
+        """Cancel a request (any thread). A waiting one is dropped at once; a running one
+        leaves the batch before the next step. Finishes with finish_reason "cancelled"."""
+        with self._cond:
+            entry = self._entries.get(request_id)
+            if entry is None or entry.state.is_final:
+                return
+            if entry.state is RequestState.WAITING and entry in self._waiting:
+                self._waiting.remove(entry)
+                entry.cancel_requested = True
+                self._finals.append(entry)
+            else:
+                self._cancels.add(request_id)
+            self._cond.notify_all()
+
+    def unstarted(self) -> list[str]:
+        """Ids of requests still WAITING (e.g. after ``should_stop`` ended a run)."""
+        with self._cond:
+            return [e.id for e in self._waiting]
+
+    def run(self, on_token: Callable[[str, int], None] | None = None,
+            on_finish: Callable[[RequestOutput], None] | None = None,
+            should_stop: Callable[[], bool] | None = None) -> None:
+        """Drive until every added request is final. ``on_token(id, token)`` streams each
+        emitted token; ``on_finish(output)`` fires once per request. When ``should_stop()``
+        returns True no more requests start; those already started run to completion and
+        unstarted ones stay WAITING (not reported). Callbacks run in this thread."""
+        self._on_token, self._on_finish = on_token, on_finish
+        self._admitting = True
+        self._stop_worker = False
+        if self.config.precompile:
+            self._ensure_compiled(self.config.buckets)
+        worker = threading.Thread(target=self._prefill_worker, name="prefill", daemon=True)
+        worker.start()
+        try:
+            while True:
+                if self._admitting and should_stop is not None and should_stop():
+                    with self._cond:
+                        self._admitting = False
+                self._report_finals()
+                self._apply_cancels()
+                admitted = self._take_ready()
+                if not self._live and not admitted:
+                    with self._cond:
+                        if self._idle():
+                            break
+                        self._cond.wait_for(lambda: self._ready or self._finals or self._cancels,
+                                            timeout=0.05)
+                    continue
+                self._decode_step(admitted)
+        finally:
+            with self._cond:
+                self._stop_worker = True
+                self._cond.notify_all()
+            worker.join()
+            self._report_finals()
+
+    # ---- validation -------------------------------------------------------------------
+    def _validated(self, request: Request) -> tuple[SamplingParams, list[int]]:
+        params = request.params
+        if isinstance(params, Mapping):
+            params = SamplingParams.from_dict(params)
+        if not isinstance(params, SamplingParams):
+            raise TypeError(f"params must be SamplingParams or a dict, got {type(params).__name__}")
+        vocab = self.engine.vocab_size
+        params.validate(vocab)
+        if params.stop and self.tokenizer is None:
+            raise ValueError("stop strings need a tokenizer (Scheduler(tokenizer=...))")
+        prompt = np.asarray(request.prompt_tokens)
+        if prompt.ndim != 1 or prompt.size == 0:
+            raise ValueError("prompt_tokens is empty" if prompt.size == 0
+                             else f"prompt_tokens must be a flat list, got shape {prompt.shape}")
+        if prompt.dtype.kind not in "iu":
+            raise ValueError(f"prompt_tokens must be integers, got {prompt.dtype}")
+        bad = np.flatnonzero((prompt < 0) | (prompt >= vocab))
+        if bad.size:
+            raise ValueError(f"prompt token {int(prompt[bad[0]])} at position {int(bad[0])} is "
+                             f"outside the vocabulary [0, {vocab})")
+        if params.seed is None:
+            params = params.replace(seed=int(self._seed_rng.integers(2**32)))
+        return params, prompt.tolist()
+
+    # ---- prefill worker ---------------------------------------------------------------
+    def _prefill_worker(self) -> None:
+        max_batch = self.config.max_batch
+        while True:
+            with self._cond:
+                self._cond.wait_for(lambda: self._stop_worker or (
+                    self._admitting and self._waiting
+                    and self._live_count + len(self._ready) + self._prefilling < max_batch),
+                    timeout=0.05)
+                if self._stop_worker:
+                    return
+                if not (self._admitting and self._waiting
+                        and self._live_count + len(self._ready) + self._prefilling < max_batch):
+                    continue
+                entry = self._waiting.popleft()
+                entry.set_state(RequestState.PREFILL)
+                self._prefilling += 1
+            try:
+                with self.prefill_lock:
+                    self._prefill(entry)
+            except Exception as e:  # the request fails alone; the worker goes on
+                entry.error = f"prefill failed: {type(e).__name__}: {e}"
+                entry.row = None
+            with self._cond:
+                self._prefilling -= 1
+                if entry.error is None:
+                    entry.set_state(RequestState.READY)
+                self._ready.append(entry)
+                self._cond.notify_all()
+
+    def _prefill(self, entry: _Entry) -> None:
+        """Prefill entry.prompt (reusing the longest cached prefix) and draw its first token."""
+        engine, prompt, cache = self.engine, entry.prompt, self._prefix
+        start = time.perf_counter()
+        done, row = 0, None
+        if cache is not None:
+            done, host = cache.longest_prefix(prompt)
+            if done:
+                self.stats.prefix_hits += 1
+                row = engine.from_host(host)
+            else:
+                self.stats.prefix_misses += 1
+        entry.cached_tokens = done
+        if done < len(prompt):
+            block = self.config.prefix_block
+            boundary = (len(prompt) - 1) // block * block
+            if cache is not None and boundary > done:
+                row = engine.prefill(np.asarray(prompt[done:boundary], np.int32), row)
+                cache.put(prompt[:boundary], engine.to_host(row))
+                done = boundary
+            row = engine.prefill(np.asarray(prompt[done:], np.int32), row)
+            if cache is not None:
+                cache.put(prompt, engine.to_host(row))
+        entry.row = row
+        entry.first_token = int(engine.sample(row, entry.params, 0))
+        entry.first_token_time = now = time.perf_counter()
+        entry.prefill_seconds = now - start
+        self.stats.prefills.append(PrefillRecord(start, entry.id, len(prompt) - entry.cached_tokens,
+                                                 now - start))
+
+    # ---- main-thread bookkeeping ------------------------------------------------------
+    def _idle(self) -> bool:
+        """Nothing left to do in this run (caller holds _cond)."""
+        return (not self._ready and not self._finals and not self._prefilling and not self._live
+                and not (self._admitting and self._waiting))
+
+    def _report_finals(self) -> None:
+        with self._cond:
+            finals, self._finals = list(self._finals), deque()
+        for entry in finals:
+            if entry.error is not None:
+                self._finish(entry, "error")
+            elif entry.cancel_requested:
+                self._finish(entry, "cancelled")
+            else:  # max_tokens == 0
+                self._finish(entry, "length")
+
+    def _apply_cancels(self) -> None:
+        if not self._cancels:
+            return
+        with self._cond:
+            ids, self._cancels = self._cancels, set()
+        for request_id in ids:
+            entry = self._entries[request_id]
+            if entry.state is RequestState.RUNNING:
+                self._finish(entry, "cancelled")
+            elif not entry.state.is_final:
+                entry.cancel_requested = True  # finished when it comes out of prefill
+
+    def _take_ready(self) -> list[_Entry]:
+        """Pop READY entries that fit in max_batch; account their first tokens."""
+        admitted: list[_Entry] = []
+        room = self.config.max_batch - len(self._live)
+        while len(admitted) < room:
+            with self._cond:
+                if not self._ready:
+                    break
+                entry = self._ready.popleft()
+            if entry.error is not None:
+                self._finish(entry, "error")
+            elif entry.cancel_requested:
+                self._finish(entry, "cancelled")
+            elif self._accept_first(entry) is None:
+                admitted.append(entry)
+        return admitted
+
+    def _accept_first(self, entry: _Entry) -> str | None:
+        """Account the first token; returns the finish reason if the request ended."""
+        token = entry.first_token
+        if token == NONFINITE_TOKEN:
+            entry.error = "non-finite logits"
+            return self._finish(entry, "error")
+        if token in entry.params.stop_tokens:
+            return self._finish(entry, "stop")
+        self._emit(entry, token)
+        if len(entry.tokens) >= entry.params.max_tokens:
+            return self._finish(entry, "length")
+        if entry.params.stop and self._stop_string_hit(entry):
+            return self._finish(entry, "stop")
+        return None
+
+    def _emit(self, entry: _Entry, token: int) -> None:
+        entry.tokens.append(token)
+        if self._on_token is not None:
+            self._on_token(entry.id, token)
+
+    def _stop_string_hit(self, entry: _Entry) -> bool:
+        """True when a stop string ends within the text of the newest tokens."""
+        stops = entry.params.stop
+        window = 4 * max(len(s) for s in stops) + 2  # a token holds >= 1 byte, a char <= 4
+        try:
+            text = self.tokenizer.decode(entry.tokens[-window:])
+        except Exception:  # an incomplete UTF-8 sequence: no match yet
+            return False
+        return any(s in text for s in stops)
+
+    def _finish(self, entry: _Entry, reason: str) -> str:
+        slot = entry.slot
+        if slot >= 0:
+            self._slot_entry[slot] = None
+            self._live_mask[slot] = False
+            del self._live[entry.id]
+            entry.slot = -1
+        state = {"error": RequestState.FAILED, "cancelled": RequestState.CANCELLED}.get(
+            reason, RequestState.FINISHED)
+        entry.set_state(state)
+        entry.row = None
+        out = RequestOutput(id=entry.id, tokens=entry.tokens, finish_reason=reason, error=entry.error,
+                            prompt_tokens=len(entry.prompt) or len(entry.request.prompt_tokens),
+                            generated_tokens=len(entry.tokens), arrival_time=entry.arrival,
+                            first_token_time=entry.first_token_time, finish_time=entry.times[state])
+        self.results[entry.id] = out
+        self.stats.requests.append(RequestRecord(
+            entry.id, out.prompt_tokens, entry.cached_tokens, entry.prefill_seconds, out.ttft,
+            out.generated_tokens, reason, out.arrival_time, out.finish_time))
+        if self._on_finish is not None:
+            self._on_finish(out)
+        return reason
+
+    # ---- batch ------------------------------------------------------------------------
+    def _resize_slots(self, bucket: int, keep: list[int]) -> None:
+        """Fresh per-slot host arrays for ``bucket`` slots; the entry in slot keep[i] moves
+        to slot i with its last token."""
+        old_entries = getattr(self, "_slot_entry", [])
+        old_tok = getattr(self, "_tok", None)
+        self._slot_entry: list[_Entry | None] = [None] * bucket
+        self._tok = np.zeros(bucket, np.int32)
+        self._pos = np.zeros(bucket, np.int32)
+        self._remaining = np.zeros(bucket, np.int64)
+        self._stops = np.full((bucket, 1), _NO_TOKEN, np.int32)
+        self._has_stop_str = np.zeros(bucket, bool)
+        self._live_mask = np.zeros(bucket, bool)
+        self._live: dict[str, _Entry] = {}
+        for i, s in enumerate(keep):
+            self._place(old_entries[s], i, int(old_tok[s]))
+
+    def _place(self, entry: _Entry, slot: int, last_token: int) -> None:
+        p = entry.params
+        entry.slot = slot
+        self._slot_entry[slot] = entry
+        self._live[entry.id] = entry
+        self._live_mask[slot] = True
+        self._tok[slot] = last_token
+        self._pos[slot] = len(entry.tokens)
+        self._remaining[slot] = p.max_tokens - len(entry.tokens)
+        if len(p.stop_tokens) > self._stops.shape[1]:
+            pad = np.full((len(self._stops), len(p.stop_tokens) - self._stops.shape[1]), _NO_TOKEN, np.int32)
+            self._stops = np.concatenate([self._stops, pad], axis=1)
+        self._stops[slot] = _NO_TOKEN
+        self._stops[slot, :len(p.stop_tokens)] = p.stop_tokens
+        self._has_stop_str[slot] = bool(p.stop)
+
+    def _ensure_compiled(self, buckets) -> None:
+        todo = [b for b in buckets if b not in self._compiled]
+        if not todo:
+            return
+        for b, seconds in self.engine.compile(todo).items():
+            self.stats.compiles.append(CompileEvent(time.perf_counter(), b, seconds))
+        self._compiled.update(todo)
+
+    def _decode_step(self, admitted: list[_Entry]) -> None:
+        engine = self.engine
+        with self._cond:  # a prompt in prefill joins soon: keep room for it (no shrink-then-grow)
+            prefilling = self._prefilling
+        rows = min(len(self._live) + len(admitted) + prefilling, self.config.max_batch)
+        target = bucket_for(rows, self.config.buckets)
+        try:
+            if target != engine.bucket:
+                self._ensure_compiled([target])
+                keep = sorted(e.slot for e in self._live.values())
+                start = time.perf_counter()
+                engine.resize(keep, target)
+                seconds = time.perf_counter() - start
+                self.stats.switches.append(BucketSwitch(start, len(self._slot_entry), target,
+                                                        len(keep), seconds))
+                self._resize_slots(target, keep)
+            free = iter(np.flatnonzero(~self._live_mask).tolist())
+            for entry in admitted:
+                slot = next(free)
+                engine.insert(slot, entry.row, entry.params)
+                entry.row = None
+                entry.set_state(RequestState.RUNNING)
+                self._place(entry, slot, entry.first_token)
+            with self._cond:
+                self._live_count = len(self._live)
+            start = time.perf_counter()
+            out = np.asarray(engine.step(self._tok, self._pos))
+            seconds = time.perf_counter() - start
+        except Exception as e:  # fail this step's requests; the scheduler stays usable
+            self._fail_batch(admitted, f"engine step failed: {type(e).__name__}: {e}")
+            return
+        self.stats.steps.append(StepRecord(start, target, len(self._live), engine.last_path, seconds))
+        self._account(out)
+
+    def _fail_batch(self, admitted: list[_Entry], message: str) -> None:
+        for entry in list(self._live.values()) + [e for e in admitted if not e.state.is_final]:
+            entry.error = message
+            self._finish(entry, "error")
+        with self._cond:
+            self._live_count = 0
+            self._cond.notify_all()
+
+    def _account(self, out: np.ndarray) -> None:
+        """Consume one step's drawn tokens [bucket]."""
+        live = self._live_mask
+        nonfinite = out == NONFINITE_TOKEN
+        stop_hit = (out[:, None] == self._stops).any(axis=1)
+        emit = live & ~nonfinite & ~stop_hit
+        self._remaining -= emit
+        self._pos += 1
+        self._tok = np.where(out < 0, 0, out).astype(np.int32)
+        tokens = out.tolist()
+        entries = self._slot_entry
+        on_token = self._on_token
+        for slot in np.flatnonzero(emit).tolist():
+            entry = entries[slot]
+            entry.tokens.append(tokens[slot])
+            if on_token is not None:
+                on_token(entry.id, tokens[slot])
+        stopped = live & stop_hit
+        for slot in np.flatnonzero(emit & self._has_stop_str).tolist():
+            stopped[slot] = self._stop_string_hit(entries[slot])
+        ended = live & (nonfinite | stopped | (self._remaining <= 0))
+        if not ended.any():
+            return
+        for slot in np.flatnonzero(ended).tolist():
+            entry = entries[slot]
+            if nonfinite[slot]:
+                entry.error = "non-finite logits"
+                self._finish(entry, "error")
+            else:
+                self._finish(entry, "stop" if stopped[slot] else "length")
+        with self._cond:
+            self._live_count = len(self._live)
+            self._cond.notify_all()

@@ -1,0 +1,124 @@
+"""Batched sampling: the numpy reference that the JAX and torch engines implement on device.
+
+Per row (a request), for the token at output position ``pos``:
+1. ``bad = any(!isfinite(logits))`` -> token NONFINITE_TOKEN.
+2. ``x = logits - presence * (counts > 0) - frequency * counts``, banned tokens -> -inf.
+   ``counts`` are the request's own output tokens, decayed: each step
+   ``counts = counts * decay + onehot(last_token)`` (RWKV-style penalties).
+3. ``temperature == 0`` -> ``argmax(x)`` (first index on ties).
+4. else ``z = x / temperature``; keep the top_k largest (0 = all), then the smallest set of
+   largest whose softmax mass reaches top_p (ties at the threshold kept); draw by Gumbel-max:
+   ``argmax(z + gumbel)`` over kept tokens.
+The Gumbel noise is a counter-based hash of (seed, pos, token id) -- no RNG state, so a
+row's draws depend on nothing but its own seed and position (batch- and bucket-invariant,
+and the same in every framework):
+``key = h(seed + h(pos + 1))``, ``bits[v] = h(key ^ h(v + GOLDEN))``,
+``u = ((bits >> 8) + 0.5) / 2**24``, ``gumbel = -log(-log(u))``, all uint32 arithmetic with
+``h`` = lowbias32 (xor-shift 16, * HASH_M1, xor-shift 15, * HASH_M2, xor-shift 16).
+"""
+from __future__ import annotations
+
+from typing import NamedTuple, Sequence
+
+import numpy as np
+
+from .engine import NONFINITE_TOKEN
+from .params import SamplingParams
+
+HASH_M1 = 0x7FEB352D
+HASH_M2 = 0x846CA68B
+GOLDEN = 0x9E3779B9
+
+
+class SamplingRows(NamedTuple):
+    """Per-row sampling parameters, each a [B] array."""
+    temperature: np.ndarray  # float32
+    top_p: np.ndarray        # float32
+    top_k: np.ndarray        # int32, 0 = off
+    presence: np.ndarray     # float32
+    frequency: np.ndarray    # float32
+    decay: np.ndarray        # float32
+    seed: np.ndarray         # uint32
+
+
+def sampling_rows(params: Sequence[SamplingParams]) -> SamplingRows:
+    """Stack per-request parameters into [B] arrays (every ``seed`` must be an int)."""
+    return SamplingRows(
+        temperature=np.array([p.temperature for p in params], np.float32),
+        top_p=np.array([p.top_p for p in params], np.float32),
+        top_k=np.array([p.top_k for p in params], np.int32),
+        presence=np.array([p.presence_penalty for p in params], np.float32),
+        frequency=np.array([p.frequency_penalty for p in params], np.float32),
+        decay=np.array([p.penalty_decay for p in params], np.float32),
+        seed=np.array([p.seed for p in params], np.uint32))
+
+
+def banned_mask(params: Sequence[SamplingParams], vocab_size: int) -> np.ndarray:
+    """bool [B, V]: True where the row bans the token."""
+    mask = np.zeros((len(params), vocab_size), bool)
+    for i, p in enumerate(params):
+        mask[i, list(p.banned_tokens)] = True
+    return mask
+
+
+def lowbias32(x: np.ndarray) -> np.ndarray:
+    """The 32-bit integer hash ``h`` (uint32 in, uint32 out)."""
+    x = x.astype(np.uint32)
+    with np.errstate(over="ignore"):
+        x ^= x >> np.uint32(16)
+        x *= np.uint32(HASH_M1)
+        x ^= x >> np.uint32(15)
+        x *= np.uint32(HASH_M2)
+        x ^= x >> np.uint32(16)
+    return x
+
+
+def gumbel_noise(seed: np.ndarray, position: np.ndarray, vocab_size: int) -> np.ndarray:
+    """float32 [B, V] Gumbel noise for rows with uint32 seeds [B] at output positions [B]."""
+    with np.errstate(over="ignore"):
+        key = lowbias32(seed.astype(np.uint32) + lowbias32(position.astype(np.uint32) + np.uint32(1)))
+        token_hash = lowbias32(np.arange(vocab_size, dtype=np.uint32) + np.uint32(GOLDEN))
+    bits = lowbias32(key[:, None] ^ token_hash[None, :])
+    u = ((bits >> np.uint32(8)).astype(np.float32) + np.float32(0.5)) * np.float32(2.0 ** -24)
+    return -np.log(-np.log(u))
+
+
+def penalized_logits(logits: np.ndarray, counts: np.ndarray, rows: SamplingRows,
+                     banned: np.ndarray) -> np.ndarray:
+    """float32 [B, V]: logits with presence/frequency penalties and bans applied."""
+    x = logits.astype(np.float32) - rows.presence[:, None] * (counts > 0) - rows.frequency[:, None] * counts
+    return np.where(banned, -np.inf, x).astype(np.float32)
+
+
+def nucleus_mask(z: np.ndarray, top_k: np.ndarray, top_p: np.ndarray) -> np.ndarray:
+    """bool [B, V]: tokens kept by top-k then top-p on temperature-scaled logits z [B, V]."""
+    sorted_z = -np.sort(-z, axis=1)
+    rank = np.arange(z.shape[1])[None, :]
+    sorted_z = np.where((top_k[:, None] > 0) & (rank >= top_k[:, None]), -np.inf, sorted_z)
+    p = np.exp(sorted_z - sorted_z[:, :1])
+    p = p / p.sum(axis=1, keepdims=True)
+    keep = ((np.cumsum(p, axis=1) - p) < top_p[:, None]) & (sorted_z > -np.inf)
+    last = keep.sum(axis=1) - 1
+    threshold = np.take_along_axis(sorted_z, last[:, None], axis=1)
+    return z >= threshold
+
+
+def sample_rows(logits: np.ndarray, counts: np.ndarray, rows: SamplingRows, banned: np.ndarray,
+                positions: np.ndarray) -> np.ndarray:
+    """int32 [B] tokens drawn from float32 logits [B, V] (see the module docstring)."""
+    x = penalized_logits(logits, counts, rows, banned)
+    greedy = np.argmax(x, axis=1)
+    temperature = np.where(rows.temperature > 0, rows.temperature, np.float32(1))
+    z = x / temperature[:, None]
+    keep = nucleus_mask(z, rows.top_k, rows.top_p)
+    noisy = np.where(keep, z + gumbel_noise(rows.seed, positions, x.shape[1]), -np.inf)
+    tokens = np.where(rows.temperature > 0, np.argmax(noisy, axis=1), greedy)
+    finite = np.isfinite(logits).all(axis=1)
+    return np.where(finite, tokens, NONFINITE_TOKEN).astype(np.int32)
+
+
+def update_counts(counts: np.ndarray, tokens: np.ndarray, decay: np.ndarray) -> np.ndarray:
+    """Penalty counts after emitting ``tokens`` [B]: ``counts * decay + onehot(tokens)``."""
+    counts = counts * decay[:, None]
+    counts[np.arange(len(tokens)), tokens] += 1
+    return counts
