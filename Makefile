@@ -16,9 +16,10 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 demo: $(STAMP)
-	$(BIN)/rwkv7-generate --random-model tiny --input scheduler/data/example_prompts.jsonl \
-		--output /tmp/rwkv7_demo_out.jsonl --max-tokens 32 --metrics /tmp/rwkv7_demo_metrics.json
-	@echo "outputs: /tmp/rwkv7_demo_out.jsonl  metrics: /tmp/rwkv7_demo_metrics.json"
+	$(BIN)/rwkv7-generate --random-model tiny-world --input scheduler/data/example_prompts.jsonl \
+		--output /tmp/rwkv7_demo_out.jsonl --max-tokens 32 --metrics /tmp/rwkv7_demo_metrics.json \
+		--plot /tmp/rwkv7_demo_run.png
+	@echo "outputs: /tmp/rwkv7_demo_out.jsonl  metrics: /tmp/rwkv7_demo_metrics.json  plot: /tmp/rwkv7_demo_run.png"
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -n 2 -q tests
