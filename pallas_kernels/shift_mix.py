@@ -1,0 +1,91 @@
+"""Fused residual add + LayerNorm + token-shift mixes for T = 1 rows (one program per row).
+
+For each row b: h_out = h + delta; x = LayerNorm(h_out) (eps 1e-5, float32 statistics);
+mixed[i] = x + (shift - x) * mix[i] for the n mixes (6 for time-mix in the order r, w, k,
+v, a, g; 1 for channel-mix); x is the new token-shift state (written over `shift`).
+"""
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+
+from .common import next_pow2, require, triton_params
+
+LN_EPS = 1e-5
+
+
+def shift_mix_reference(h, delta, shift, ln_w, ln_b, mix):
+    """Plain-jnp version. h, delta (or None), shift: [B, C]; ln_w, ln_b: [C]; mix: [n, C].
+
+    Returns (h_out [B, C], mixed [n, B, C], x_ln [B, C]), all in h.dtype; arithmetic in float32.
+    """
+    h_out = h if delta is None else h + delta.astype(h.dtype)
+    xf = h_out.astype(jnp.float32)
+    mean = xf.mean(-1, keepdims=True)
+    var = jnp.square(xf - mean).mean(-1, keepdims=True)
+    x = (xf - mean) * jax.lax.rsqrt(var + LN_EPS) * ln_w.astype(jnp.float32) + ln_b.astype(jnp.float32)
+    x = x.astype(h.dtype).astype(jnp.float32)
+    mixed = x[None] + (shift.astype(jnp.float32) - x)[None] * mix.astype(jnp.float32)[:, None, :]
+    return h_out, mixed.astype(h.dtype), x.astype(h.dtype)
+
+
+def _kernel(*refs, n_mix: int, C: int, has_delta: bool):
+    if has_delta:
+        h_ref, d_ref, s_ref, lw_ref, lb_ref, mix_ref, h_out_ref, mixed_ref, x_ref = refs
+    else:
+        h_ref, s_ref, lw_ref, lb_ref, mix_ref, h_out_ref, mixed_ref, x_ref = refs
+    dtype = h_out_ref.dtype
+    h = h_ref[...]
+    if has_delta:
+        h = h + d_ref[...].astype(h.dtype)
+    h_out_ref[...] = h
+    valid = jnp.arange(h.shape[0]) < C
+    hf = jnp.where(valid, h.astype(jnp.float32), 0.0)
+    mean = jnp.sum(hf) / C
+    centred = jnp.where(valid, hf - mean, 0.0)
+    var = jnp.sum(centred * centred) / C
+    x = centred * jax.lax.rsqrt(var + LN_EPS)
+    x = x * lw_ref[...].astype(jnp.float32) + lb_ref[...].astype(jnp.float32)
+    x = x.astype(dtype).astype(jnp.float32)
+    diff = s_ref[...].astype(jnp.float32) - x
+    x_ref[...] = x.astype(dtype)
+    for i in range(n_mix):
+        mixed_ref[i, :] = (x + diff * mix_ref[i, :].astype(jnp.float32)).astype(dtype)
+
+
+def shift_mix(h, delta, shift, ln_w, ln_b, mix, *, interpret: bool = False):
+    """Pallas version of `shift_mix_reference`; the new shift state aliases `shift`.
+
+    Any C works (blocks are padded to a power of two and masked); n = mix.shape[0].
+    """
+    B, C = h.shape
+    n_mix = mix.shape[0]
+    require(shift.shape == (B, C), f"shift_mix: shift must be [B, C]={B, C}, got {shift.shape}")
+    require(delta is None or delta.shape == (B, C),
+            f"shift_mix: delta must be None or [B, C]={B, C}, got {getattr(delta, 'shape', None)}")
+    require(ln_w.shape == (C,) and ln_b.shape == (C,), "shift_mix: ln_w and ln_b must be [C]")
+    require(mix.ndim == 2 and mix.shape[1] == C, f"shift_mix: mix must be [n, C], got {mix.shape}")
+    Cp = next_pow2(C)
+    row = pl.BlockSpec((None, Cp), lambda b: (b, 0))
+    vec = pl.BlockSpec((Cp,), lambda b: (0,))
+    mixes = pl.BlockSpec((n_mix, Cp), lambda b: (0, 0))
+    has_delta = delta is not None
+    inputs = (h, delta, shift, ln_w, ln_b, mix) if has_delta else (h, shift, ln_w, ln_b, mix)
+    in_specs = [row, row, row, vec, vec, mixes] if has_delta else [row, row, vec, vec, mixes]
+    shift_index = 2 if has_delta else 1
+    dtype = h.dtype
+    return pl.pallas_call(
+        functools.partial(_kernel, n_mix=n_mix, C=C, has_delta=has_delta),
+        out_shape=(jax.ShapeDtypeStruct((B, C), dtype),
+                   jax.ShapeDtypeStruct((n_mix, B, C), dtype),
+                   jax.ShapeDtypeStruct((B, C), dtype)),
+        grid=(B,),
+        in_specs=in_specs,
+        out_specs=(row, pl.BlockSpec((n_mix, None, Cp), lambda b: (0, b, 0)), row),
+        input_output_aliases={shift_index: 2} if shift.dtype == dtype else {},
+        compiler_params=triton_params(num_warps=4 if Cp <= 1024 else 8),
+        interpret=interpret,
+    )(*inputs)

@@ -1,0 +1,95 @@
+"""Small-M matrix product x @ w.T with split-K: M = 1 (matrix-vector) up to M = 16 rows.
+
+x [M, K], w [N, K] (stored [out, in] as in the checkpoint). The grid is (N blocks, K splits):
+each program reads a [BLOCK_N, K / splits] slab of w once, accumulates float32 partial sums
+over BLOCK_K-wide tiles, and writes them to partials [splits, M, N]; the splits are summed in
+float32 afterwards. Many K splits keep every SM streaming weights even when N is small, which
+is what a memory-bound decode step needs. M = 1 uses a broadcast multiply + row sum (no
+tensor cores); 1 < M <= 16 pads x to 16 rows and uses a tensor-core dot.
+"""
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as plgpu_triton
+
+from .common import next_pow2, pow2_divisor, require, triton_params
+
+MAX_M = 16             # the largest row count this kernel serves (callers fall back to XLA above)
+BLOCK_N = 64           # output columns per program
+MAX_BLOCK_K = 256      # widest K tile (a power of two dividing K is used)
+MIN_BLOCK_K = 16       # tl.dot and coalescing need at least this; smaller K divisors are refused
+TARGET_PROGRAMS = 1024  # aim for this many programs (>= ~8 per SM on an H200) when choosing splits
+
+
+def linear_reference(x, w, out_dtype=None):
+    """x [M, K] @ w [N, K].T accumulated in float32; result in out_dtype (default x.dtype)."""
+    out = jax.lax.dot_general(x, w.astype(x.dtype), (((1,), (1,)), ((), ())),
+                              preferred_element_type=jnp.float32,
+                              precision=jax.lax.Precision.HIGHEST)
+    return out.astype(out_dtype or x.dtype)
+
+
+def choose_splits(N: int, K: int, block_k: int, target: int = TARGET_PROGRAMS) -> int:
+    """Number of K splits: the smallest divisor of K / block_k giving >= target programs."""
+    tiles = K // block_k
+    blocks_n = -(-N // BLOCK_N)
+    for s in range(1, tiles + 1):
+        if tiles % s == 0 and blocks_n * s >= target:
+            return s
+    return tiles
+
+
+def supports(M: int, K: int) -> bool:
+    """Whether small_m_linear handles an [M, K] input (else use an XLA dot)."""
+    return 1 <= M <= MAX_M and pow2_divisor(K, MAX_BLOCK_K) >= MIN_BLOCK_K
+
+
+def _kernel(x_ref, w_ref, o_ref, *, tiles: int, block_k: int, vector: bool):
+    compute = x_ref.dtype
+
+    def body(t, acc):
+        start = pl.multiple_of(t * block_k, block_k)
+        w = w_ref[:, pl.ds(start, block_k)].astype(compute)
+        x = x_ref[:, pl.ds(start, block_k)]
+        if vector:
+            return acc + jnp.sum(w.astype(jnp.float32) * x.astype(jnp.float32), axis=1)[None, :]
+        return acc + plgpu_triton.dot(x, w, trans_b=True, allow_tf32=False).astype(jnp.float32)
+
+    acc = jnp.zeros(o_ref.shape, jnp.float32)
+    o_ref[...] = jax.lax.fori_loop(0, tiles, body, acc)
+
+
+def small_m_linear(x, w, *, out_dtype=None, splits: int | None = None, interpret: bool = False):
+    """Pallas x [M, K] @ w [N, K].T -> [M, N] (float32 accumulation, result out_dtype or x.dtype).
+
+    Needs 1 <= M <= MAX_M and a power-of-two divisor of K of at least MIN_BLOCK_K (see
+    `supports`); `splits` overrides the automatic K-split count (must divide K / block_k).
+    """
+    M, K = x.shape
+    N, Kw = w.shape
+    require(Kw == K, f"small_m_linear: w must be [N, K] with K={K}, got {w.shape}")
+    require(supports(M, K), f"small_m_linear: unsupported M={M}, K={K} (need M <= {MAX_M} and a "
+                            f"power-of-two divisor of K >= {MIN_BLOCK_K})")
+    block_k = pow2_divisor(K, MAX_BLOCK_K)
+    splits = splits or choose_splits(N, K, block_k)
+    require((K // block_k) % splits == 0, f"small_m_linear: splits={splits} must divide {K // block_k}")
+    vector = M == 1
+    Mp = 1 if vector else max(16, next_pow2(M))
+    xp = x if Mp == M else jnp.pad(x, ((0, Mp - M), (0, 0)))
+    k_chunk = K // splits
+    partials = pl.pallas_call(
+        functools.partial(_kernel, tiles=k_chunk // block_k, block_k=block_k, vector=vector),
+        out_shape=jax.ShapeDtypeStruct((splits, Mp, N), jnp.float32),
+        grid=(-(-N // BLOCK_N), splits),
+        in_specs=[pl.BlockSpec((Mp, k_chunk), lambda n, s: (0, s)),
+                  pl.BlockSpec((BLOCK_N, k_chunk), lambda n, s: (n, s))],
+        out_specs=pl.BlockSpec((None, Mp, BLOCK_N), lambda n, s: (s, 0, n)),
+        compiler_params=triton_params(num_warps=4, num_stages=3),
+        interpret=interpret,
+    )(xp, w)
+    out = partials[0] if splits == 1 else jnp.sum(partials, axis=0)
+    return out[:M].astype(out_dtype or x.dtype)

@@ -1,0 +1,139 @@
+"""Sparse channel-mix: relu(xk @ w_key.T) ** 2, then the value product reading only the rows
+of the value weight (in its [F, C] view) whose activation is non-zero.
+
+relu(.)**2 is exactly zero wherever the pre-activation is <= 0, so skipping those rows is
+lossless. The value product runs over a grid (C blocks, F splits); split s owns the hidden
+units [s * F/S, (s+1) * F/S) and walks the list of its active units (compacted in order, any
+row of the M rows non-zero) GROUP rows at a time: the GROUP row loads are independent (memory
+parallelism) while the float32 accumulation stays strictly sequential in unit order. Adding
+an exact zero term leaves a float32 sum unchanged, so the result is bit-identical to the same
+kernel with skipping disabled (`skip=False` walks every unit).
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+
+from .common import next_pow2, pow2_divisor, require, triton_params
+from .small_m_linear import linear_reference, small_m_linear, supports as linear_supports
+
+GROUP = 8               # value-weight rows loaded together per loop iteration
+MAX_BLOCK_C = 256       # output columns per program (a power of two dividing C)
+TARGET_PROGRAMS = 1024  # aim for this many programs when choosing the F splits
+
+
+def relu_square(pre: jax.Array, dtype) -> jax.Array:
+    """relu(pre) ** 2 computed in float32, rounded to dtype (pre: float32 pre-activation)."""
+    return jnp.square(jnp.maximum(pre.astype(jnp.float32), 0.0)).astype(dtype)
+
+
+def channel_mix_reference(xk, w_key, w_val_t):
+    """Dense plain-jnp channel-mix. xk [M, C]; w_key [F, C]; w_val_t [F, C] (the transpose of
+    the checkpoint's ffn.value [C, F]). Returns relu(xk @ w_key.T)**2 @ w_val_t in xk.dtype."""
+    hidden = relu_square(linear_reference(xk, w_key, jnp.float32), xk.dtype)
+    out = jax.lax.dot_general(hidden, w_val_t.astype(xk.dtype), (((1,), (0,)), ((), ())),
+                              preferred_element_type=jnp.float32,
+                              precision=jax.lax.Precision.HIGHEST)
+    return out.astype(xk.dtype)
+
+
+def choose_splits(F: int, C: int, block_c: int, target: int = TARGET_PROGRAMS) -> int:
+    """Smallest S dividing F with F/S a multiple of GROUP and (C/block_c)*S >= target."""
+    best = 1
+    for s in range(1, F // GROUP + 1):
+        if F % s == 0 and (F // s) % GROUP == 0:
+            best = s
+            if (C // block_c) * s >= target:
+                break
+    return best
+
+
+def active_lists(hidden: jax.Array, splits: int, skip: bool = True):
+    """Per split, the in-order list of hidden units to visit and its length.
+
+    hidden [M, F] -> (units [S, F/S] int32 global unit indices, padded with the split's
+    first unit; counts [S] int32). With skip=False every unit is listed.
+    """
+    M, F = hidden.shape
+    per = F // splits
+    local = jnp.broadcast_to(jnp.arange(per, dtype=jnp.int32), (splits, per))
+    first = (jnp.arange(splits, dtype=jnp.int32) * per)[:, None]
+    if not skip:
+        return local + first, jnp.full((splits,), per, jnp.int32)
+    active = jnp.any(hidden != 0, axis=0).reshape(splits, per)
+    slot = jnp.cumsum(active, axis=1, dtype=jnp.int32) - 1
+    slot = jnp.where(active, slot, per)  # inactive units go to an out-of-range slot (dropped)
+    rows = jnp.broadcast_to(jnp.arange(splits)[:, None], (splits, per))
+    units = jnp.zeros((splits, per), jnp.int32).at[rows, slot].set(local, mode="drop")
+    return units + first, jnp.sum(active, axis=1, dtype=jnp.int32)
+
+
+def _value_kernel(units_ref, counts_ref, h_ref, w_ref, o_ref):
+    s = pl.program_id(1)
+    count = counts_ref[s]
+
+    def group(gi, acc):
+        base = gi * GROUP
+        unit = [units_ref[base + g] for g in range(GROUP)]
+        rows = [w_ref[unit[g], :].astype(jnp.float32) for g in range(GROUP)]
+        for g in range(GROUP):
+            live = (base + g < count).astype(jnp.float32)
+            h = h_ref[:, unit[g]].astype(jnp.float32) * live
+            acc = acc + h[:, None] * rows[g][None, :]
+        return acc
+
+    n_groups = (count + GROUP - 1) // GROUP
+    acc = jnp.zeros(o_ref.shape, jnp.float32)
+    o_ref[...] = jax.lax.fori_loop(0, n_groups, group, acc)
+
+
+def sparse_value_product(hidden, w_val_t, *, skip: bool = True, splits: int | None = None,
+                         interpret: bool = False):
+    """hidden [M, F] @ w_val_t [F, C] -> [M, C] float32, visiting only units active in any row.
+
+    M <= 16; C needs a power-of-two divisor >= 16; F a multiple of GROUP.
+    """
+    M, F = hidden.shape
+    Fw, C = w_val_t.shape
+    require(Fw == F, f"sparse_value_product: w_val_t must be [F, C] with F={F}, got {w_val_t.shape}")
+    require(1 <= M <= 16, f"sparse_value_product: at most 16 rows, got M={M}")
+    require(F % GROUP == 0, f"sparse_value_product: F={F} must be a multiple of {GROUP}")
+    block_c = pow2_divisor(C, MAX_BLOCK_C)
+    require(block_c >= 16, f"sparse_value_product: C={C} needs a power-of-two divisor >= 16")
+    splits = splits or choose_splits(F, C, block_c)
+    require(F % splits == 0 and (F // splits) % GROUP == 0,
+            f"sparse_value_product: splits={splits} must divide F={F} into multiples of {GROUP}")
+    per = F // splits
+    units, counts = active_lists(hidden, splits, skip)
+    Mp = next_pow2(M)
+    hp = hidden if Mp == M else jnp.pad(hidden, ((0, Mp - M), (0, 0)))
+    partials = pl.pallas_call(
+        _value_kernel,
+        out_shape=jax.ShapeDtypeStruct((splits, Mp, C), jnp.float32),
+        grid=(C // block_c, splits),
+        in_specs=[pl.BlockSpec((None, per), lambda c, s: (s, 0)),
+                  pl.BlockSpec((splits,), lambda c, s: (0,)),
+                  pl.BlockSpec((Mp, F), lambda c, s: (0, 0)),
+                  pl.BlockSpec((F, block_c), lambda c, s: (0, c))],
+        out_specs=pl.BlockSpec((None, Mp, block_c), lambda c, s: (s, 0, c)),
+        compiler_params=triton_params(num_warps=4, num_stages=1),
+        interpret=interpret,
+    )(units, counts, hp, w_val_t)
+    return jnp.sum(partials, axis=0)[:M]
+
+
+def sparse_channel_mix(xk, w_key, w_val_t, *, skip: bool = True, interpret: bool = False):
+    """Pallas channel-mix: xk [M, C], w_key [F, C], w_val_t [F, C] -> [M, C] in xk.dtype.
+
+    The key projection uses the small-M split-K kernel (float32 output), the value product
+    `sparse_value_product`. Same result as `channel_mix_reference` up to summation order.
+    """
+    M, C = xk.shape
+    require(w_key.shape[1] == C and w_val_t.shape == w_key.shape,
+            f"sparse_channel_mix: need w_key and w_val_t both [F, C={C}], got {w_key.shape} "
+            f"and {w_val_t.shape}")
+    require(linear_supports(M, C), f"sparse_channel_mix: unsupported rows M={M} or C={C}")
+    pre = small_m_linear(xk, w_key, out_dtype=jnp.float32, interpret=interpret)
+    hidden = relu_square(pre, xk.dtype)
+    return sparse_value_product(hidden, w_val_t, skip=skip, interpret=interpret).astype(xk.dtype)

@@ -1,0 +1,77 @@
+"""wkv7 sequence kernel for prefill (T > 1): one Pallas program per (sequence, head).
+
+Each program keeps its [N, N] float32 state in registers and walks the T steps in chunks of
+CHUNK statically unrolled steps (the loads of a chunk do not depend on the state, so they are
+issued ahead of the serial state updates); a tail of T % CHUNK single steps follows. The state
+comes in and goes out (aliased). Step math as in `wkv_step`.
+"""
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+
+from .common import require, triton_params
+from .wkv_step import wkv_step_reference
+
+CHUNK = 8  # time steps per unrolled chunk
+
+
+def wkv_seq_reference(r, w, k, v, kk, a, S):
+    """Plain-jnp recurrence over T. r, w, k, v, kk, a: [B, T, H, N] float32; S [B, H, N, N].
+
+    Returns (y [B, T, H, N] float32, S_final [B, H, N, N] float32).
+    """
+    def step(S, xs):
+        y, S = wkv_step_reference(*xs, S)
+        return S, y
+
+    S, ys = jax.lax.scan(step, S, tuple(jnp.moveaxis(t, 1, 0) for t in (r, w, k, v, kk, a)))
+    return jnp.moveaxis(ys, 0, 1), S
+
+
+def _seq_kernel(r_ref, w_ref, k_ref, v_ref, kk_ref, a_ref, s_ref, y_ref, s_out_ref, *, T: int):
+    def one_step(t, S):
+        kk = kk_ref[t, :]
+        sa = jnp.sum(S * (-kk)[None, :], axis=1)
+        S = (S * w_ref[t, :][None, :] + sa[:, None] * (kk * a_ref[t, :])[None, :]
+             + v_ref[t, :][:, None] * k_ref[t, :][None, :])
+        y_ref[t, :] = jnp.sum(S * r_ref[t, :][None, :], axis=1)
+        return S
+
+    def chunk(c, S):
+        t0 = c * CHUNK
+        for i in range(CHUNK):
+            S = one_step(t0 + i, S)
+        return S
+
+    n_chunks = T // CHUNK
+    S = jax.lax.fori_loop(0, n_chunks, chunk, s_ref[...])
+    S = jax.lax.fori_loop(n_chunks * CHUNK, T, one_step, S)
+    s_out_ref[...] = S
+
+
+def wkv_seq(r, w, k, v, kk, a, S, *, interpret: bool = False):
+    """Pallas recurrence with the contract of `wkv_seq_reference`; S is aliased to S_final."""
+    B, T, H, N = r.shape
+    for name, t in (("r", r), ("w", w), ("k", k), ("v", v), ("kk", kk), ("a", a)):
+        require(t.shape == (B, T, H, N) and t.dtype == jnp.float32,
+                f"wkv_seq: {name} must be float32 [B, T, H, N]={B, T, H, N}, got {t.dtype} {t.shape}")
+    require(S.shape == (B, H, N, N) and S.dtype == jnp.float32,
+            f"wkv_seq: S must be float32 [B, H, N, N], got {S.dtype} {S.shape}")
+    require(N & (N - 1) == 0, f"wkv_seq: head size N={N} must be a power of two")
+    seq = pl.BlockSpec((None, T, None, N), lambda b, h: (b, 0, h, 0))
+    mat = pl.BlockSpec((None, None, N, N), lambda b, h: (b, h, 0, 0))
+    return pl.pallas_call(
+        functools.partial(_seq_kernel, T=T),
+        out_shape=(jax.ShapeDtypeStruct((B, T, H, N), jnp.float32),
+                   jax.ShapeDtypeStruct((B, H, N, N), jnp.float32)),
+        grid=(B, H),
+        in_specs=[seq] * 6 + [mat],
+        out_specs=(seq, mat),
+        input_output_aliases={6: 1},
+        compiler_params=triton_params(num_warps=4, num_stages=1),
+        interpret=interpret,
+    )(r, w, k, v, kk, a, S)

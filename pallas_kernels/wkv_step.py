@@ -1,0 +1,61 @@
+"""wkv7 decode step (T = 1): one Pallas program per (sequence, head), state updated in place.
+
+Per head, with vectors of width N and S [N, N] (rows = value dim i, cols = key dim j):
+    S' = S * w[None, :] + (S @ -kk)[:, None] * (kk * a)[None, :] + v[:, None] * k[None, :]
+    y  = S' @ r
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+
+from .common import require, triton_params
+
+
+def wkv_step_reference(r, w, k, v, kk, a, S):
+    """Plain-jnp step. r, w, k, v, kk, a: [B, H, N] float32; S: [B, H, N, N] float32.
+
+    Returns (y [B, H, N] float32, S' [B, H, N, N] float32).
+    """
+    sa = jnp.sum(S * (-kk)[:, :, None, :], axis=-1)
+    S = S * w[:, :, None, :] + sa[..., None] * (kk * a)[:, :, None, :] + v[..., None] * k[:, :, None, :]
+    y = jnp.sum(S * r[:, :, None, :], axis=-1)
+    return y, S
+
+
+def _step_kernel(r_ref, w_ref, k_ref, v_ref, kk_ref, a_ref, s_ref, y_ref, s_out_ref):
+    S = s_ref[...]
+    kk = kk_ref[...]
+    sa = jnp.sum(S * (-kk)[None, :], axis=1)
+    S = (S * w_ref[...][None, :] + sa[:, None] * (kk * a_ref[...])[None, :]
+         + v_ref[...][:, None] * k_ref[...][None, :])
+    s_out_ref[...] = S
+    y_ref[...] = jnp.sum(S * r_ref[...][None, :], axis=1)
+
+
+def wkv_step(r, w, k, v, kk, a, S, *, interpret: bool = False):
+    """Pallas step with the same contract as `wkv_step_reference`; S is aliased to S'.
+
+    N must be a power of two (64 in every released model) for the Triton lowering.
+    """
+    B, H, N = r.shape
+    for name, t in (("r", r), ("w", w), ("k", k), ("v", v), ("kk", kk), ("a", a)):
+        require(t.shape == (B, H, N) and t.dtype == jnp.float32,
+                f"wkv_step: {name} must be float32 [B, H, N]={B, H, N}, got {t.dtype} {t.shape}")
+    require(S.shape == (B, H, N, N) and S.dtype == jnp.float32,
+            f"wkv_step: S must be float32 [B, H, N, N], got {S.dtype} {S.shape}")
+    require(N & (N - 1) == 0, f"wkv_step: head size N={N} must be a power of two")
+    vec = pl.BlockSpec((None, None, N), lambda b, h: (b, h, 0))
+    mat = pl.BlockSpec((None, None, N, N), lambda b, h: (b, h, 0, 0))
+    return pl.pallas_call(
+        _step_kernel,
+        out_shape=(jax.ShapeDtypeStruct((B, H, N), jnp.float32),
+                   jax.ShapeDtypeStruct((B, H, N, N), jnp.float32)),
+        grid=(B, H),
+        in_specs=[vec] * 6 + [mat],
+        out_specs=(vec, mat),
+        input_output_aliases={6: 1},
+        compiler_params=triton_params(num_warps=4),
+        interpret=interpret,
+    )(r, w, k, v, kk, a, S)
