@@ -140,6 +140,11 @@ def sampling_defaults(args: argparse.Namespace) -> dict[str, Any]:
 
 
 # ----------------------------------------------------------------------------- model
+def cache_dir() -> Path:
+    """$XDG_CACHE_HOME/rwkv7 (default ~/.cache/rwkv7): random models, JAX's compilation cache."""
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "rwkv7"
+
+
 def random_model_names() -> list[str]:
     """The named shapes, plus NAME-world for those whose vocabulary is not the World one."""
     return sorted(NAMED_CONFIGS) + sorted(f"{n}-world" for n, c in NAMED_CONFIGS.items()
@@ -156,7 +161,7 @@ def random_model_path(name: str) -> Path:
     """Write (once) and return a cached seeded random checkpoint of shape ``name``."""
     from rwkv_torch_ref.checkpoint import write_random_checkpoint
 
-    root = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "rwkv7"
+    root = cache_dir()
     path = root / f"random-{name}-seed{RANDOM_MODEL_SEED}.safetensors"
     if not path.is_file():
         root.mkdir(parents=True, exist_ok=True)
@@ -170,7 +175,11 @@ def load_engine(args: argparse.Namespace, path: Path):
     """Build the backend's engine (imports jax or torch here, not at module import)."""
     if args.backend == "jax":
         import rwkv_jax
+        from rwkv_jax.compilation import enable_compilation_cache
         from rwkv_jax.engine import JaxEngine
+
+        if args.precompile:
+            enable_compilation_cache(cache_dir() / "jax")
 
         return JaxEngine(rwkv_jax.load(path, dtype=args.dtype, kernels=args.kernels))
     import rwkv_torch_ref
