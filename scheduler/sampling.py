@@ -42,7 +42,7 @@ class SamplingRows(NamedTuple):
 
 
 def sampling_rows(params: Sequence[SamplingParams]) -> SamplingRows:
-    """Stack per-request parameters into [B] arrays (every ``seed`` must be an int)."""
+    """Stack per-request parameters into [B] arrays (a None seed counts as 0)."""
     return SamplingRows(
         temperature=np.array([p.temperature for p in params], np.float32),
         top_p=np.array([p.top_p for p in params], np.float32),
@@ -50,7 +50,7 @@ def sampling_rows(params: Sequence[SamplingParams]) -> SamplingRows:
         presence=np.array([p.presence_penalty for p in params], np.float32),
         frequency=np.array([p.frequency_penalty for p in params], np.float32),
         decay=np.array([p.penalty_decay for p in params], np.float32),
-        seed=np.array([p.seed for p in params], np.uint32))
+        seed=np.array([0 if p.seed is None else p.seed for p in params], np.uint32))
 
 
 def banned_mask(params: Sequence[SamplingParams], vocab_size: int) -> np.ndarray:
