@@ -21,6 +21,12 @@ from .small_m_linear import linear_reference, small_m_linear, supports as linear
 GROUP = 8               # value-weight rows loaded together per loop iteration
 MAX_BLOCK_C = 256       # output columns per program (a power of two dividing C)
 TARGET_PROGRAMS = 1024  # aim for this many programs when choosing the F splits
+MAX_ROWS = 16           # rows the value product accepts (h columns are loaded per unit)
+
+
+def supports(M: int, F: int, C: int) -> bool:
+    """Whether the sparse value product handles M rows, F hidden units and C outputs."""
+    return 1 <= M <= MAX_ROWS and F % GROUP == 0 and pow2_divisor(C, MAX_BLOCK_C) >= 16
 
 
 def relu_square(pre: jax.Array, dtype) -> jax.Array:
@@ -92,15 +98,14 @@ def sparse_value_product(hidden, w_val_t, *, skip: bool = True, splits: int | No
                          interpret: bool = False):
     """hidden [M, F] @ w_val_t [F, C] -> [M, C] float32, visiting only units active in any row.
 
-    M <= 16; C needs a power-of-two divisor >= 16; F a multiple of GROUP.
+    See `supports` for the shapes served.
     """
     M, F = hidden.shape
     Fw, C = w_val_t.shape
     require(Fw == F, f"sparse_value_product: w_val_t must be [F, C] with F={F}, got {w_val_t.shape}")
-    require(1 <= M <= 16, f"sparse_value_product: at most 16 rows, got M={M}")
-    require(F % GROUP == 0, f"sparse_value_product: F={F} must be a multiple of {GROUP}")
+    require(supports(M, F, C), f"sparse_value_product: unsupported M={M}, F={F}, C={C} (need "
+                               f"M <= {MAX_ROWS}, F % {GROUP} == 0, a power-of-two divisor of C >= 16)")
     block_c = pow2_divisor(C, MAX_BLOCK_C)
-    require(block_c >= 16, f"sparse_value_product: C={C} needs a power-of-two divisor >= 16")
     splits = splits or choose_splits(F, C, block_c)
     require(F % splits == 0 and (F // splits) % GROUP == 0,
             f"sparse_value_product: splits={splits} must divide F={F} into multiples of {GROUP}")

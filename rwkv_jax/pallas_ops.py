@@ -1,0 +1,70 @@
+"""The Pallas implementation of the kernel-op contract (see rwkv_jax/ops.py), per path.
+
+- B1T1 (one row): wkv step kernel, fused add+LayerNorm+shift mixes, M = 1 split-K
+  matrix-vector products, sparse channel-mix (skips the value rows of zero activations).
+- BATCHED_DECODE (B rows, T = 1): wkv step, fused mixes, small-M split-K products while
+  rows <= small_m_linear.MAX_M (an XLA dot above), sparse channel-mix while rows <=
+  SPARSE_MAX_ROWS (the union of active units grows with the rows, so the saving fades).
+- DENSE (T > 1, or very large B): the wkv sequence kernel; matrix products, the sequence
+  token shift and the channel-mix stay XLA (compute-bound GEMMs XLA already does well).
+Shapes a kernel cannot serve (e.g. low-rank widths without a power-of-two divisor >= 16)
+fall back to the XLA op, decided at trace time from static shapes.
+"""
+from __future__ import annotations
+
+import functools
+
+import jax.numpy as jnp
+
+from pallas_kernels import shift_mix as shift_mix_kernel
+from pallas_kernels import small_m_linear as linear_kernel
+from pallas_kernels import sparse_channel_mix as sparse_kernel
+from pallas_kernels import wkv_seq as wkv_seq_kernel
+from pallas_kernels import wkv_step as wkv_step_kernel
+
+from .ops import XLA_OPS, Ops
+from .paths import Path
+
+# Rows up to which the sparse channel-mix is used on the decode paths. A guess until
+# measured: `benchmarks/gpu_check.py` times sparse vs dense channel-mix per row count on the
+# GPU; set this to the largest row count where sparse still wins.
+SPARSE_MAX_ROWS = 4
+
+
+def _linear(x, w, *, max_rows: int, interpret: bool):
+    """Small-M split-K product when x has <= max_rows rows and K suits the kernel, else XLA."""
+    M, K = x.shape
+    if M <= max_rows and linear_kernel.supports(M, K):
+        return linear_kernel.small_m_linear(x, w, interpret=interpret)
+    return XLA_OPS.linear(x, w)
+
+
+def _channel_mix(xk, w_key, w_val, *, max_rows: int, interpret: bool):
+    """Contract channel_mix (w_val [C, F]): sparse kernel for few rows, else small-M/XLA dense."""
+    M, C = xk.shape
+    F = w_key.shape[0]
+    if (M <= min(max_rows, SPARSE_MAX_ROWS) and linear_kernel.supports(M, C)
+            and sparse_kernel.supports(M, F, C)):
+        # The kernel reads value rows in the [F, C] view; the checkpoint layout is [C, F].
+        return sparse_kernel.sparse_channel_mix(xk, w_key, w_val.T, interpret=interpret)
+    if M <= max_rows and linear_kernel.supports(M, C) and linear_kernel.supports(M, F):
+        pre = linear_kernel.small_m_linear(xk, w_key, out_dtype=jnp.float32, interpret=interpret)
+        hidden = sparse_kernel.relu_square(pre, xk.dtype)
+        return linear_kernel.small_m_linear(hidden, w_val, interpret=interpret)
+    return XLA_OPS.channel_mix(xk, w_key, w_val)
+
+
+def pallas_ops(path: Path, interpret: bool) -> Ops:
+    """The Ops for `path` built on the Pallas kernels; interpret=True runs them on the CPU."""
+    if not isinstance(path, Path):
+        raise ValueError(f"path must be a rwkv_jax.Path, got {path!r}")
+    if path is Path.DENSE:
+        return XLA_OPS._replace(wkv_seq=functools.partial(wkv_seq_kernel.wkv_seq, interpret=interpret))
+    max_rows = 1 if path is Path.B1T1 else linear_kernel.MAX_M
+    return Ops(
+        linear=functools.partial(_linear, max_rows=max_rows, interpret=interpret),
+        shift_mix=functools.partial(shift_mix_kernel.shift_mix, interpret=interpret),
+        wkv_step=functools.partial(wkv_step_kernel.wkv_step, interpret=interpret),
+        wkv_seq=XLA_OPS.wkv_seq,
+        channel_mix=functools.partial(_channel_mix, max_rows=max_rows, interpret=interpret),
+    )
