@@ -111,3 +111,50 @@ def test_varlen_shape_rounds_to_powers_of_two():
     assert [varlen_shape(n) for n in (1, 16, 17, 256, 257)] == [16, 16, 32, 256, 512]
     with pytest.raises(ValueError):
         varlen_shape(0)
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tiny_ckpt):
+    import rwkv_jax
+    return rwkv_jax.load(tiny_ckpt.with_suffix(".safetensors"), dtype="float32", kernels="xla")
+
+
+def _run_alone(model, tokens, state=None):
+    """(logits [1, V] | None, state) after feeding `tokens` one at a time (B=1, T=1)."""
+    state = model.init_state(1) if state is None else state
+    logits = None
+    for t in tokens:
+        logits, state = model.forward(np.asarray([[t]]), state)
+    return logits, state
+
+
+def _states_after(model, prefixes):
+    """A State with one row per prefix, each row the state after that prefix alone."""
+    from rwkv_jax.state import State
+    rows = [_run_alone(model, prefix)[1] for prefix in prefixes]
+    return State(*(jnp.concatenate(leaves, axis=0) for leaves in zip(*rows)))
+
+
+@pytest.mark.parametrize("n_single", [0, 3])
+def test_varlen_forward_equals_per_sequence_forward(tiny_model, n_single):
+    from rwkv_jax.varlen import varlen_forward_fn
+    m = tiny_model
+    rng = np.random.default_rng(11 + n_single)
+    lengths = [1, 0, 1, 1, 37, 0, 0, 1, 90, 5][:] if n_single else [0, 1, 0, 0, 64, 1, 3, 0, 119]
+    prefixes = [rng.integers(1, 512, int(rng.integers(0, 6))).tolist() for _ in lengths]
+    prompts = [rng.integers(0, 512, n).tolist() for n in lengths]
+    n_tokens = sum(lengths) + 7   # padding after the last sequence
+    flat = np.zeros(n_tokens, np.int32)
+    flat[:sum(lengths)] = np.concatenate([np.asarray(p, np.int64) for p in prompts])
+    segs = segments_from_lengths(lengths)
+    fn = jax.jit(varlen_forward_fn, static_argnames=("config", "kernels", "n_single"))
+    logits, state = fn(m.params, jnp.asarray(flat), _states_after(m, prefixes), segs.starts,
+                       segs.lengths, config=m.config, kernels="xla", n_single=n_single)
+    for p, (prefix, prompt) in enumerate(zip(prefixes, prompts)):
+        ref_logits, ref_state = _run_alone(m, prefix + prompt)
+        if prompt:
+            np.testing.assert_allclose(np.asarray(logits[p]), np.asarray(ref_logits[0]),
+                                       rtol=1e-4, atol=1e-4, err_msg=f"logits of sequence {p}")
+        for name, got, want in zip(("att_shift", "wkv", "ffn_shift"), state, ref_state):
+            np.testing.assert_allclose(np.asarray(got[p]), np.asarray(want[0]), rtol=1e-4,
+                                       atol=1e-4, err_msg=f"{name} of sequence {p}")
