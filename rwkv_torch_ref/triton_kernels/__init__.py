@@ -8,15 +8,14 @@ TRITON_INTERPRET=1, which must be set before these modules are imported (the
 from __future__ import annotations
 
 from ..wkv import CoreParams, time_mix_core
-from .wkv7_seq import wkv7_seq
-from .wkv7_step import wkv7_step_fused
+from . import wkv7_seq, wkv7_step
 
-__all__ = ["time_mix_core_triton", "wkv7_seq", "wkv7_step_fused"]
+__all__ = ["time_mix_core_triton", "wkv7_seq", "wkv7_step"]
 
 
 def time_mix_core_triton(r, w_raw, k, v, a, p: CoreParams, S):
     """``wkv.time_mix_core`` on Triton: the fused kernel for T = 1, otherwise torch
     prepare/read-out around the Triton recurrence. Shapes as in ``time_mix_core``."""
     if r.shape[1] == 1:
-        return wkv7_step_fused(r, w_raw, k, v, a, p, S)
-    return time_mix_core(r, w_raw, k, v, a, p, S, wkv_seq=wkv7_seq)
+        return wkv7_step.wkv7_step_fused(r, w_raw, k, v, a, p, S)
+    return time_mix_core(r, w_raw, k, v, a, p, S, wkv_seq=wkv7_seq.wkv7_seq)
