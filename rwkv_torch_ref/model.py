@@ -112,7 +112,10 @@ class RWKV7:
                 ffn_key=t(p + "ffn.key.weight"),
                 ffn_value=t(p + "ffn.value.weight").to(self.acc_dtype)))
         if kernels is Kernels.TRITON:
-            from .triton_kernels import time_mix_core_triton
+            from .triton_kernels import interpreted, time_mix_core_triton
+            if device.type == "cpu" and not interpreted():
+                raise ValueError("kernels='triton' on CPU needs TRITON_INTERPRET=1 set before "
+                                 "rwkv_torch_ref.triton_kernels is first imported")
             self._core = time_mix_core_triton
         else:
             self._core = time_mix_core

@@ -10,7 +10,13 @@ from __future__ import annotations
 from ..wkv import CoreParams, time_mix_core
 from . import wkv7_seq, wkv7_step
 
-__all__ = ["time_mix_core_triton", "wkv7_seq", "wkv7_step"]
+__all__ = ["interpreted", "time_mix_core_triton", "wkv7_seq", "wkv7_step"]
+
+
+def interpreted() -> bool:
+    """Whether the kernels were built for the Triton interpreter (the only way to run
+    them on CPU tensors)."""
+    return type(wkv7_seq._wkv7_seq_kernel).__name__ == "InterpretedFunction"
 
 
 def time_mix_core_triton(r, w_raw, k, v, a, p: CoreParams, S):
