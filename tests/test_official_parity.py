@@ -85,3 +85,16 @@ def test_uneven_chunks_with_state_carry(pair):
     tokens = _tokens(pair[1], sum(CHUNKS), seed=3)
     cuts = np.cumsum([0] + CHUNKS)
     _check(pair, [tokens[a:b] for a, b in zip(cuts[:-1], cuts[1:])])
+
+
+def test_bf16_checkpoint(tmp_path):
+    """Released files are bf16: both implementations widen them to float32 identically."""
+    from rwkv.model import RWKV
+
+    from rwkv_torch_ref import named_config, write_random_checkpoint
+
+    path = tmp_path / "tiny_bf16.pth"
+    write_random_checkpoint(path, named_config("tiny"), seed=99, dtype="bfloat16")
+    pair = (RWKV(model=str(path.with_suffix("")), strategy="cpu fp32"),
+            rwkv_torch_ref.load(path, dtype="float32"))
+    _check(pair, [_tokens(pair[1], 24, seed=4), _tokens(pair[1], 1, seed=5)])
