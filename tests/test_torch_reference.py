@@ -56,6 +56,7 @@ def test_batch_independence(models, dtype):
         lb, sb = m.forward(step[b:b + 1], sb)
         worst = max(worst, _max_diff(lb, step_logits[b:b + 1]),
                     _max_diff(sb, select_rows(step_state, [b])))
+    print(f"batch independence {dtype}: max |diff| {worst:.3g}")
     assert worst <= BATCH_TOL[dtype], worst
 
 
@@ -110,6 +111,7 @@ def test_float64_vs_float32(models):
     tokens = _tokens(models["float32"], 2, 32, seed=10)
     l64, s64 = models["float64"].forward(tokens, models["float64"].init_state(2), full_output=True)
     l32, s32 = models["float32"].forward(tokens, models["float32"].init_state(2), full_output=True)
+    print(f"float64 vs float32: logits {_max_diff(l64, l32):.3g}, state {_max_diff(s64, s32):.3g}")
     assert _max_diff(l64, l32) <= 1e-4
     assert _max_diff(s64, s32) <= 1e-4
 
@@ -135,6 +137,7 @@ def test_low_precision_vs_float32(models, dtype):
     kl = (p * (p.log() - torch.log_softmax(low.double(), -1))).sum(-1)
     top2 = ref.topk(2, dim=-1).values
     clear = (top2[..., 0] - top2[..., 1]) > 2 * max_abs
+    print(f"{dtype} vs float32: max |logit diff| {_max_diff(low, ref):.3g}, max KL {kl.max():.3g}")
     assert _max_diff(low, ref) <= max_abs
     assert kl.max().item() <= max_kl
     assert clear.sum() > 0 and bool((low.argmax(-1) == ref.argmax(-1))[clear].all())
