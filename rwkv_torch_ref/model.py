@@ -37,8 +37,9 @@ class Kernels(enum.Enum):
 
 
 class Layer(NamedTuple):
-    """One block's weights. Vectors [C] and matrices in the model dtype; ``core`` and
-    the LayerNorm vectors in the accumulation dtype. Linear weights are [out, in]."""
+    """One block's weights. Vectors [C] and matrices in the model dtype; ``core``, the
+    LayerNorm vectors and ``ffn_value`` (multiplied by the float32 relu**2, which float16
+    cannot hold) in the accumulation dtype. Linear weights are [out, in]."""
     ln1: tuple[torch.Tensor, torch.Tensor]
     ln2: tuple[torch.Tensor, torch.Tensor]
     mix: torch.Tensor                     # [6, C]: x_r, x_w, x_k, x_v, x_a, x_g
