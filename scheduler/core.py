@@ -19,9 +19,10 @@ from typing import Callable, Mapping
 
 import numpy as np
 
-from .config import SchedulerConfig, bucket_for
+from .config import PrefillPolicy, SchedulerConfig, bucket_for
 from .engine import NONFINITE_TOKEN, Engine
 from .params import Request, RequestOutput, RequestState, SamplingParams
+from .prefill_policies import PiecewisePrefill, check_engine_supports
 from .prefix_cache import PrefixCache
 from .stats import BucketSwitch, CompileEvent, PrefillRecord, RequestRecord, Stats, StepRecord
 
@@ -84,6 +85,9 @@ class Scheduler:
         self._compiled: set[int] = set()
         self._on_token = self._on_finish = None
         self._resize_slots(0, [])
+        self._policy = PrefillPolicy(self.config.prefill_policy)
+        check_engine_supports(engine, self._policy)
+        self._pieces = PiecewisePrefill(engine, self.config.chunk, self.stats, self._prefix)
 
     # ---- public API -------------------------------------------------------------------
     def add(self, request: Request) -> None:
@@ -136,7 +140,8 @@ class Scheduler:
         self._stop_worker = False
         if self.config.precompile:
             self._ensure_compiled(self.config.buckets)
-        worker = threading.Thread(target=self._prefill_worker, name="prefill", daemon=True)
+        workers = {PrefillPolicy.SERIAL: self._prefill_worker, PrefillPolicy.VARLEN: self._varlen_worker}
+        worker = threading.Thread(target=workers.get(self._policy, lambda: None), name="prefill", daemon=True)
         worker.start()
         try:
             while True:
@@ -146,7 +151,9 @@ class Scheduler:
                 self._report_finals()
                 self._apply_cancels()
                 admitted = self._take_ready()
-                if not self._live and not admitted:
+                if self._policy is PrefillPolicy.MIXED:
+                    self._start_pieces()
+                if not self._live and not admitted and not self._mixed_work():
                     with self._cond:
                         if self._idle():
                             break
@@ -215,6 +222,50 @@ class Scheduler:
                     entry.set_state(RequestState.READY)
                 self._ready.append(entry)
                 self._cond.notify_all()
+
+    # ---- VARLEN / MIXED prefill (scheduler/prefill_policies.py) -------------------------
+    def _varlen_worker(self) -> None:
+        """VARLEN: flattened prefill calls of up to ``chunk`` tokens, beside decode."""
+        while True:
+            with self._cond:
+                self._cond.wait_for(lambda: self._stop_worker or self._pieces or (
+                    self._admitting and self._waiting), timeout=0.05)
+                if self._stop_worker:
+                    return
+            self._start_pieces()
+            if self._pieces:
+                with self.prefill_lock:
+                    self._pieces.run_varlen()
+                self._hand_over_pieces()
+
+    def _mixed_work(self) -> bool:
+        return self._policy is PrefillPolicy.MIXED and len(self._pieces) > 0
+
+    def _start_pieces(self) -> None:
+        """Move waiting requests into the piece queue while it holds less than a call's
+        worth of tokens (so few rows are reserved for prompts still in prefill)."""
+        with self._cond:
+            while (self._admitting and self._waiting and self._pieces.pending_tokens() < self.config.chunk
+                   and self._live_count + len(self._ready) + self._prefilling < self.config.max_batch):
+                entry = self._waiting.popleft()
+                entry.set_state(RequestState.PREFILL)
+                self._prefilling += 1
+                self._pieces.add(entry)
+        self._hand_over_pieces()
+
+    def _hand_over_pieces(self, only_for: PrefillPolicy | None = None) -> None:
+        """Prompts the piece queue finished (or failed) become READY, as after serial prefill.
+        Only the thread running the pieces calls this (``only_for`` names that policy)."""
+        if (only_for is not None and self._policy is not only_for) or not self._pieces.completed:
+            return
+        with self._cond:
+            done, self._pieces.completed = self._pieces.completed, []
+            for entry in done:
+                self._prefilling -= 1
+                if entry.error is None:
+                    entry.set_state(RequestState.READY)
+                self._ready.append(entry)
+            self._cond.notify_all()
 
     def _prefill(self, entry: _Entry) -> None:
         """Prefill entry.prompt (reusing the longest cached prefix) and draw its first token."""
@@ -393,7 +444,7 @@ class Scheduler:
         rows = min(len(self._live) + len(admitted) + prefilling, self.config.max_batch)
         target = bucket_for(rows, self.config.buckets)
         try:
-            if target != engine.bucket:
+            if target != len(self._slot_entry):
                 self._ensure_compiled([target])
                 keep = sorted(e.slot for e in self._live.values())
                 start = time.perf_counter()
@@ -412,11 +463,16 @@ class Scheduler:
             with self._cond:
                 self._live_count = len(self._live)
             start = time.perf_counter()
-            out = np.asarray(engine.step(self._tok, self._pos))
+            if self._mixed_work():
+                out = np.asarray(self._pieces.mixed_step(self._tok, self._pos))
+            else:
+                out = np.asarray(engine.step(self._tok, self._pos))
             seconds = time.perf_counter() - start
         except Exception as e:  # fail this step's requests; the scheduler stays usable
             self._fail_batch(admitted, f"engine step failed: {type(e).__name__}: {e}")
+            self._hand_over_pieces(PrefillPolicy.MIXED)
             return
+        self._hand_over_pieces(PrefillPolicy.MIXED)
         self.stats.steps.append(StepRecord(start, target, len(self._live), engine.last_path, seconds))
         self._account(out)
 

@@ -98,7 +98,7 @@ def nucleus_mask(z: np.ndarray, top_k: np.ndarray, top_p: np.ndarray) -> np.ndar
     p = np.exp(sorted_z - sorted_z[:, :1])
     p = p / p.sum(axis=1, keepdims=True)
     keep = ((np.cumsum(p, axis=1) - p) < top_p[:, None]) & (sorted_z > -np.inf)
-    last = keep.sum(axis=1) - 1
+    last = (keep.sum(axis=1) - 1).clip(min=0)  # a NaN row keeps nothing: clamp
     threshold = np.take_along_axis(sorted_z, last[:, None], axis=1)
     return z >= threshold
 

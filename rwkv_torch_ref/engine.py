@@ -1,0 +1,130 @@
+"""`TorchEngine`: the scheduler's Engine protocol (scheduler/engine.py) on the torch reference.
+
+The batch ("slots") lives on the model's device: the recurrent State [bucket, ...], penalty
+counts float32 [bucket, V], banned mask bool [bucket, V] and per-slot sampling parameters
+(SamplingRows of [bucket] tensors; seeds held as int64). A step counts the fed tokens, runs
+``model.forward`` (T=1) and samples every row with ``rwkv_torch_ref.sampling``. Eager torch:
+``compile`` has nothing to build and reports 0 s.
+"""
+from __future__ import annotations
+
+from typing import NamedTuple, Sequence
+
+import numpy as np
+import torch
+
+from scheduler.params import SamplingParams
+from scheduler.sampling import SamplingRows, banned_mask, sampling_rows
+
+from .sampling import sample_rows, update_counts
+from .state import State, select_rows
+
+
+class Slots(NamedTuple):
+    """The batch the engine owns; every tensor has a leading [bucket] axis."""
+    state: State
+    counts: torch.Tensor   # float32 [B, V]
+    banned: torch.Tensor   # bool [B, V]
+    rows: SamplingRows     # [B] tensors
+
+
+class TorchEngine:
+    """Engine protocol implementation for a loaded ``rwkv_torch_ref`` model.
+
+    Rows are ``(State with B=1, logits float32 [V] | None)``; host rows are numpy copies.
+    """
+
+    def __init__(self, model):
+        self.model = model
+        self.device = model.device
+        self.vocab_size = model.config.vocab_size
+        self.bucket = 0
+        self.last_path = f"torch-{model.kernels.value}"
+        self.slots: Slots | None = None
+
+    def _tensor(self, a: np.ndarray) -> torch.Tensor:
+        a = a.astype(np.int64) if a.dtype == np.uint32 else a
+        return torch.from_numpy(np.ascontiguousarray(a)).to(self.device)
+
+    def _rows(self, params: Sequence[SamplingParams]) -> SamplingRows:
+        return SamplingRows(*(self._tensor(a) for a in sampling_rows(params)))
+
+    def compile(self, buckets: Sequence[int]) -> dict[int, float]:
+        return {b: 0.0 for b in buckets}
+
+    @torch.inference_mode()
+    def prefill(self, tokens: np.ndarray, start=None):
+        tokens = np.asarray(tokens, np.int64)
+        if tokens.ndim != 1 or tokens.size == 0:
+            raise ValueError(f"prefill needs a non-empty 1-D token array, got shape {tokens.shape}")
+        state = self.model.init_state(1) if start is None else start[0]
+        logits, state = self.model.forward(tokens[None], state)
+        return state, logits[0]
+
+    @torch.inference_mode()
+    def sample(self, row, params: SamplingParams, position: int = 0) -> int:
+        logits = row[1][None]
+        banned = self._tensor(banned_mask([params], self.vocab_size))
+        positions = torch.tensor([position], device=self.device)
+        return int(sample_rows(logits, torch.zeros_like(logits), self._rows([params]), banned, positions)[0])
+
+    @torch.inference_mode()
+    def insert(self, slot: int, row, params: SamplingParams) -> None:
+        self._check_slot(slot)
+        for leaf, part in zip(self.slots.state, row[0]):
+            leaf[slot] = part[0].to(leaf.dtype)
+        self.slots.counts[slot] = 0
+        self.slots.banned[slot] = self._tensor(banned_mask([params], self.vocab_size))[0]
+        for leaf, part in zip(self.slots.rows, self._rows([params])):
+            leaf[slot] = part[0]
+
+    @torch.inference_mode()
+    def extract(self, slot: int):
+        self._check_slot(slot)
+        return select_rows(self.slots.state, [slot]), None
+
+    @torch.inference_mode()
+    def resize(self, keep_slots: Sequence[int], new_bucket: int) -> None:
+        keep = list(keep_slots)
+        if len(keep) > new_bucket or any(not 0 <= s < self.bucket for s in keep):
+            raise ValueError(f"cannot keep slots {keep} of bucket {self.bucket} in bucket {new_bucket}")
+        if self.slots is None:
+            V = self.vocab_size
+            self.slots = Slots(self.model.init_state(new_bucket),
+                               torch.zeros((new_bucket, V), dtype=torch.float32, device=self.device),
+                               torch.zeros((new_bucket, V), dtype=torch.bool, device=self.device),
+                               self._rows([SamplingParams()] * new_bucket))
+        else:
+            index = torch.tensor(keep + [0] * (new_bucket - len(keep)), device=self.device)
+            self.slots = Slots(select_rows(self.slots.state, index), self.slots.counts[index].clone(),
+                               self.slots.banned[index].clone(),
+                               SamplingRows(*(leaf[index].clone() for leaf in self.slots.rows)))
+        self.bucket = new_bucket
+
+    @torch.inference_mode()
+    def step(self, tokens: np.ndarray, positions: np.ndarray) -> np.ndarray:
+        tokens = torch.from_numpy(np.asarray(tokens, np.int64)).to(self.device)
+        positions = torch.from_numpy(np.asarray(positions, np.int64)).to(self.device)
+        slots = self.slots
+        counts = update_counts(slots.counts, tokens, slots.rows.decay)
+        logits, state = self.model.forward(tokens[:, None], slots.state)
+        drawn = sample_rows(logits, counts, slots.rows, slots.banned, positions)
+        self.slots = slots._replace(state=state, counts=counts)
+        return drawn.cpu().numpy()
+
+    def to_host(self, row):
+        """numpy copies; bfloat16 leaves (numpy has none) widen to float32, losslessly."""
+        state, logits = row
+        def host(t):
+            return (t.float() if t.dtype == torch.bfloat16 else t).cpu().numpy()
+        return tuple(host(leaf) for leaf in state) + (None if logits is None else host(logits),)
+
+    def from_host(self, host_row):
+        *state, logits = host_row
+        dtypes = [leaf.dtype for leaf in self.model.init_state(1)]
+        state = State(*(self._tensor(a).to(dt) for a, dt in zip(state, dtypes)))
+        return state, (None if logits is None else self._tensor(logits))
+
+    def _check_slot(self, slot: int) -> None:
+        if not 0 <= slot < self.bucket:
+            raise ValueError(f"slot {slot} outside the current bucket of {self.bucket}")
