@@ -27,6 +27,7 @@ KERNELS = {"jax": ("auto", "xla", "pallas", "pallas-interpret"), "torch": ("auto
 SAMPLING_OPTIONS = ("max_tokens", "temperature", "top_p", "top_k", "presence_penalty",
                     "frequency_penalty", "penalty_decay", "stop", "stop_tokens")
 EXIT_BAD_ARGS = 2
+DEFAULT_MAX_BATCH = 256
 
 
 # ----------------------------------------------------------------------------- options
@@ -54,7 +55,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="jax: auto|xla|pallas|pallas-interpret; torch: auto|torch|triton "
                         "(auto = the fastest available on this machine)")
     p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
-    p.add_argument("--max-batch", type=int, default=256, help="most sequences decoded together")
+    p.add_argument("--max-batch", type=int, default=None,
+                   help="most sequences decoded together (default 256, or the largest of --buckets)")
     p.add_argument("--buckets", type=_int_list, default=None, metavar="1,2,4,...",
                    help="decode batch sizes to compile (default: powers of two up to --max-batch)")
     p.add_argument("--prefix-cache-mb", type=float, default=0.0, metavar="N",
@@ -96,8 +98,10 @@ def check_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     for flag, path in (("--metrics", args.metrics), ("--plot", args.plot)):
         if path is not None:
             _check_writable(p, path, flag)
-    if args.max_batch < 1 or args.chunk < 1 or args.prefix_cache_mb < 0:
-        p.error("--max-batch and --chunk must be >= 1 and --prefix-cache-mb >= 0")
+    try:
+        scheduler_config(args).validated()
+    except ValueError as e:
+        p.error(f"bad scheduler option: {e}")
     try:
         sampling_defaults(args)  # validates the sampling defaults
     except ValueError as e:
@@ -128,6 +132,15 @@ def _check_writable(p: argparse.ArgumentParser, path: str, flag: str) -> None:
         p.error(f"{flag} {path}: directory {parent} does not exist")
     if not os.access(parent, os.W_OK):
         p.error(f"{flag} {path}: directory {parent} is not writable")
+
+
+def scheduler_config(args: argparse.Namespace):
+    from .config import SchedulerConfig
+
+    max_batch = args.max_batch or (max(args.buckets) if args.buckets else DEFAULT_MAX_BATCH)
+    return SchedulerConfig(max_batch=max_batch, buckets=args.buckets,
+                           prefix_cache_bytes=int(args.prefix_cache_mb * 2**20), precompile=args.precompile,
+                           prefill_policy=args.prefill, chunk=args.chunk)
 
 
 def sampling_defaults(args: argparse.Namespace) -> dict[str, Any]:
@@ -226,11 +239,15 @@ def make_request(item: InputRequest, defaults: dict[str, Any], args, vocab_size:
 
 
 class StopSignal:
-    """SIGINT/SIGTERM: the first sets ``signum`` (stop admissions); a second raises KeyboardInterrupt."""
+    """SIGINT/SIGTERM: the first sets ``signum`` (stop admissions); a second raises KeyboardInterrupt.
+
+    Called as ``should_stop()``: True once a signal came; the first such call prints the notice
+    (not the handler itself, which may interrupt a write to stderr)."""
 
     def __init__(self, notify):
         self.signum: int | None = None
         self._notify = notify
+        self._notified = False
 
     def install(self) -> None:
         for sig in (signal.SIGINT, signal.SIGTERM):
@@ -240,15 +257,25 @@ class StopSignal:
         if self.signum is not None:
             raise KeyboardInterrupt
         self.signum = signum
-        self._notify(f"{signal.Signals(signum).name}: no new requests; finishing the in-flight ones "
-                     "(signal again to stop now)")
 
     def __call__(self) -> bool:
+        if self.signum is not None and not self._notified:
+            self._notified = True
+            self._notify(f"{signal.Signals(self.signum).name}: no new requests; finishing the in-flight "
+                         "ones (signal again to stop now)")
         return self.signum is not None
 
 
 # ----------------------------------------------------------------------------- main
 def main(argv: list[str] | None = None) -> int:
+    try:
+        return _main(argv)
+    except KeyboardInterrupt:  # before the run started: nothing in flight
+        _say("interrupted before generation started; rerun the same command to start again")
+        return 128 + signal.SIGINT
+
+
+def _main(argv: list[str] | None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     check_args(parser, args)
@@ -273,16 +300,14 @@ def main(argv: list[str] | None = None) -> int:
 def _run(args, engine, tokenizer, writer: ResultWriter) -> int:
     from tqdm import tqdm
 
-    from . import Scheduler, SchedulerConfig
+    from . import Scheduler
     from .metrics import build_metrics, plot_run, summary_table
 
     t0 = time.perf_counter()
     defaults = sampling_defaults(args)
     results: list[dict[str, Any]] = []
     by_line: dict[str, InputRequest] = {}
-    sched = Scheduler(engine, SchedulerConfig(
-        max_batch=args.max_batch, buckets=args.buckets, prefix_cache_bytes=int(args.prefix_cache_mb * 2**20),
-        precompile=args.precompile, prefill_policy=args.prefill, chunk=args.chunk), tokenizer=tokenizer)
+    sched = Scheduler(engine, scheduler_config(args), tokenizer=tokenizer)
     skipped = 0
     for item in read_requests(args.input):
         key = item.key if isinstance(item, InputError) else ("id", item.id)
