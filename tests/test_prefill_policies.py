@@ -135,12 +135,13 @@ def _states_after(model, prefixes):
     return State(*(jnp.concatenate(leaves, axis=0) for leaves in zip(*rows)))
 
 
-@pytest.mark.parametrize("n_single", [0, 3])
-def test_varlen_forward_equals_per_sequence_forward(tiny_model, n_single):
+def test_varlen_forward_equals_per_sequence_forward(tiny_model):
+    """Varlen prefill of sequences with random start states vs each run alone; the mixed
+    step's n_single form is covered by the policy test below."""
     from rwkv_jax.varlen import varlen_forward_fn
     m = tiny_model
-    rng = np.random.default_rng(11 + n_single)
-    lengths = [1, 0, 1, 1, 37, 0, 0, 1, 90, 5][:] if n_single else [0, 1, 0, 0, 64, 1, 3, 0, 119]
+    rng = np.random.default_rng(11)
+    lengths = [0, 1, 0, 0, 64, 1, 3, 0, 119]
     prefixes = [rng.integers(1, 512, int(rng.integers(0, 6))).tolist() for _ in lengths]
     prompts = [rng.integers(0, 512, n).tolist() for n in lengths]
     n_tokens = sum(lengths) + 7   # padding after the last sequence
@@ -149,7 +150,7 @@ def test_varlen_forward_equals_per_sequence_forward(tiny_model, n_single):
     segs = segments_from_lengths(lengths)
     fn = jax.jit(varlen_forward_fn, static_argnames=("config", "kernels", "n_single"))
     logits, state = fn(m.params, jnp.asarray(flat), _states_after(m, prefixes), segs.starts,
-                       segs.lengths, config=m.config, kernels="xla", n_single=n_single)
+                       segs.lengths, config=m.config, kernels="xla")
     for p, (prefix, prompt) in enumerate(zip(prefixes, prompts)):
         ref_logits, ref_state = _run_alone(m, prefix + prompt)
         if prompt:
@@ -158,3 +159,40 @@ def test_varlen_forward_equals_per_sequence_forward(tiny_model, n_single):
         for name, got, want in zip(("att_shift", "wkv", "ffn_shift"), state, ref_state):
             np.testing.assert_allclose(np.asarray(got[p]), np.asarray(want[0]), rtol=1e-4,
                                        atol=1e-4, err_msg=f"{name} of sequence {p}")
+
+
+def test_varlen_and_mixed_policies_match_serial_greedy_tokens(tiny_model):
+    """Prompts of 1..150 tokens, budget 32 (long prompts are cut and carried across calls),
+    max_batch 4 so admissions, shrinks and mixed steps with live rows all happen."""
+    from rwkv_jax.engine import JaxEngine
+    from scheduler import Request, SamplingParams, SchedulerConfig, Scheduler
+    rng = np.random.default_rng(5)
+    lengths = [150, 1, 2, 7, 90, 33, 1, 64, 5, 120]
+    requests = [Request(f"r{i}", rng.integers(0, 512, n).tolist(),
+                        SamplingParams(max_tokens=int(rng.integers(1, 12)), stop_tokens=[]))
+                for i, n in enumerate(lengths)]
+    tokens, paths = {}, {}
+    engine = JaxEngine(tiny_model, prefill_pieces=(32, 4, 1))  # shared: its executables are reused
+    for policy in ("serial", "varlen", "mixed"):
+        scheduler = Scheduler(engine,
+                              SchedulerConfig(max_batch=4, prefill_policy=policy, chunk=32))
+        for r in requests:
+            scheduler.add(r)
+        scheduler.run()
+        out = [scheduler.results[r.id] for r in requests]
+        assert all(o.finish_reason == "length" for o in out), [o.error for o in out]
+        tokens[policy] = [o.tokens for o in out]
+        paths[policy] = {s.path for s in scheduler.stats.steps}
+        assert sum(p.tokens for p in scheduler.stats.prefills) == sum(lengths)
+    assert tokens["varlen"] == tokens["serial"]
+    assert tokens["mixed"] == tokens["serial"]
+    assert "DENSE" in paths["mixed"] and "DENSE" not in paths["serial"]
+
+
+def test_policies_need_engine_support():
+    from scheduler import Scheduler, SchedulerConfig
+    from scheduler.fake_engine import FakeEngine
+    Scheduler(FakeEngine(), SchedulerConfig(prefill_policy="serial"))
+    for policy, method in (("varlen", "prefill_varlen"), ("mixed", "mixed_step")):
+        with pytest.raises(ValueError, match=method):
+            Scheduler(FakeEngine(), SchedulerConfig(prefill_policy=policy))
