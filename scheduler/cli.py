@@ -276,6 +276,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _main(argv: list[str] | None) -> int:
+    from . import Scheduler
+
     parser = build_parser()
     args = parser.parse_args(argv)
     check_args(parser, args)
@@ -294,20 +296,22 @@ def _main(argv: list[str] | None) -> int:
         except (OSError, ValueError) as e:
             parser.exit(EXIT_BAD_ARGS, f"rwkv7-generate: error: cannot load model {model_path}: {e}\n")
         tokenizer = tokenizer_for(engine.vocab_size)
-        return _run(args, engine, tokenizer, writer)
+        try:
+            sched = Scheduler(engine, scheduler_config(args), tokenizer=tokenizer)
+        except ValueError as e:  # e.g. a prefill policy this backend does not support
+            parser.exit(EXIT_BAD_ARGS, f"rwkv7-generate: error: {e}\n")
+        return _run(args, sched, tokenizer, writer)
 
 
-def _run(args, engine, tokenizer, writer: ResultWriter) -> int:
+def _run(args, sched, tokenizer, writer: ResultWriter) -> int:
     from tqdm import tqdm
 
-    from . import Scheduler
     from .metrics import build_metrics, plot_run, summary_table
 
     t0 = time.perf_counter()
     defaults = sampling_defaults(args)
     results: list[dict[str, Any]] = []
     by_line: dict[str, InputRequest] = {}
-    sched = Scheduler(engine, scheduler_config(args), tokenizer=tokenizer)
     skipped = 0
     for item in read_requests(args.input):
         key = item.key if isinstance(item, InputError) else ("id", item.id)
@@ -315,7 +319,7 @@ def _run(args, engine, tokenizer, writer: ResultWriter) -> int:
             skipped += 1
             continue
         if isinstance(item, InputRequest):
-            item_or_req = make_request(item, defaults, args, engine.vocab_size, tokenizer)
+            item_or_req = make_request(item, defaults, args, sched.engine.vocab_size, tokenizer)
             if not isinstance(item_or_req, InputError):
                 by_line[item_or_req.id] = item
                 sched.add(item_or_req)
