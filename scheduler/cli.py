@@ -154,7 +154,7 @@ def sampling_defaults(args: argparse.Namespace) -> dict[str, Any]:
 
 # ----------------------------------------------------------------------------- model
 def cache_dir() -> Path:
-    """$XDG_CACHE_HOME/rwkv7 (default ~/.cache/rwkv7): random models, JAX's compilation cache."""
+    """$XDG_CACHE_HOME/rwkv7 (default ~/.cache/rwkv7): random models, JAX's persistent compilation cache."""
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "rwkv7"
 
 
@@ -191,8 +191,7 @@ def load_engine(args: argparse.Namespace, path: Path):
         from rwkv_jax.compilation import enable_compilation_cache
         from rwkv_jax.engine import JaxEngine
 
-        if args.precompile:
-            enable_compilation_cache(cache_dir() / "jax")
+        enable_compilation_cache(cache_dir() / "jax")  # reruns and resumed runs skip compiling
 
         return JaxEngine(rwkv_jax.load(path, dtype=args.dtype, kernels=args.kernels))
     import rwkv_torch_ref
