@@ -7,7 +7,8 @@ fed tokens, run ``forward_fn`` (T=1, kernel path ``select_path(bucket, 1)``) and
 row on device; only the drawn int32 [bucket] tokens come back to the host.
 
 Every executable is compiled ahead of time and cached per shape: per bucket the step, the
-slot insert and the slot extract; per pair of buckets the gather used by ``resize``; per
+empty batch, the slot insert and the slot extract; per pair of buckets the gather used by
+``resize`` (so a shrink never waits on a compile); per
 prompt piece length the prefill: a prompt of T tokens runs as pieces of the allowed lengths
 ``prefill_pieces`` (default 1, 2, 4, ..., 256), largest first, so any T needs at most
 len(prefill_pieces) prefill executables.
@@ -106,6 +107,7 @@ class JaxEngine:
         self._jit_insert = jax.jit(_insert, donate_argnames=("slots",))
         self._jit_extract = jax.jit(_extract)
         self._jit_gather = jax.jit(_gather)
+        self._jit_empty = jax.jit(self._empty_slots, static_argnums=0)
         self._static = static
 
     # -- executables ---------------------------------------------------------------------
@@ -122,6 +124,15 @@ class JaxEngine:
                     self.compile_seconds[key] = time.perf_counter() - start
                     self._exes[key] = exe
         return exe
+
+    def _empty_slots(self, bucket: int) -> Slots:
+        V = self.vocab_size
+        rows = SamplingRows(*(jnp.zeros((bucket,), a.dtype) for a in sampling_rows([])))
+        return Slots(self.model.init_state(bucket), jnp.zeros((bucket, V), jnp.float32),
+                     jnp.zeros((bucket, V), jnp.bool_), rows)
+
+    def _empty_exe(self, bucket: int):
+        return self._executable("empty", bucket, lambda: self._jit_empty.lower(bucket))
 
     def _abstract_slots(self, bucket: int) -> Slots:
         V = self.vocab_size
@@ -180,20 +191,45 @@ class JaxEngine:
 
     # -- Engine protocol -----------------------------------------------------------------
     def compile(self, buckets: Sequence[int]) -> dict[int, float]:
-        """Compile step/insert/extract for each bucket, and the resize gathers between it and
-        every bucket compiled before; returns {bucket: seconds spent}."""
+        """Compile step/empty/insert/extract for each bucket and the resize gathers between it
+        and every bucket compiled before, then run each new executable once on scratch data
+        (an executable's first run pays one-off set-up, tens of ms on CPU, which would
+        otherwise land on the first step after a bucket switch). Returns {bucket: seconds}."""
         seconds = {}
         for b in buckets:
             start = time.perf_counter()
-            before = len(self._exes)
+            before = set(self._exes)
             self._step_exe(b)
+            self._empty_exe(b)
             self._insert_exe(b)
             self._extract_exe(b)
             for other in {k[1] for k in self._exes if k[0] == "step"} - {b}:
                 self._gather_exe(other, b)
                 self._gather_exe(b, other)
-            seconds[b] = time.perf_counter() - start if len(self._exes) > before else 0.0
+            new = set(self._exes) - before
+            if new:
+                self._warm_up(new)
+            seconds[b] = time.perf_counter() - start if new else 0.0
         return seconds
+
+    def _warm_up(self, keys) -> None:
+        """Run the executables named by keys once on scratch slots."""
+        one = self._empty_exe(1)()
+        outputs = []
+        for kind, shape in keys:
+            exe = self._exes[(kind, shape)]
+            if kind == "step":
+                zeros = np.zeros(shape, np.int32)
+                outputs.append(exe(self.model.params, self._empty_exe(shape)(), zeros, zeros))
+            elif kind == "empty":
+                outputs.append(exe())
+            elif kind == "insert":
+                outputs.append(exe(self._empty_exe(shape)(), np.int32(0), one.state, one.rows, one.banned))
+            elif kind == "extract":
+                outputs.append(exe(self._empty_exe(shape)().state, np.int32(0)))
+            elif kind == "gather":
+                outputs.append(exe(self._empty_exe(shape[0])(), np.zeros(shape[1], np.int32)))
+        jax.block_until_ready(outputs)
 
     def compile_prefill(self) -> dict[int, float]:
         """Compile every prefill piece length and the first-token sampling; {length: seconds}."""
@@ -229,10 +265,7 @@ class JaxEngine:
         if len(keep) > new_bucket or any(not 0 <= s < self.bucket for s in keep):
             raise ValueError(f"cannot keep slots {keep} of bucket {self.bucket} in bucket {new_bucket}")
         if self.slots is None:
-            V = self.vocab_size
-            rows = SamplingRows(*(jnp.zeros((new_bucket,), a.dtype) for a in sampling_rows([])))
-            self.slots = Slots(self.model.init_state(new_bucket), jnp.zeros((new_bucket, V), jnp.float32),
-                               jnp.zeros((new_bucket, V), jnp.bool_), rows)
+            self.slots = self._empty_exe(new_bucket)()
         else:
             index = np.array(keep + [0] * (new_bucket - len(keep)), np.int32)
             self.slots = self._gather_exe(self.bucket, new_bucket)(self.slots, index)
