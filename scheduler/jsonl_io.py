@@ -11,6 +11,7 @@ lines that have no usable id of their own (malformed JSON, a duplicate id) — b
 """
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import time
@@ -120,6 +121,7 @@ class ResultWriter:
     (reported in ``torn_bytes``). Each record is written with one ``os.write`` of a
     whole line, so a killed process never leaves a partial line behind it except the
     one being written; ``fsync`` runs every ``group`` records or ``interval`` seconds.
+    The file is locked (flock) while open: a second writer gets ValueError.
     """
 
     def __init__(self, path: str | os.PathLike, group: int = 16, interval: float = 1.0):
@@ -129,6 +131,11 @@ class ResultWriter:
         self.records_before = 0
         self.torn_bytes = 0
         self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
+        try:
+            fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(self._fd)
+            raise ValueError("another process is writing to this file (it is locked)") from None
         self._scan()
         self._pending = 0
         self._last_sync = time.monotonic()

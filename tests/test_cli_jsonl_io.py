@@ -91,3 +91,13 @@ def test_writer_fsyncs_in_groups(tmp_path, monkeypatch):
             w.write({"id": i, "tokens": []})
         assert len(calls) == 2  # after records 3 and 6
     assert len(calls) == 3  # close syncs the tail
+
+
+def test_a_second_writer_on_the_same_file_is_refused(tmp_path):
+    path = tmp_path / "out.jsonl"
+    with ResultWriter(path) as w:
+        w.write({"id": "a", "tokens": []})
+        with pytest.raises(ValueError, match="another process"):
+            ResultWriter(path)
+    with ResultWriter(path) as again:  # released on close
+        assert again.done == {("id", "a")}
