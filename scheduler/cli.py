@@ -192,19 +192,15 @@ def load_engine(args: argparse.Namespace, path: Path):
         from rwkv_jax.engine import JaxEngine
 
         enable_compilation_cache(cache_dir() / "jax")  # reruns and resumed runs skip compiling
-
         return JaxEngine(rwkv_jax.load(path, dtype=args.dtype, kernels=args.kernels))
     import rwkv_torch_ref
+    import torch
     from rwkv_torch_ref.engine import TorchEngine
 
-    kernels = args.kernels if args.kernels != "auto" else _torch_auto_kernels()
-    return TorchEngine(rwkv_torch_ref.load(path, dtype=args.dtype, kernels=kernels))
-
-
-def _torch_auto_kernels() -> str:
-    import torch
-
-    return "triton" if torch.cuda.is_available() else "torch"
+    gpu = torch.cuda.is_available()
+    kernels = args.kernels if args.kernels != "auto" else ("triton" if gpu else "torch")
+    return TorchEngine(rwkv_torch_ref.load(path, dtype=args.dtype, kernels=kernels,
+                                           device="cuda" if gpu else "cpu"))
 
 
 # ----------------------------------------------------------------------------- requests
