@@ -322,7 +322,7 @@ def _run(args, sched, tokenizer, writer: ResultWriter) -> int:
             item = item_or_req
         record = error_record(item)
         writer.write(record)
-        results.append(record)
+        results.append(_counts(record))
     if skipped:
         _say(f"skipping {skipped} input lines already in {args.output}")
 
@@ -347,9 +347,9 @@ def _run(args, sched, tokenizer, writer: ResultWriter) -> int:
         last_token.pop(out.id, None)
         if out.finish_reason == "cancelled":
             return  # never started (stop requested): the next run does it
-        record = _result_record(by_line[out.id], out, tokenizer)
+        record = _result_record(by_line.pop(out.id), out, tokenizer)
         writer.write(record)
-        results.append({**record, "ttft": out.ttft})
+        results.append({**_counts(record), "ttft": out.ttft})
         bar.update(1)
 
     stop = StopSignal(bar.write)
@@ -390,6 +390,11 @@ def _result_record(item: InputRequest, out, tokenizer) -> dict[str, Any]:
     record["prompt_tokens"] = out.prompt_tokens
     record["generated_tokens"] = out.generated_tokens
     return record
+
+
+def _counts(record: dict[str, Any]) -> dict[str, Any]:
+    """What the metrics need of a result (not its tokens, to keep long runs' memory flat)."""
+    return {k: record[k] for k in ("finish_reason", "prompt_tokens", "generated_tokens")}
 
 
 def _say(message: str) -> None:
