@@ -55,19 +55,18 @@ def choose_splits(F: int, C: int, block_c: int, target: int = TARGET_PROGRAMS) -
     return best
 
 
-def active_lists(hidden: jax.Array, splits: int, skip: bool = True):
+def active_lists(hidden: jax.Array, splits: int, skip=True):
     """Per split, the in-order list of hidden units to visit and its length.
 
     hidden [M, F] -> (units [S, F/S] int32 global unit indices, padded with the split's
-    first unit; counts [S] int32). With skip=False every unit is listed.
+    first unit; counts [S] int32). skip=False lists every unit. `skip` may be a traced
+    bool: both settings then share one compiled program.
     """
     M, F = hidden.shape
     per = F // splits
     local = jnp.broadcast_to(jnp.arange(per, dtype=jnp.int32), (splits, per))
     first = (jnp.arange(splits, dtype=jnp.int32) * per)[:, None]
-    if not skip:
-        return local + first, jnp.full((splits,), per, jnp.int32)
-    active = jnp.any(hidden != 0, axis=0).reshape(splits, per)
+    active = jnp.logical_or(jnp.any(hidden != 0, axis=0), jnp.logical_not(skip)).reshape(splits, per)
     slot = jnp.cumsum(active, axis=1, dtype=jnp.int32) - 1
     slot = jnp.where(active, slot, per)  # inactive units go to an out-of-range slot (dropped)
     rows = jnp.broadcast_to(jnp.arange(splits)[:, None], (splits, per))
@@ -94,11 +93,11 @@ def _value_kernel(units_ref, counts_ref, h_ref, w_ref, o_ref):
     o_ref[...] = jax.lax.fori_loop(0, n_groups, group, acc)
 
 
-def sparse_value_product(hidden, w_val_t, *, skip: bool = True, splits: int | None = None,
+def sparse_value_product(hidden, w_val_t, *, skip=True, splits: int | None = None,
                          interpret: bool = False):
     """hidden [M, F] @ w_val_t [F, C] -> [M, C] float32, visiting only units active in any row.
 
-    See `supports` for the shapes served.
+    See `supports` for the shapes served; `skip` as in `active_lists`.
     """
     M, F = hidden.shape
     Fw, C = w_val_t.shape
@@ -128,7 +127,7 @@ def sparse_value_product(hidden, w_val_t, *, skip: bool = True, splits: int | No
     return jnp.sum(partials, axis=0)[:M]
 
 
-def sparse_channel_mix(xk, w_key, w_val_t, *, skip: bool = True, interpret: bool = False):
+def sparse_channel_mix(xk, w_key, w_val_t, *, skip=True, interpret: bool = False):
     """Pallas channel-mix: xk [M, C], w_key [F, C], w_val_t [F, C] -> [M, C] in xk.dtype.
 
     The key projection uses the small-M split-K kernel (float32 output), the value product
