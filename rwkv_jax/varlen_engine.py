@@ -88,24 +88,46 @@ class VarlenRunner:
         segs = segments_from_lengths(lengths, MAX_PIECES)
         return flat, tuple(rows), segs.starts, segs.lengths, len(prompts)
 
-    def _abstract(self, *args):
-        return jax.tree.map(lambda x: jax.ShapeDtypeStruct(np.shape(x), x.dtype), args)
+    def _row_structs(self):
+        one = jax.eval_shape(lambda: self.engine.model.init_state(1))
+        return (jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), one),) * MAX_PIECES
+
+    def _prefill_exe(self, token_rows: int):
+        def lower():
+            vec = jax.ShapeDtypeStruct((MAX_PIECES,), jnp.int32)
+            return self._jit_prefill.lower(self.engine.model.params,
+                                           jax.ShapeDtypeStruct((token_rows,), jnp.int32),
+                                           self._row_structs(), vec, vec, **self.engine._static)
+        return self.engine._executable("varlen_prefill", token_rows, lower)
+
+    def _mixed_exe(self, bucket: int, token_rows: int):
+        def lower():
+            vec = jax.ShapeDtypeStruct((MAX_PIECES,), jnp.int32)
+            slot_vec = jax.ShapeDtypeStruct((bucket,), jnp.int32)
+            return self._jit_mixed.lower(self.engine.model.params, self.engine._abstract_slots(bucket),
+                                         slot_vec, slot_vec, jax.ShapeDtypeStruct((token_rows,), jnp.int32),
+                                         self._row_structs(), vec, vec, **self.engine._static)
+        return self.engine._executable("mixed", (bucket, token_rows), lower)
+
+    def compile(self, varlen_token_rows: Sequence[int] = (), mixed: Sequence[tuple[int, int]] = ()) -> None:
+        """Compile ahead of time: varlen prefill for each token-row count, the mixed step for
+        each (bucket, token_rows). Times land in the engine's ``compile_seconds``."""
+        for token_rows in varlen_token_rows:
+            self._prefill_exe(token_rows)
+        for bucket, token_rows in mixed:
+            self._mixed_exe(bucket, token_rows)
 
     def prefill_varlen(self, prompts: Sequence[np.ndarray], starts: Sequence) -> list:
         flat, rows, seg_starts, seg_lengths, n = self._inputs(prompts, starts)
-        args = (self.engine.model.params, flat, rows, seg_starts, seg_lengths)
-        exe = self.engine._executable("varlen_prefill", flat.size, lambda: self._jit_prefill.lower(
-            *self._abstract(*args), **self.engine._static))
-        return list(exe(*args)[:n])
+        out = self._prefill_exe(flat.size)(self.engine.model.params, flat, rows, seg_starts, seg_lengths)
+        return list(out[:n])
 
     def mixed_step(self, tokens, positions, prompts: Sequence[np.ndarray], starts: Sequence,
                    token_rows: int | None = None):
         engine = self.engine
         flat, rows, seg_starts, seg_lengths, n = self._inputs(prompts, starts, token_rows)
-        args = (engine.model.params, engine.slots, np.asarray(tokens, np.int32),
-                np.asarray(positions, np.int32), flat, rows, seg_starts, seg_lengths)
-        exe = engine._executable("mixed", (engine.bucket, flat.size), lambda: self._jit_mixed.lower(
-            *self._abstract(*args), **engine._static))
-        drawn, engine.slots, out_rows = exe(*args)
+        drawn, engine.slots, out_rows = self._mixed_exe(engine.bucket, flat.size)(
+            engine.model.params, engine.slots, np.asarray(tokens, np.int32), np.asarray(positions, np.int32),
+            flat, rows, seg_starts, seg_lengths)
         engine.last_path = Path.DENSE.name
         return np.asarray(drawn), list(out_rows[:n])
