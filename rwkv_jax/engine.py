@@ -264,8 +264,8 @@ class JaxEngine:
         keep = list(keep_slots)
         if len(keep) > new_bucket or any(not 0 <= s < self.bucket for s in keep):
             raise ValueError(f"cannot keep slots {keep} of bucket {self.bucket} in bucket {new_bucket}")
-        if self.slots is None:
-            self.slots = self._empty_exe(new_bucket)()
+        if self.slots is None or not keep:  # nothing to keep: a fresh batch (also recovers
+            self.slots = self._empty_exe(new_bucket)()  # from a failed step's donated buffers)
         else:
             index = np.array(keep + [0] * (new_bucket - len(keep)), np.int32)
             self.slots = self._gather_exe(self.bucket, new_bucket)(self.slots, index)
@@ -286,10 +286,12 @@ class JaxEngine:
         return State(*(jnp.asarray(a) for a in state)), (None if logits is None else jnp.asarray(logits))
 
     # -- VARLEN / MIXED prefill policies (rwkv_jax/varlen_engine.py) ---------------------
-    def prefill_varlen(self, prompts: Sequence[np.ndarray], starts: Sequence) -> list:
-        """Prompt pieces (int [T_i] each, 1..MAX_PIECES) in one flattened forward, piece i
-        continuing from starts[i] (a Row, or None = fresh); returns one Row per piece."""
-        return self._varlen().prefill_varlen(prompts, starts)
+    def prefill_varlen(self, prompts: Sequence[np.ndarray], starts: Sequence,
+                       token_rows: int | None = None) -> list:
+        """Prompt pieces (int [T_i] each, 1..MAX_PIECES) in one flattened forward (padded to
+        ``token_rows`` tokens), piece i continuing from starts[i] (a Row, or None = fresh);
+        returns one Row per piece."""
+        return self._varlen().prefill_varlen(prompts, starts, token_rows)
 
     def mixed_step(self, tokens: np.ndarray, positions: np.ndarray, prompts: Sequence[np.ndarray],
                    starts: Sequence, token_rows: int | None = None) -> tuple[np.ndarray, list]:

@@ -88,7 +88,7 @@ class TorchEngine:
         keep = list(keep_slots)
         if len(keep) > new_bucket or any(not 0 <= s < self.bucket for s in keep):
             raise ValueError(f"cannot keep slots {keep} of bucket {self.bucket} in bucket {new_bucket}")
-        if self.slots is None:
+        if self.slots is None or not keep:
             V = self.vocab_size
             self.slots = Slots(self.model.init_state(new_bucket),
                                torch.zeros((new_bucket, V), dtype=torch.float32, device=self.device),

@@ -325,6 +325,9 @@ class Scheduler:
                 self._finish(entry, "cancelled")
             elif not entry.state.is_final:
                 entry.cancel_requested = True  # finished when it comes out of prefill
+        with self._cond:
+            self._live_count = len(self._live)
+            self._cond.notify_all()
 
     def _take_ready(self) -> list[_Entry]:
         """Pop READY entries that fit in max_batch; account their first tokens."""
@@ -480,6 +483,7 @@ class Scheduler:
         for entry in list(self._live.values()) + [e for e in admitted if not e.state.is_final]:
             entry.error = message
             self._finish(entry, "error")
+        self._resize_slots(0, [])  # the next step asks the engine for a fresh batch
         with self._cond:
             self._live_count = 0
             self._cond.notify_all()

@@ -57,7 +57,9 @@ class Engine(Protocol):
 
     def resize(self, keep_slots: Sequence[int], new_bucket: int) -> None:
         """Make the batch ``new_bucket`` slots: slot keep_slots[i] moves to slot i (with its
-        sampling state); other slots hold unspecified data. len(keep_slots) <= new_bucket."""
+        sampling state); other slots hold unspecified data. len(keep_slots) <= new_bucket.
+        With no slots to keep the engine builds a fresh batch: the scheduler relies on this
+        after a failed step (whose state may be lost, e.g. donated buffers)."""
 
     def step(self, tokens: np.ndarray, positions: np.ndarray) -> np.ndarray:
         """One decode step for all slots. tokens: int32 [bucket], each slot's last token

@@ -150,3 +150,50 @@ def test_device_sampling_matches_numpy_reference(backend):
                                np_sampling.gumbel_noise(rows.seed, positions, V), rtol=1e-5, atol=1e-6)
     hashed = np.asarray(dev.lowbias32(to_dev(np.arange(2**32 - 1000, 2**32, dtype=np.uint32))))
     assert hashed.astype(np.uint32).tolist() == np_sampling.lowbias32(np.arange(2**32 - 1000, 2**32)).tolist()
+
+
+def test_failed_step_fails_its_requests_and_engine_recovers(backend, monkeypatch):
+    name, model, engine = backend
+    calls = {"n": 0}
+    if name == "jax":
+        real = engine._step_exe
+
+        def flaky(bucket):
+            exe = real(bucket)
+
+            def run(params, slots, tokens, positions):
+                calls["n"] += 1
+                if calls["n"] == 3:  # lose the donated batch, as a mid-step failure would
+                    for leaf in jax_leaves(slots):
+                        leaf.delete()
+                    raise RuntimeError("device fault")
+                return exe(params, slots, tokens, positions)
+            return run
+        monkeypatch.setattr(engine, "_step_exe", flaky)
+    else:
+        real = model.forward
+
+        def flaky(tokens, state, full_output=False):
+            if tokens.shape[1] == 1 and tokens.shape[0] == engine.bucket:
+                calls["n"] += 1
+                if calls["n"] == 3:
+                    raise RuntimeError("device fault")
+            return real(tokens, state, full_output)
+        monkeypatch.setattr(model, "forward", flaky)
+    requests = [Request(f"f{i}", [i + 1, 2, 3], SamplingParams(max_tokens=10, stop_tokens=())) for i in range(3)]
+    scheduler = Scheduler(engine, SchedulerConfig(max_batch=4))
+    for r in requests:
+        scheduler.add(r)
+    scheduler.run()
+    failed = [r.id for r in requests if scheduler.results[r.id].finish_reason == "error"]
+    assert failed and all("device fault" in scheduler.results[i].error for i in failed)
+    monkeypatch.undo()
+    later = Request("later", [9, 8, 7], SamplingParams(max_tokens=6, stop_tokens=()))
+    scheduler.add(later)
+    scheduler.run()
+    assert scheduler.results["later"].tokens == solo_greedy(model, later.prompt_tokens, 6)
+
+
+def jax_leaves(tree):
+    import jax
+    return jax.tree.leaves(tree)
