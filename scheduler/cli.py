@@ -19,7 +19,7 @@ from typing import Any
 
 from rwkv_torch_ref.config import NAMED_CONFIGS, ModelConfig, named_config
 
-from .jsonl_io import InputError, InputRequest, ResultWriter, error_record, read_requests
+from .jsonl_io import InputError, InputRequest, ResultWriter, error_record, item_key, read_requests
 from .tokenizer import WORLD_VOCAB_SIZE, tokenizer_for
 
 RANDOM_MODEL_SEED = 0
@@ -299,37 +299,50 @@ def _main(argv: list[str] | None) -> int:
 
 
 def _run(args, sched, tokenizer, writer: ResultWriter) -> int:
+    """Stream the input into the scheduler (at most ``2 * max_batch`` requests queued or in
+    flight, so memory stays flat and TTFT measures service, not the file's length), write each
+    result as it finishes, then report."""
     from tqdm import tqdm
 
     from .metrics import build_metrics, plot_run, summary_table
 
+    n_lines = n_todo = 0
+    for item in read_requests(args.input):  # a quick first pass, for the progress bar's total
+        n_lines += 1
+        n_todo += item_key(item) not in writer.done
+    if n_lines > n_todo:
+        _say(f"skipping {n_lines - n_todo} input lines already in {args.output}")
     t0 = time.perf_counter()
     defaults = sampling_defaults(args)
+    todo = (item for item in read_requests(args.input) if item_key(item) not in writer.done)
+    window = 2 * sched.config.max_batch
+    in_scheduler: dict[str, InputRequest] = {}
     results: list[dict[str, Any]] = []
-    by_line: dict[str, InputRequest] = {}
-    skipped = 0
-    for item in read_requests(args.input):
-        key = item.key if isinstance(item, InputError) else ("id", item.id)
-        if key in writer.done:
-            skipped += 1
-            continue
-        if isinstance(item, InputRequest):
-            item_or_req = make_request(item, defaults, args, sched.engine.vocab_size, tokenizer)
-            if not isinstance(item_or_req, InputError):
-                by_line[item_or_req.id] = item
-                sched.add(item_or_req)
-                continue
-            item = item_or_req
-        record = error_record(item)
-        writer.write(record)
-        results.append(_counts(record))
-    if skipped:
-        _say(f"skipping {skipped} input lines already in {args.output}")
-
-    bar = tqdm(total=len(by_line), file=sys.stderr, unit="req", dynamic_ncols=True, desc="generate")
     last_token: dict[str, float] = {}
     itl: list[float] = []
     rate = {"tokens": 0, "since": time.perf_counter()}
+    bar = tqdm(total=n_todo, file=sys.stderr, unit="req", dynamic_ncols=True, desc="generate")
+    stop = StopSignal(bar.write)
+
+    def write(record: dict[str, Any], ttft: float | None = None) -> None:
+        writer.write(record)
+        results.append({**_counts(record), "ttft": ttft})
+        bar.update(1)
+
+    def admit() -> None:
+        """Add input lines until the window is full (error records for bad lines on the way)."""
+        while len(in_scheduler) < window and not stop():
+            item = next(todo, None)
+            if item is None:
+                return
+            if isinstance(item, InputRequest):
+                request = make_request(item, defaults, args, sched.engine.vocab_size, tokenizer)
+                if not isinstance(request, InputError):
+                    in_scheduler[request.id] = item
+                    sched.add(request)
+                    continue
+                item = request
+            write(error_record(item))
 
     def on_token(request_id: str, token: int) -> None:
         now = time.perf_counter()
@@ -345,16 +358,14 @@ def _run(args, sched, tokenizer, writer: ResultWriter) -> int:
 
     def on_finish(out) -> None:
         last_token.pop(out.id, None)
-        if out.finish_reason == "cancelled":
-            return  # never started (stop requested): the next run does it
-        record = _result_record(by_line.pop(out.id), out, tokenizer)
-        writer.write(record)
-        results.append({**_counts(record), "ttft": out.ttft})
-        bar.update(1)
+        item = in_scheduler.pop(out.id)
+        if out.finish_reason != "cancelled":  # cancelled = never started: the next run does it
+            write(_result_record(item, out, tokenizer), out.ttft)
+        admit()
 
-    stop = StopSignal(bar.write)
     stop.install()
     try:
+        admit()
         sched.run(on_token=on_token, on_finish=on_finish, should_stop=stop)
     except KeyboardInterrupt:
         bar.close()
@@ -366,7 +377,7 @@ def _run(args, sched, tokenizer, writer: ResultWriter) -> int:
     writer.sync()
     wall = time.perf_counter() - t0
     stats = sched.stats.to_dict()
-    metrics = build_metrics(stats, results, itl, wall, t0, skipped)
+    metrics = build_metrics(stats, results, itl, wall, t0, n_lines - n_todo)
     print(summary_table(metrics), flush=True)
     if args.metrics:
         Path(args.metrics).write_text(json.dumps(metrics, indent=1) + "\n")

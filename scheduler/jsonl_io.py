@@ -33,16 +33,13 @@ class InputRequest(NamedTuple):
 
 
 class InputError(NamedTuple):
-    """An input line that cannot become a request; ``key`` identifies its error record."""
+    """An input line that cannot become a request; ``key`` identifies its error record.
+    ``by_line``: the record is keyed by line (the line has no id, or its id belongs to another line)."""
 
     line: int
     id: str | int | None
     message: str
-
-    @property
-    def by_line(self) -> bool:
-        """True when the record must be keyed by line (no id, or the id belongs to another line)."""
-        return self.id is None or "duplicate id" in self.message
+    by_line: bool = False
 
     @property
     def key(self) -> ResultKey:
@@ -58,13 +55,14 @@ def parse_line(line_no: int, text: str) -> InputRequest | InputError:
     try:
         obj = json.loads(text)
     except ValueError as e:
-        return InputError(line_no, None, f"line {line_no}: malformed JSON ({e})")
+        return InputError(line_no, None, f"line {line_no}: malformed JSON ({e})", by_line=True)
     if not isinstance(obj, dict):
-        return InputError(line_no, None, f"line {line_no}: expected a JSON object, got {type(obj).__name__}")
+        return InputError(line_no, None, f"line {line_no}: expected a JSON object, got {type(obj).__name__}",
+                          by_line=True)
     rid = obj.get("id")
     if not _valid_id(rid):
         return InputError(line_no, None, f"line {line_no}: 'id' must be a non-empty string or an integer, "
-                                         f"got {rid!r}")
+                                         f"got {rid!r}", by_line=True)
     has_prompt, has_tokens = "prompt" in obj, "tokens" in obj
     if has_prompt == has_tokens:
         return InputError(line_no, rid, f"line {line_no}: give exactly one of 'prompt' (text) or "
@@ -77,6 +75,11 @@ def parse_line(line_no: int, text: str) -> InputRequest | InputError:
         return InputError(line_no, rid, f"line {line_no}: 'tokens' must be a list of integers")
     overrides = {k: v for k, v in obj.items() if k not in PROMPT_FIELDS}
     return InputRequest(line_no, rid, prompt, tokens, overrides)
+
+
+def item_key(item: InputRequest | InputError) -> ResultKey:
+    """The key of the output record this input line gets."""
+    return item.key if isinstance(item, InputError) else ("id", item.id)
 
 
 def read_requests(path: str | os.PathLike) -> Iterator[InputRequest | InputError]:
@@ -94,7 +97,7 @@ def read_requests(path: str | os.PathLike) -> Iterator[InputRequest | InputError
             if item.id is not None:
                 if item.id in first_line:
                     yield InputError(line_no, item.id, f"line {line_no}: duplicate id {item.id!r} "
-                                                       f"(first used on line {first_line[item.id]})")
+                                                       f"(first used on line {first_line[item.id]})", by_line=True)
                     continue
                 first_line[item.id] = line_no
             yield item
