@@ -7,8 +7,9 @@
   pieces), then on-device sampling of the slots exactly as `JaxEngine.step` does.
 
 Rows are the engine's `(State with B=1, logits float32 [V])`. Shapes compiled: token rows
-rounded by `varlen_shape` (or the mixed step's fixed `token_rows`, so it compiles once
-per bucket), piece rows always `MAX_PIECES`.
+as given by the caller (the scheduler pads every call to its budget, so the varlen
+prefill compiles once and the mixed step once per bucket; default: rounded up by
+`varlen_shape`), piece rows always `MAX_PIECES`.
 """
 from __future__ import annotations
 
@@ -117,8 +118,9 @@ class VarlenRunner:
         for bucket, token_rows in mixed:
             self._mixed_exe(bucket, token_rows)
 
-    def prefill_varlen(self, prompts: Sequence[np.ndarray], starts: Sequence) -> list:
-        flat, rows, seg_starts, seg_lengths, n = self._inputs(prompts, starts)
+    def prefill_varlen(self, prompts: Sequence[np.ndarray], starts: Sequence,
+                       token_rows: int | None = None) -> list:
+        flat, rows, seg_starts, seg_lengths, n = self._inputs(prompts, starts, token_rows)
         out = self._prefill_exe(flat.size)(self.engine.model.params, flat, rows, seg_starts, seg_lengths)
         return list(out[:n])
 

@@ -14,10 +14,12 @@ their first token drawn, exactly as serial prefill does. `varlen_shape` buckets 
 flattened call's token rows so that engines compile few shapes.
 
 Engines that support the two policies implement, besides the `Engine` protocol:
-``prefill_varlen(prompts, starts) -> rows`` and
+``prefill_varlen(prompts, starts, token_rows) -> rows`` and
 ``mixed_step(tokens, positions, prompts, starts, token_rows) -> (drawn, rows)``
-(prompts: int arrays [T_i >= 1], at most MAX_PIECES; starts: a Row or None each; one
-Row per piece comes back; see rwkv_jax/varlen_engine.py).
+(prompts: int arrays [T_i >= 1], at most MAX_PIECES; starts: a Row or None each;
+token_rows: the flat token count to pad to, always `varlen_shape(chunk)` here so each
+call compiles once (per bucket); one Row per piece comes back; see
+rwkv_jax/varlen_engine.py).
 """
 from __future__ import annotations
 
@@ -122,7 +124,7 @@ class PiecewisePrefill:
         taken, prompts, starts = self._take()
         start = time.perf_counter()
         try:
-            rows = self.engine.prefill_varlen(prompts, starts)
+            rows = self.engine.prefill_varlen(prompts, starts, self.token_rows)
         except Exception as e:  # those prompts fail; the queue goes on
             self._fail(taken, f"prefill failed: {type(e).__name__}: {e}")
             return
