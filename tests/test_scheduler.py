@@ -283,3 +283,11 @@ def test_max_tokens_zero_and_stats_json():
     assert d["steps"] and all(s["path"] == "fake" for s in d["steps"])
     two = scheduler.results["two"]
     assert two.arrival_time <= two.first_token_time <= two.finish_time
+
+
+def test_overhead_benchmark_smoke():
+    from benchmarks.scheduler_bench import overhead_bench
+    result = overhead_bench(rows=8, tokens=20)
+    for r in result.values():
+        assert r["steps_at_full_batch"] >= 15 and r["generated_tokens"] == 8 * 20
+        assert 0 <= r["overhead_ms_median"] <= r["overhead_ms_max"]
