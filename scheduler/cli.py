@@ -8,6 +8,7 @@ The model backends (jax, torch) are imported only inside ``main``.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import signal
@@ -244,9 +245,15 @@ class StopSignal:
         self._notify = notify
         self._notified = False
 
-    def install(self) -> None:
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            signal.signal(sig, self._handle)
+    @contextlib.contextmanager
+    def installed(self):
+        """Handle SIGINT/SIGTERM inside the block; the previous handlers come back after it."""
+        previous = {sig: signal.signal(sig, self._handle) for sig in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            yield self
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
 
     def _handle(self, signum, frame) -> None:
         if self.signum is not None:
@@ -363,10 +370,10 @@ def _run(args, sched, tokenizer, writer: ResultWriter) -> int:
             write(_result_record(item, out, tokenizer), out.ttft)
         admit()
 
-    stop.install()
     try:
-        admit()
-        sched.run(on_token=on_token, on_finish=on_finish, should_stop=stop)
+        with stop.installed():
+            admit()
+            sched.run(on_token=on_token, on_finish=on_finish, should_stop=stop)
     except KeyboardInterrupt:
         bar.close()
         writer.close()
