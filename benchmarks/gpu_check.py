@@ -140,16 +140,16 @@ def parity_cases(smoke: bool) -> list:
     cases = [("wkv_step B=3 H=3", "wkv_step", wkv_inputs(1, (3,), 3), 1e-4),
              ("wkv_seq B=2 T=5 H=3", "wkv_seq", wkv_inputs(2, (2, 5), 3), 1e-4),
              ("shift_mix B=5 C=192 n=6", "shift_mix", mix_inputs(3, 5, 192, 6, f32), 1e-5),
-             ("linear M=3 N=300 K=192", "linear", linear_inputs(5, 3, 300, 192, f32), 1e-5),
+             ("linear M=3 N=320 K=192", "linear", linear_inputs(5, 3, 320, 192, f32), 1e-5),
              ("channel_mix M=1 C=192", "channel_mix", ffn_inputs(6, 1, 192, 768, f32), 1e-5)]
     if not smoke:
-        cases += [("linear M=1 N=300 K=192", "linear", linear_inputs(4, 1, 300, 192, f32), 1e-5),
+        cases += [("linear M=1 N=96 K=192", "linear", linear_inputs(4, 1, 96, 192, f32), 1e-5),
                   ("wkv_step B=5 H=40", "wkv_step", wkv_inputs(7, (5,), 40), 1e-4),
                   ("wkv_seq B=1 T=300 H=40", "wkv_seq", wkv_inputs(8, (1, 300), 40), 1e-3),
                   ("shift_mix B=7 C=2560 n=1 bf16", "shift_mix", mix_inputs(9, 7, 2560, 1, bf16), 3e-2),
                   ("linear M=1 N=2560 K=10240 bf16", "linear", linear_inputs(10, 1, 2560, 10240, bf16), 3e-2),
                   ("linear M=16 N=10240 K=2560 bf16", "linear", linear_inputs(11, 16, 10240, 2560, bf16), 3e-2),
-                  ("linear M=5 N=100 K=96 f32", "linear", linear_inputs(12, 5, 100, 96, f32), 1e-5),
+                  ("linear M=5 N=96 K=96 f32", "linear", linear_inputs(12, 5, 96, 96, f32), 1e-5),
                   ("channel_mix M=3 C=2560 bf16", "channel_mix", ffn_inputs(13, 3, 2560, 10240, bf16), 3e-2)]
     return cases
 

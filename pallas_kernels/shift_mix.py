@@ -11,6 +11,7 @@ import functools
 import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as plgpu_triton
 
 from .common import next_pow2, require, triton_params
 
@@ -37,29 +38,38 @@ def _kernel(*refs, n_mix: int, C: int, has_delta: bool):
         h_ref, d_ref, s_ref, lw_ref, lb_ref, mix_ref, h_out_ref, mixed_ref, x_ref = refs
     else:
         h_ref, s_ref, lw_ref, lb_ref, mix_ref, h_out_ref, mixed_ref, x_ref = refs
+    # Blocks are C rounded up to a power of two; the Triton lowering does not bound-check
+    # blocks, so every access past C is masked (the row's tail belongs to the next row).
+    valid = jnp.arange(h_ref.shape[-1]) < C
+
+    def load(ref):
+        return plgpu_triton.load(ref, mask=valid, other=0).astype(jnp.float32)
+
+    def store(ref, value):
+        plgpu_triton.store(ref, value.astype(ref.dtype), mask=valid)
+
     dtype = h_out_ref.dtype
-    h = h_ref[...]
+    h = plgpu_triton.load(h_ref, mask=valid, other=0)
     if has_delta:
-        h = h + d_ref[...].astype(h.dtype)
-    h_out_ref[...] = h
-    valid = jnp.arange(h.shape[0]) < C
-    hf = jnp.where(valid, h.astype(jnp.float32), 0.0)
+        h = h + plgpu_triton.load(d_ref, mask=valid, other=0).astype(h.dtype)
+    store(h_out_ref, h)
+    hf = h.astype(jnp.float32)
     mean = jnp.sum(hf) / C
     centred = jnp.where(valid, hf - mean, 0.0)
     var = jnp.sum(centred * centred) / C
-    x = centred * jax.lax.rsqrt(var + LN_EPS)
-    x = x * lw_ref[...].astype(jnp.float32) + lb_ref[...].astype(jnp.float32)
+    x = centred * jax.lax.rsqrt(var + LN_EPS) * load(lw_ref) + load(lb_ref)
     x = x.astype(dtype).astype(jnp.float32)
-    diff = s_ref[...].astype(jnp.float32) - x
-    x_ref[...] = x.astype(dtype)
+    diff = load(s_ref) - x
+    store(x_ref, x)
     for i in range(n_mix):
-        mixed_ref[i, :] = (x + diff * mix_ref[i, :].astype(jnp.float32)).astype(dtype)
+        row = jnp.int32(i)  # an array index: interpret mode cannot discharge a plain int here
+        store(mixed_ref.at[row], x + diff * load(mix_ref.at[row]))
 
 
 def shift_mix(h, delta, shift, ln_w, ln_b, mix, *, interpret: bool = False):
     """Pallas version of `shift_mix_reference`; the new shift state aliases `shift`.
 
-    Any C works (blocks are padded to a power of two and masked); n = mix.shape[0].
+    Any C works (blocks are rounded up to a power of two and masked); n = mix.shape[0].
     """
     B, C = h.shape
     n_mix = mix.shape[0]

@@ -1,7 +1,7 @@
 """Small-M matrix product x @ w.T with split-K: M = 1 (matrix-vector) up to M = 16 rows.
 
 x [M, K], w [N, K] (stored [out, in] as in the checkpoint). The grid is (N blocks, K splits):
-each program reads a [BLOCK_N, K / splits] slab of w once, accumulates float32 partial sums
+each program reads a [block_n, K / splits] slab of w once, accumulates float32 partial sums
 over BLOCK_K-wide tiles, and writes them to partials [splits, M, N]; the splits are summed in
 float32 afterwards. Many K splits keep every SM streaming weights even when N is small, which
 is what a memory-bound decode step needs. M = 1 uses a broadcast multiply + row sum (no
@@ -19,9 +19,9 @@ from jax.experimental.pallas import triton as plgpu_triton
 from .common import next_pow2, pow2_divisor, require, triton_params
 
 MAX_M = 16             # the largest row count this kernel serves (callers fall back to XLA above)
-BLOCK_N = 64           # output columns per program
+MAX_BLOCK_N = 64       # output columns per program (a power of two dividing N is used)
 MAX_BLOCK_K = 256      # widest K tile (a power of two dividing K is used)
-MIN_BLOCK_K = 16       # tl.dot and coalescing need at least this; smaller K divisors are refused
+MIN_BLOCK = 16         # tl.dot needs >= 16 on every side; N or K without such a divisor is refused
 TARGET_PROGRAMS = 1024  # aim for this many programs (>= ~8 per SM on an H200) when choosing splits
 
 
@@ -36,16 +36,20 @@ def linear_reference(x, w, out_dtype=None):
 def choose_splits(N: int, K: int, block_k: int, target: int = TARGET_PROGRAMS) -> int:
     """Number of K splits: the smallest divisor of K / block_k giving >= target programs."""
     tiles = K // block_k
-    blocks_n = -(-N // BLOCK_N)
+    blocks_n = N // pow2_divisor(N, MAX_BLOCK_N)
     for s in range(1, tiles + 1):
         if tiles % s == 0 and blocks_n * s >= target:
             return s
     return tiles
 
 
-def supports(M: int, K: int) -> bool:
-    """Whether small_m_linear handles an [M, K] input (else use an XLA dot)."""
-    return 1 <= M <= MAX_M and pow2_divisor(K, MAX_BLOCK_K) >= MIN_BLOCK_K
+def supports(M: int, N: int, K: int) -> bool:
+    """Whether small_m_linear handles x [M, K] @ w [N, K].T (else use an XLA dot).
+
+    Blocks must tile N and K exactly: the Triton lowering does not bound-check blocks.
+    """
+    return (1 <= M <= MAX_M and pow2_divisor(K, MAX_BLOCK_K) >= MIN_BLOCK
+            and pow2_divisor(N, MAX_BLOCK_N) >= MIN_BLOCK)
 
 
 def _kernel(x_ref, w_ref, o_ref, *, tiles: int, block_k: int, vector: bool):
@@ -57,7 +61,8 @@ def _kernel(x_ref, w_ref, o_ref, *, tiles: int, block_k: int, vector: bool):
         x = x_ref[:, pl.ds(start, block_k)]
         if vector:
             return acc + jnp.sum(w.astype(jnp.float32) * x.astype(jnp.float32), axis=1)[None, :]
-        return acc + plgpu_triton.dot(x, w, trans_b=True, allow_tf32=False).astype(jnp.float32)
+        exact_f32 = False if compute == jnp.float32 else None  # no TF32 for float32 inputs
+        return acc + plgpu_triton.dot(x, w, trans_b=True, allow_tf32=exact_f32).astype(jnp.float32)
 
     acc = jnp.zeros(o_ref.shape, jnp.float32)
     o_ref[...] = jax.lax.fori_loop(0, tiles, body, acc)
@@ -66,15 +71,16 @@ def _kernel(x_ref, w_ref, o_ref, *, tiles: int, block_k: int, vector: bool):
 def small_m_linear(x, w, *, out_dtype=None, splits: int | None = None, interpret: bool = False):
     """Pallas x [M, K] @ w [N, K].T -> [M, N] (float32 accumulation, result out_dtype or x.dtype).
 
-    Needs 1 <= M <= MAX_M and a power-of-two divisor of K of at least MIN_BLOCK_K (see
+    Needs 1 <= M <= MAX_M and power-of-two divisors of N and K of at least MIN_BLOCK (see
     `supports`); `splits` overrides the automatic K-split count (must divide K / block_k).
     """
     M, K = x.shape
     N, Kw = w.shape
     require(Kw == K, f"small_m_linear: w must be [N, K] with K={K}, got {w.shape}")
-    require(supports(M, K), f"small_m_linear: unsupported M={M}, K={K} (need M <= {MAX_M} and a "
-                            f"power-of-two divisor of K >= {MIN_BLOCK_K})")
+    require(supports(M, N, K), f"small_m_linear: unsupported M={M}, N={N}, K={K} (need M <= {MAX_M} "
+                               f"and power-of-two divisors of N and K >= {MIN_BLOCK})")
     block_k = pow2_divisor(K, MAX_BLOCK_K)
+    block_n = pow2_divisor(N, MAX_BLOCK_N)
     splits = splits or choose_splits(N, K, block_k)
     require((K // block_k) % splits == 0, f"small_m_linear: splits={splits} must divide {K // block_k}")
     vector = M == 1
@@ -84,10 +90,10 @@ def small_m_linear(x, w, *, out_dtype=None, splits: int | None = None, interpret
     partials = pl.pallas_call(
         functools.partial(_kernel, tiles=k_chunk // block_k, block_k=block_k, vector=vector),
         out_shape=jax.ShapeDtypeStruct((splits, Mp, N), jnp.float32),
-        grid=(-(-N // BLOCK_N), splits),
+        grid=(N // block_n, splits),
         in_specs=[pl.BlockSpec((Mp, k_chunk), lambda n, s: (0, s)),
-                  pl.BlockSpec((BLOCK_N, k_chunk), lambda n, s: (n, s))],
-        out_specs=pl.BlockSpec((None, Mp, BLOCK_N), lambda n, s: (s, 0, n)),
+                  pl.BlockSpec((block_n, k_chunk), lambda n, s: (n, s))],
+        out_specs=pl.BlockSpec((None, Mp, block_n), lambda n, s: (s, 0, n)),
         compiler_params=triton_params(num_warps=4, num_stages=3),
         interpret=interpret,
     )(xp, w)

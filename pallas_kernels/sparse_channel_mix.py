@@ -137,7 +137,8 @@ def sparse_channel_mix(xk, w_key, w_val_t, *, skip=True, interpret: bool = False
     require(w_key.shape[1] == C and w_val_t.shape == w_key.shape,
             f"sparse_channel_mix: need w_key and w_val_t both [F, C={C}], got {w_key.shape} "
             f"and {w_val_t.shape}")
-    require(linear_supports(M, C), f"sparse_channel_mix: unsupported rows M={M} or C={C}")
+    require(linear_supports(M, w_key.shape[0], C),
+            f"sparse_channel_mix: key product unsupported for M={M}, F={w_key.shape[0]}, C={C}")
     pre = small_m_linear(xk, w_key, out_dtype=jnp.float32, interpret=interpret)
     hidden = relu_square(pre, xk.dtype)
     return sparse_value_product(hidden, w_val_t, skip=skip, interpret=interpret).astype(xk.dtype)

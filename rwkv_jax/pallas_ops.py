@@ -34,7 +34,7 @@ SPARSE_MAX_ROWS = 4
 def _linear(x, w, *, max_rows: int, interpret: bool):
     """Small-M split-K product when x has <= max_rows rows and K suits the kernel, else XLA."""
     M, K = x.shape
-    if M <= max_rows and linear_kernel.supports(M, K):
+    if M <= max_rows and linear_kernel.supports(M, w.shape[0], K):
         return linear_kernel.small_m_linear(x, w, interpret=interpret)
     return XLA_OPS.linear(x, w)
 
@@ -43,11 +43,11 @@ def _channel_mix(xk, w_key, w_val, *, max_rows: int, interpret: bool):
     """Contract channel_mix (w_val [C, F]): sparse kernel for few rows, else small-M/XLA dense."""
     M, C = xk.shape
     F = w_key.shape[0]
-    if (M <= min(max_rows, SPARSE_MAX_ROWS) and linear_kernel.supports(M, C)
-            and sparse_kernel.supports(M, F, C)):
+    key_ok = linear_kernel.supports(M, F, C)
+    if M <= min(max_rows, SPARSE_MAX_ROWS) and key_ok and sparse_kernel.supports(M, F, C):
         # The kernel reads value rows in the [F, C] view; the checkpoint layout is [C, F].
         return sparse_kernel.sparse_channel_mix(xk, w_key, w_val.T, interpret=interpret)
-    if M <= max_rows and linear_kernel.supports(M, C) and linear_kernel.supports(M, F):
+    if M <= max_rows and key_ok and linear_kernel.supports(M, C, F):
         pre = linear_kernel.small_m_linear(xk, w_key, out_dtype=jnp.float32, interpret=interpret)
         hidden = sparse_kernel.relu_square(pre, xk.dtype)
         return linear_kernel.small_m_linear(hidden, w_val, interpret=interpret)

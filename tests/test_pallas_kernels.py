@@ -108,8 +108,8 @@ def test_shift_mix_matches_reference(B, C, n, dtype, with_delta):
 
 
 @pytest.mark.parametrize("M,N,K,dtype,splits", [
-    (1, 300, 192, jnp.float32, 3), (1, 128, 512, jnp.bfloat16, None), (3, 192, 512, jnp.float32, 2),
-    (16, 64, 256, jnp.float16, None), (5, 100, 96, jnp.bfloat16, 3)])
+    (1, 320, 192, jnp.float32, 3), (1, 128, 512, jnp.bfloat16, None), (3, 192, 512, jnp.float32, 2),
+    (16, 64, 256, jnp.float16, None), (5, 96, 96, jnp.bfloat16, 3)])
 def test_small_m_linear_matches_reference(M, N, K, dtype, splits):
     ks = _keys(40 + M + N + K, 2)
     x = jax.random.normal(ks[0], (M, K)).astype(dtype)
@@ -132,4 +132,5 @@ def test_small_m_linear_float32_output_and_errors():
         small_m_linear.small_m_linear(jnp.zeros((17, 64)), jnp.zeros((32, 64)), interpret=True)
     with pytest.raises(ValueError, match="w must be"):
         small_m_linear.small_m_linear(jnp.zeros((1, 64)), jnp.zeros((32, 48)), interpret=True)
-    assert not small_m_linear.supports(1, 24)  # no power-of-two divisor >= 16
+    assert not small_m_linear.supports(1, 64, 24)   # K without a power-of-two divisor >= 16
+    assert not small_m_linear.supports(1, 300, 64)  # N likewise (blocks must tile N exactly)

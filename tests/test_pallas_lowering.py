@@ -69,3 +69,33 @@ def test_whole_model_lowers_for_cuda_with_pallas_kernels(dtype, B, T):
                            kernels="pallas")
     text = lower_for_cuda(fn, params, SD((B, T), jnp.int32), state)
     assert text.count(TRITON_CALL) >= config.n_layer  # at least one kernel per layer
+
+
+def _blocked_dims_not_tiling(fn, *args) -> list:
+    """(block size, array size) pairs where a pallas_call's block does not tile its array."""
+    bad = []
+    for eqn in jax.make_jaxpr(fn)(*args).jaxpr.eqns:
+        if eqn.primitive.name != "pallas_call":
+            continue
+        for mapping in eqn.params["grid_mapping"].block_mappings:
+            for block, size in zip(mapping.block_shape, mapping.array_aval.shape):
+                block_size = getattr(block, "block_size", None)
+                if type(block).__name__ == "Blocked" and size % block_size:
+                    bad.append((block_size, size))
+    return bad
+
+
+def test_blocks_tile_arrays_exactly_except_in_the_masked_kernel():
+    """The Triton lowering does not bound-check blocks: only shift_mix (whose loads and
+    stores are masked) may use a block wider than its array, here C=192 in 256-wide blocks."""
+    f32 = jnp.float32
+    odd = [jnp.zeros(s, f32) for s in ((3, 3, 64),) * 6] + [jnp.zeros((3, 3, 64, 64), f32)]
+    assert _blocked_dims_not_tiling(wkv_step.wkv_step, *odd) == []
+    seq = [jnp.zeros((3, 19, 3, 64), f32)] * 6 + [jnp.zeros((3, 3, 64, 64), f32)]
+    assert _blocked_dims_not_tiling(wkv_seq.wkv_seq, *seq) == []
+    assert _blocked_dims_not_tiling(small_m_linear.small_m_linear, jnp.zeros((3, 192)), jnp.zeros((96, 192))) == []
+    assert _blocked_dims_not_tiling(sparse_channel_mix.sparse_channel_mix, jnp.zeros((3, 192)),
+                                    jnp.zeros((768, 192)), jnp.zeros((768, 192))) == []
+    rows = jnp.zeros((5, 192))
+    assert _blocked_dims_not_tiling(shift_mix.shift_mix, rows, rows, rows, jnp.zeros(192), jnp.zeros(192),
+                                    jnp.zeros((6, 192))) != []
