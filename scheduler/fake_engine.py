@@ -41,8 +41,7 @@ class FakeEngine:
         self.state = np.zeros((bucket, self.hidden + 2))
         self.counts = np.zeros((bucket, self.vocab_size), np.float32)
         self.banned = np.zeros((bucket, self.vocab_size), bool)
-        self.rows = sampling_rows([])._replace(**{k: np.zeros(bucket, v.dtype) for k, v in
-                                                  sampling_rows([])._asdict().items()})
+        self.rows = SamplingRows(*(np.zeros(bucket, a.dtype) for a in sampling_rows([])))
 
     # -- model ---------------------------------------------------------------------------
     def _advance(self, state: np.ndarray, tokens: np.ndarray) -> np.ndarray:
