@@ -7,8 +7,10 @@ Every loop iteration of ``run()``: report finished/cancelled requests, admit REA
 (at most ``max_batch`` live rows), resize the batch to the smallest bucket holding the live
 rows plus the prompt in prefill (which joins soon: no shrink-then-grow) if that differs
 from the current one (compacting live slots to the front; compiling a new bucket first
-unless precompiled), insert the
-admitted rows into free slots, run one engine step, and account the drawn tokens.
+unless precompiled), insert the admitted rows into free slots, run one engine step, and
+account the drawn tokens. The VARLEN policy swaps the worker's one-prompt prefill for
+flattened multi-prompt calls; MIXED has no worker and runs prompt chunks inside the decode
+step (scheduler/prefill_policies.py).
 """
 from __future__ import annotations
 
