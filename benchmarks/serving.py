@@ -287,6 +287,8 @@ def main(argv=None) -> dict:
     ap.add_argument("--smoke", action="store_true",
                     help="tiny model, 8 requests of 4-40 prompt tokens, one bucket of 2 (CI: < 1 minute)")
     ap.add_argument("--no-plot", action="store_true")
+    ap.add_argument("--compile-cache", default=None, metavar="DIR",
+                    help="persistent JAX compilation cache directory (reruns skip compiles)")
     args = ap.parse_args(argv)
     policies = tuple(p.strip() for p in args.policies.split(",") if p.strip())
     bad = [p for p in policies if p not in POLICIES]
@@ -296,6 +298,9 @@ def main(argv=None) -> dict:
         ap.error(f"--prompt-len needs 1 <= MIN <= MAX, got {args.prompt_len}")
     if min(args.output_len) < 1 or args.output_len[0] > args.output_len[1]:
         ap.error(f"--output-len needs 1 <= MIN <= MAX, got {args.output_len}")
+    if args.compile_cache:
+        from rwkv_jax import enable_compilation_cache
+        enable_compilation_cache(args.compile_cache)
     pieces = buckets = None
     if args.smoke:  # few shapes to compile
         args.model, args.requests, args.prompt_len, args.output_len = "tiny", 8, (4, 40), (2, 8)

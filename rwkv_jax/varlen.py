@@ -8,9 +8,11 @@ begin:
 - the token shift (`token_shift_varlen`): a sequence's first token sees that
   sequence's carried shift state, not the previous sequence's last token;
 - the wkv recurrence (`wkv_varlen`): each sequence starts from its own state row and
-  its final state lands in its own row. The scan runs the model's batched `wkv_step`
-  over all sequences in parallel, step t handling token t of every sequence still
-  running, so it takes max(lengths) steps, never sum(lengths).
+  its final state lands in its own row. Length-1 sequences (decode rows of a mixed
+  step) take one batched `wkv_step`; longer ones run token by token through the flat
+  stream with the model's `wkv_step` on one row (measured on the CPU: stepping all
+  sequences in parallel for max(lengths) steps costs 2x more per token when one long
+  prompt fills the call, because every step then carries the padded rows too).
 
 Empty sequences (length 0) are allowed anywhere and leave their state row unchanged.
 Flat positions at or past starts[-1] + lengths[-1] are padding (outputs zero).
@@ -101,32 +103,42 @@ def wkv_varlen(r, w, k, v, kk, a, state0: jax.Array, segs: Segments, *,
 
     r, w, k, v, kk, a: float32 [T, H, N] (the `Ops.wkv_step` operands per flat token);
     state0 float32 [P, H, N, N], one row per sequence; `wkv_step` an `Ops.wkv_step`.
-    The first `n_single` sequences must have length <= 1 (decode rows in a mixed
-    step): they take one batched step instead of joining the loop. Returns
-    y float32 [T, H, N] (zero on padding) and the final states [P, H, N, N].
+    The first `n_single` sequences must have length <= 1 (decode rows in a mixed step):
+    they take one batched step. The others run one token per loop step through the
+    flat stream (sum of their lengths steps, one state row wide — the cost profile of a
+    single-sequence scan), the state reset from the sequence's own row at its first
+    token and written to its row at its last. Returns y float32 [T, H, N] (zero on
+    padding) and the final states [P, H, N, N].
     """
     n_tokens = r.shape[0]
     operands = (r, w, k, v, kk, a)
     y = jnp.zeros_like(r)
-    single = Segments(segs.starts[:n_single], segs.lengths[:n_single])
-    multi = Segments(segs.starts[n_single:], segs.lengths[n_single:])
     s_single, s_multi = state0[:n_single], state0[n_single:]
-
-    def step(t, seg: Segments, state, y):
-        """Token t of every segment in `seg` (inactive rows keep their state)."""
-        idx = seg.starts + t
-        active = t < seg.lengths
-        gathered = [o[jnp.minimum(idx, n_tokens - 1)] for o in operands]
-        y_t, new = wkv_step(*gathered, state)
-        state = jnp.where(active[:, None, None, None], new, state)
-        y = y.at[jnp.where(active, idx, n_tokens)].set(y_t, mode="drop")
-        return state, y
-
     if n_single:
-        s_single, y = step(0, single, s_single, y)
-    if state0.shape[0] > n_single:
-        s_multi, y = jax.lax.fori_loop(
-            0, jnp.max(multi.lengths), lambda t, c: step(t, multi, *c), (s_multi, y))
+        starts, lengths = segs.starts[:n_single], segs.lengths[:n_single]
+        idx = jnp.minimum(starts, n_tokens - 1)
+        y_t, new = wkv_step(*(o[idx] for o in operands), s_single)
+        active = lengths > 0
+        s_single = jnp.where(active[:, None, None, None], new, s_single)
+        y = y.at[jnp.where(active, starts, n_tokens)].set(y_t, mode="drop")
+    n_multi = state0.shape[0] - n_single
+    if n_multi:
+        starts, lengths = segs.starts[n_single:], segs.lengths[n_single:]
+        ends = starts + lengths
+        seg = jnp.minimum(jnp.searchsorted(ends, jnp.arange(n_tokens), side="right"), n_multi - 1)
+
+        def body(t, carry):
+            S, finals, y = carry
+            p = seg[t]
+            S = jnp.where(t == starts[p], s_multi[p], S)
+            y_t, S = wkv_step(*(jax.lax.dynamic_index_in_dim(o, t, 0) for o in operands), S[None])
+            y = jax.lax.dynamic_update_index_in_dim(y, y_t, t, 0)
+            finals = jax.lax.dynamic_update_index_in_dim(finals, S, jnp.where(t == ends[p] - 1, p, n_multi), 0)
+            return S[0], finals, y
+
+        finals = jnp.concatenate([s_multi, jnp.zeros_like(s_multi[:1])], axis=0)  # + a discard row
+        _, finals, y = jax.lax.fori_loop(starts[0], jnp.max(ends), body, (s_multi[0], finals, y))
+        s_multi = finals[:n_multi]
     return y, jnp.concatenate([s_single, s_multi], axis=0)
 
 

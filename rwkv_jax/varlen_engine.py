@@ -122,7 +122,9 @@ class VarlenRunner:
                        token_rows: int | None = None) -> list:
         flat, rows, seg_starts, seg_lengths, n = self._inputs(prompts, starts, token_rows)
         out = self._prefill_exe(flat.size)(self.engine.model.params, flat, rows, seg_starts, seg_lengths)
-        return list(out[:n])
+        # Wait for the result, as a step does: the caller times prefill calls, and cut
+        # prompts would otherwise let it queue calls far ahead of the device.
+        return list(jax.block_until_ready(out[:n]))
 
     def mixed_step(self, tokens, positions, prompts: Sequence[np.ndarray], starts: Sequence,
                    token_rows: int | None = None):
