@@ -32,7 +32,8 @@ def read_results(path: Path) -> list[dict]:
 
 
 def cli_env(tmp_path: Path) -> dict:
-    env = dict(os.environ, XDG_CACHE_HOME=str(tmp_path / "cache"), JAX_PLATFORMS="cpu")
+    # one intra-op thread: the tiny model gains nothing from more, and pytest -n 2 runs two at once
+    env = dict(os.environ, XDG_CACHE_HOME=str(tmp_path / "cache"), JAX_PLATFORMS="cpu", OMP_NUM_THREADS="1")
     env.pop("TQDM_DISABLE", None)
     return env
 

@@ -13,7 +13,7 @@ import numpy as np
 from tests.test_cli_generate import (greedy_reference, random_token_requests, read_results, run_cli, start_cli,
                                      write_jsonl)
 
-N_REQUESTS = 32
+N_REQUESTS = 24
 
 
 def _wait_for_lines(path, n: int, proc, timeout: float = 180) -> None:
@@ -37,7 +37,7 @@ def _check_complete(results, reqs, model) -> None:
 
 def _requests(seed: int):
     rng = np.random.default_rng(seed)
-    return random_token_requests(rng, N_REQUESTS, 512, lengths=(2, 5, 9), max_tokens=(12, 20))
+    return random_token_requests(rng, N_REQUESTS, 512, lengths=(2, 5, 9), max_tokens=(8, 16))
 
 
 def test_sigkill_midway_then_rerun(tiny_ckpt, tmp_path):
