@@ -93,7 +93,7 @@ def check_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     if args.model is not None:
         _check_readable(p, args.model, "--model")
     _check_readable(p, args.input, "--input")
-    if os.path.abspath(args.input) == os.path.abspath(args.output):
+    if os.path.realpath(args.input) == os.path.realpath(args.output):
         p.error("--input and --output are the same file")
     _check_writable(p, args.output, "--output")
     for flag, path in (("--metrics", args.metrics), ("--plot", args.plot)):
@@ -138,7 +138,8 @@ def _check_writable(p: argparse.ArgumentParser, path: str, flag: str) -> None:
 def scheduler_config(args: argparse.Namespace):
     from .config import SchedulerConfig
 
-    max_batch = args.max_batch or (max(args.buckets) if args.buckets else DEFAULT_MAX_BATCH)
+    max_batch = args.max_batch if args.max_batch is not None else (
+        max(args.buckets) if args.buckets else DEFAULT_MAX_BATCH)
     return SchedulerConfig(max_batch=max_batch, buckets=args.buckets,
                            prefix_cache_bytes=int(args.prefix_cache_mb * 2**20), precompile=args.precompile,
                            prefill_policy=args.prefill, chunk=args.chunk)
