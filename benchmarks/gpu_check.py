@@ -1,6 +1,6 @@
 """One-command GPU check of the Pallas kernels (issue 4); about 8 minutes on one H200.
 
-    python benchmarks/gpu_check.py [--out benchmarks/results/] [--smoke]
+    python benchmarks/gpu_check.py [--out benchmarks/results/] [--smoke] [--cache-dir DIR]
 
 Needs only jax (+ its CUDA plugin), flax and numpy from a source checkout. Sections, in
 order; the JSON is rewritten after each one, so a run cut short still leaves its results:
@@ -29,7 +29,6 @@ import functools
 import importlib
 import json
 import math
-import os
 import platform
 import sys
 import time
@@ -71,6 +70,16 @@ class Budget:
 
 def block(tree):
     return jax.block_until_ready(tree)
+
+
+def attempt(row: dict, fn, *args, **kwargs) -> dict:
+    """row updated with fn(...)'s dict, or with the error: one failing kernel or model must
+    not cost the rest of a one-shot GPU run."""
+    try:
+        row.update(fn(*args, **kwargs))
+    except Exception as e:  # recorded in the report, never hidden
+        row.update({"error": f"{type(e).__name__}: {str(e)[:600]}", "ok": False})
+    return row
 
 
 # ----------------------------------------------------------------------------- inputs
@@ -160,43 +169,46 @@ def run_parity(smoke: bool, interpret: bool) -> dict:
     fns = pallas_fns(interpret)
     with jax.default_matmul_precision("highest"):
         for label, name, args, tol in parity_cases(smoke):
-            got = block(jax.jit(fns[name])(*args))
-            want = REFERENCES[name](*args)
-            errs = [float(jnp.max(jnp.abs(jnp.asarray(g, jnp.float32) - jnp.asarray(w, jnp.float32))))
-                    for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want))]
-            finite = all(bool(jnp.all(jnp.isfinite(jnp.asarray(g, jnp.float32)))) for g in jax.tree.leaves(got))
-            out["kernels"].append({"case": label, "max_abs_err": max(errs), "tol": tol,
-                                   "ok": finite and max(errs) <= tol})
-        out["sparse"] = sparse_exactness(smoke, interpret)
+            out["kernels"].append(attempt({"case": label, "tol": tol}, kernel_parity, fns[name], REFERENCES[name],
+                                          args, tol))
+        out["sparse"] = [attempt({"zero_fraction": z, "rows": M}, sparse_exactness, z, M, interpret)
+                         for z, M in (((0.5, 1),) if smoke else ((0.5, 1), (0.95, 3), (0.5, 4)))]
         model_cases = [(named_config("tiny"), 1, 1)] if smoke else [
             (named_config("tiny"), B, T) for B, T in ((1, 1), (4, 1), (1, 17), (3, 1))] + [(ODD, 5, 1), (ODD, 2, 9)]
         kernels = "pallas-interpret" if interpret else "pallas"
         for config, B, T in model_cases:
-            out["models"].append(model_parity(config, B, T, kernels, steps=2 if smoke else 3))
+            out["models"].append(attempt({"config": f"C={config.n_embd} H={config.n_head} L={config.n_layer}",
+                                          "B": B, "T": T}, model_parity, config, B, T, kernels,
+                                         steps=2 if smoke else 3))
     out["ok"] = all(r["ok"] for part in ("kernels", "sparse", "models") for r in out[part])
     return out
 
 
-def sparse_exactness(smoke: bool, interpret: bool) -> list:
+def kernel_parity(fn, reference, args, tol) -> dict:
+    """Max |kernel - reference| over all outputs (compiled, or interpreted in --smoke)."""
+    got = block(jax.jit(fn)(*args))
+    want = reference(*args)
+    errs = [float(jnp.max(jnp.abs(jnp.asarray(g, jnp.float32) - jnp.asarray(w, jnp.float32))))
+            for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want))]
+    finite = all(bool(jnp.all(jnp.isfinite(jnp.asarray(g, jnp.float32)))) for g in jax.tree.leaves(got))
+    return {"max_abs_err": max(errs), "ok": finite and max(errs) <= tol}
+
+
+def sparse_exactness(zero_fraction: float, M: int, interpret: bool) -> dict:
     """Sparse value product vs dense (<= 1e-6 relative) and bit-identical to skip=False."""
-    rows = []
     F, C = 768, 192
     w_val_t = jax.random.normal(jax.random.key(70), (F, C))
-    for zero_fraction, M in ((0.5, 1),) if smoke else ((0.5, 1), (0.95, 3), (0.5, 4)):
-        k1, k2 = _keys(int(100 * zero_fraction) + M, 2)
-        keep = jax.random.uniform(k2, (F,)) >= zero_fraction
-        hidden = jnp.where(keep, jnp.square(jax.random.normal(k1, (M, F))), 0.0)
-        # skip is traced, so both runs use one compiled program (as on the GPU, where the
-        # kernel binary never depends on it).
-        fn = jax.jit(lambda h, w, skip: sparse_channel_mix.sparse_value_product(h, w, skip=skip,
-                                                                                 interpret=interpret))
-        sparse, full = (np.asarray(fn(hidden, w_val_t, jnp.asarray(s))) for s in (True, False))
-        dense = np.asarray(jnp.dot(hidden, w_val_t, precision=jax.lax.Precision.HIGHEST))
-        rel = float(np.abs(sparse - dense).max() / np.abs(dense).max())
-        bitwise = bool((sparse.view(np.uint32) == full.view(np.uint32)).all())
-        rows.append({"zero_fraction": zero_fraction, "rows": M, "rel_err": rel, "bit_identical": bitwise,
-                     "ok": rel <= 1e-6 and bitwise})
-    return rows
+    k1, k2 = _keys(int(100 * zero_fraction) + M, 2)
+    keep = jax.random.uniform(k2, (F,)) >= zero_fraction
+    hidden = jnp.where(keep, jnp.square(jax.random.normal(k1, (M, F))), 0.0)
+    # skip is traced, so both runs use one compiled program (as on the GPU, where the
+    # kernel binary never depends on it).
+    fn = jax.jit(lambda h, w, skip: sparse_channel_mix.sparse_value_product(h, w, skip=skip, interpret=interpret))
+    sparse, full = (np.asarray(fn(hidden, w_val_t, jnp.asarray(s))) for s in (True, False))
+    dense = np.asarray(jnp.dot(hidden, w_val_t, precision=jax.lax.Precision.HIGHEST))
+    rel = float(np.abs(sparse - dense).max() / np.abs(dense).max())
+    bitwise = bool((sparse.view(np.uint32) == full.view(np.uint32)).all())
+    return {"rel_err": rel, "bit_identical": bitwise, "ok": rel <= 1e-6 and bitwise}
 
 
 def model_parity(config, B, T, kernels, steps) -> dict:
@@ -214,8 +226,7 @@ def model_parity(config, B, T, kernels, steps) -> dict:
             res[k] = (logits, *states[k])
         for name, a, b in zip(worst, res["xla"], res[kernels]):
             worst[name] = max(worst[name], float(jnp.max(jnp.abs(a - b))))
-    return {"config": f"C={config.n_embd} H={config.n_head} L={config.n_layer}", "B": B, "T": T,
-            "path": models[kernels].last_path.name, "max_abs_err": worst,
+    return {"path": models[kernels].last_path.name, "max_abs_err": worst,
             "ok": all(e <= 1e-4 for e in worst.values())}
 
 
@@ -272,14 +283,17 @@ def run_kernel_times(smoke: bool, interpret: bool, budget: Budget, until_left_s:
         if budget.left() < until_left_s:
             rows.append({"case": label, "skipped": "time budget"})
             continue
-        sets = _copies(args, reps, share_bytes=64 << 20)
-        pallas_s = time_calls(fns[name], sets, 0.05 if smoke else 0.3)
-        xla_s = time_calls(XLA_EQUIVALENT[name], sets, 0.05 if smoke else 0.3)
-        row = {"case": label, "pallas_us": pallas_s * 1e6, "xla_us": xla_s * 1e6, "speedup": xla_s / pallas_s}
+        rows.append(attempt({"case": label}, kernel_times, fns[name], XLA_EQUIVALENT[name], args, reps, smoke))
         if name == "channel_mix":
-            row.update(sparse_split_times(args, reps, interpret, smoke))
-        rows.append(row)
+            attempt(rows[-1], sparse_split_times, args, reps, interpret, smoke)
     return rows
+
+
+def kernel_times(pallas_fn, xla_fn, args, reps, smoke) -> dict:
+    sets = _copies(args, reps, share_bytes=64 << 20)
+    pallas_s = time_calls(pallas_fn, sets, 0.05 if smoke else 0.3)
+    xla_s = time_calls(xla_fn, sets, 0.05 if smoke else 0.3)
+    return {"pallas_us": pallas_s * 1e6, "xla_us": xla_s * 1e6, "speedup": xla_s / pallas_s}
 
 
 def sparse_split_times(args, reps, interpret, smoke) -> dict:
@@ -337,7 +351,6 @@ def model_items(smoke: bool) -> list:
 def run_models(smoke: bool, roofline: dict, budget: Budget, until_left_s: float, on_result) -> list:
     """Decode/prefill throughput per item while the budget lasts; on_result(rows) after each."""
     dtype = jnp.float32 if smoke else jnp.bfloat16
-    itemsize = jnp.dtype(dtype).itemsize
     jitted = jax.jit(rwkv_jax.forward_fn, static_argnames=("config", "path", "kernels", "full_output"),
                      donate_argnames=("state",))
     params_cache, compile_est, rows = {}, {}, []
@@ -351,35 +364,40 @@ def run_models(smoke: bool, roofline: dict, budget: Budget, until_left_s: float,
         config = named_config(name)
         if name not in params_cache:
             params_cache[name] = block(random_params(config, dtype, seed=0))
-        params = params_cache[name]
-        tokens = jax.random.randint(jax.random.key(B * T), (B, T), 0, config.vocab_size)
-        state = rwkv_jax.init_state(config, B, dtype)
-        path = rwkv_jax.select_path(B, T)
         t0 = time.perf_counter()
-        exe = jitted.lower(params, tokens, state, config=config, path=path, kernels=kernels).compile()
-        compile_est[(name, kernels)] = time.perf_counter() - t0
-        _, state = block(exe(params, tokens, state))
-        one = time.perf_counter()
-        _, state = block(exe(params, tokens, state))
-        one = time.perf_counter() - one
-        n = int(min(200, max(3, (0.1 if smoke else 1.0) / max(one, 1e-6))))
-        start = time.perf_counter()
-        for _ in range(n):
-            logits, state = exe(params, tokens, state)
-        block((logits, state))
-        step_s = (time.perf_counter() - start) / n
-        params_bytes = sum(x.nbytes for x in jax.tree.leaves(params))
-        nbytes, flops = step_bytes_and_flops(config, params_bytes, itemsize, B, T)
-        bytes_s = nbytes / (roofline["copy_GBps"] * 1e9)
-        flops_s = flops / (roofline["bf16_matmul_TFLOPs"] * 1e12)
-        row.update({"path": path.name, "compile_s": compile_est[(name, kernels)], "step_ms": step_s * 1e3,
-                    "tok_s": B * T / step_s, "hbm_roofline_fraction": bytes_s / step_s,
-                    "compute_roofline_fraction": flops_s / step_s,
-                    "roofline_fraction": max(bytes_s, flops_s) / step_s})
-        rows.append(row)
+        rows.append(attempt(row, measure_model, jitted, params_cache[name], config, kernels, B, T, smoke,
+                            roofline))
+        compile_est[(name, kernels)] = row.get("compile_s", time.perf_counter() - t0)
         on_result(rows)
-        del state
     return rows
+
+
+def measure_model(jitted, params, config, kernels, B, T, smoke, roofline) -> dict:
+    """Compile one (B, T) forward and time it with the state carried (donated) across steps."""
+    dtype = params["emb"].dtype
+    tokens = jax.random.randint(jax.random.key(B * T), (B, T), 0, config.vocab_size)
+    state = rwkv_jax.init_state(config, B, dtype)
+    path = rwkv_jax.select_path(B, T)
+    t0 = time.perf_counter()
+    exe = jitted.lower(params, tokens, state, config=config, path=path, kernels=kernels).compile()
+    compile_s = time.perf_counter() - t0
+    _, state = block(exe(params, tokens, state))
+    one = time.perf_counter()
+    _, state = block(exe(params, tokens, state))
+    one = time.perf_counter() - one
+    n = int(min(200, max(3, (0.1 if smoke else 1.0) / max(one, 1e-6))))
+    start = time.perf_counter()
+    for _ in range(n):
+        logits, state = exe(params, tokens, state)
+    block((logits, state))
+    step_s = (time.perf_counter() - start) / n
+    params_bytes = sum(x.nbytes for x in jax.tree.leaves(params))
+    nbytes, flops = step_bytes_and_flops(config, params_bytes, jnp.dtype(dtype).itemsize, B, T)
+    bytes_s = nbytes / (roofline["copy_GBps"] * 1e9)
+    flops_s = flops / (roofline["bf16_matmul_TFLOPs"] * 1e12)
+    return {"path": path.name, "compile_s": compile_s, "step_ms": step_s * 1e3, "tok_s": B * T / step_s,
+            "hbm_roofline_fraction": bytes_s / step_s, "compute_roofline_fraction": flops_s / step_s,
+            "roofline_fraction": max(bytes_s, flops_s) / step_s}
 
 
 def goals(rows: list) -> dict:
@@ -423,6 +441,15 @@ def environment() -> dict:
             "versions": versions}
 
 
+def _status(row: dict) -> str | None:
+    """'error: ...' / 'skipped: ...' for a row that has no measurement, else None."""
+    if "error" in row:
+        return "error: " + row["error"].splitlines()[0][:160]
+    if "skipped" in row:
+        return "skipped: " + row["skipped"]
+    return None
+
+
 def markdown(results: dict) -> str:
     env = results["environment"]
     lines = [f"# GPU check — {env['date_utc']}", "",
@@ -430,13 +457,16 @@ def markdown(results: dict) -> str:
              + ", ".join(f"{k} {v}" for k, v in env["versions"].items()), ""]
     parity = results.get("parity")
     if parity:
-        lines += [f"## Parity: {'all ok' if parity['ok'] else 'FAILURES'}", "", "| case | max abs err | ok |",
+        lines += [f"## Parity: {'all ok' if parity['ok'] else 'FAILURES'}", "", "| case | error vs reference | ok |",
                   "|---|---|---|"]
-        lines += [f"| {r['case']} | {r['max_abs_err']:.2e} | {r['ok']} |" for r in parity["kernels"]]
-        lines += [f"| sparse {r['zero_fraction']:.0%} zeros M={r['rows']} | rel {r['rel_err']:.1e}, "
-                  f"bit-identical {r['bit_identical']} | {r['ok']} |" for r in parity["sparse"]]
-        lines += [f"| model {r['config']} B={r['B']} T={r['T']} ({r['path']}) | "
-                  f"{max(r['max_abs_err'].values()):.2e} | {r['ok']} |" for r in parity["models"]]
+        for r in parity["kernels"]:
+            lines.append(f"| {r['case']} | {_status(r) or format(r['max_abs_err'], '.2e')} | {r['ok']} |")
+        for r in parity["sparse"]:
+            err = _status(r) or f"rel {r['rel_err']:.1e}, bit-identical {r['bit_identical']}"
+            lines.append(f"| sparse {r['zero_fraction']:.0%} zeros M={r['rows']} | {err} | {r['ok']} |")
+        for r in parity["models"]:
+            err = _status(r) or f"{max(r['max_abs_err'].values()):.2e} ({r['path']})"
+            lines.append(f"| model {r['config']} B={r['B']} T={r['T']} | {err} | {r['ok']} |")
         lines.append("")
     roof = results.get("roofline")
     if roof:
@@ -445,8 +475,8 @@ def markdown(results: dict) -> str:
     if results.get("kernels"):
         lines += ["## Kernels (us per call)", "", "| case | pallas | xla | xla/pallas |", "|---|---|---|---|"]
         for r in results["kernels"]:
-            if "skipped" in r:
-                lines.append(f"| {r['case']} | skipped | | |")
+            if _status(r) and "pallas_us" not in r:
+                lines.append(f"| {r['case']} | {_status(r)} | | |")
                 continue
             extra = (f" (value product: sparse {r['value_sparse_us']:.1f} vs dense {r['value_dense_xla_us']:.1f}, "
                      f"active {r['active_fraction']:.0%})" if "value_sparse_us" in r else "")
@@ -457,11 +487,11 @@ def markdown(results: dict) -> str:
                   "| model | kernels | B | T | tok/s | step ms | roofline fraction (HBM / compute) | compile s |",
                   "|---|---|---|---|---|---|---|---|"]
         for r in results["models"]:
-            if "skipped" in r:
-                lines.append(f"| {r['model']} | {r['kernels']} | {r['B']} | {r['T']} | skipped | | | |")
+            head = f"| {r['model']} | {r['kernels']} | {r['B']} | {r['T']} |"
+            if _status(r):
+                lines.append(f"{head} {_status(r)} | | | |")
                 continue
-            lines.append(f"| {r['model']} | {r['kernels']} | {r['B']} | {r['T']} | {r['tok_s']:,.0f} | "
-                         f"{r['step_ms']:.3f} | {r['hbm_roofline_fraction']:.2f} / "
+            lines.append(f"{head} {r['tok_s']:,.0f} | {r['step_ms']:.3f} | {r['hbm_roofline_fraction']:.2f} / "
                          f"{r['compute_roofline_fraction']:.2f} | {r['compile_s']:.1f} |")
         lines += ["", "## Goals", ""] + [f"- {k}: {'not measured' if v is None else f'{v:.3g}'}"
                                         for k, v in results.get("goals", {}).items()]
@@ -474,10 +504,14 @@ def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description="Pallas kernel GPU check (issue 4)")
     ap.add_argument("--out", default="benchmarks/results/", help="directory for gpu_check.json/.md")
     ap.add_argument("--smoke", action="store_true", help="CPU run with tiny shapes and interpret-mode kernels")
+    ap.add_argument("--cache-dir", default=None,
+                    help="persistent JAX compilation cache (a rerun on the same machine skips compiles)")
     args = ap.parse_args(argv)
     if not args.smoke and jax.default_backend() != "gpu":
         raise SystemExit(f"gpu_check needs a GPU (backend is {jax.default_backend()!r}); use --smoke on a CPU")
     budget = Budget(TOTAL_BUDGET_S)
+    if args.cache_dir:
+        rwkv_jax.enable_compilation_cache(args.cache_dir)
     out_dir = FsPath(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
     interpret = args.smoke
@@ -502,7 +536,8 @@ def main(argv=None) -> dict:
 
     on_models(run_models(args.smoke, results["roofline"], budget, reserve, on_models))
     if hook and not args.smoke:
-        results["serving"] = hook(out_dir=str(out_dir), budget_s=min(SERVING_BUDGET_S, max(budget.left(), 0)))
+        results["serving"] = attempt({}, hook, out_dir=str(out_dir),
+                                     budget_s=min(SERVING_BUDGET_S, max(budget.left(), 0)))
     else:
         results["serving"] = {"status": "skipped in --smoke" if hook else "absent", "reason": why_not}
     results["elapsed_s"] = budget.total_s - budget.left()
