@@ -310,6 +310,16 @@ def sparse_split_times(args, reps, interpret, smoke) -> dict:
             "value_dense_xla_us": time_calls(XLA_OPS.linear, dense_sets, min_t) * 1e6}
 
 
+def sparse_rows_threshold(kernel_rows: list) -> int | None:
+    """Largest row count M whose sparse value product beat the dense one (the measured value
+    for rwkv_jax.pallas_ops.SPARSE_MAX_ROWS); 0 if it never did, None if not measured."""
+    timed = [(int(r["case"].split("M=")[1]), r["value_sparse_us"] < r["value_dense_xla_us"])
+             for r in kernel_rows if "value_sparse_us" in r]
+    if not timed:
+        return None
+    return max((m for m, wins in timed if wins), default=0)
+
+
 def run_roofline(smoke: bool) -> dict:
     """Copy bandwidth (read + write of a large buffer) and bf16 matmul rate."""
     n_bytes = (16 << 20) if smoke else (2 << 30)
@@ -481,7 +491,8 @@ def markdown(results: dict) -> str:
             extra = (f" (value product: sparse {r['value_sparse_us']:.1f} vs dense {r['value_dense_xla_us']:.1f}, "
                      f"active {r['active_fraction']:.0%})" if "value_sparse_us" in r else "")
             lines.append(f"| {r['case']}{extra} | {r['pallas_us']:.1f} | {r['xla_us']:.1f} | {r['speedup']:.2f} |")
-        lines.append("")
+        lines += ["", f"Measured sparse channel-mix threshold (largest M where the sparse value product wins): "
+                      f"{results.get('measured_sparse_max_rows')}", ""]
     if results.get("models"):
         lines += [f"## Models ({'float32 (smoke)' if results['smoke'] else 'bf16'}, random weights)", "",
                   "| model | kernels | B | T | tok/s | step ms | roofline fraction (HBM / compute) | compile s |",
@@ -528,6 +539,7 @@ def main(argv=None) -> dict:
     results["roofline"] = run_roofline(args.smoke)
     save()
     results["kernels"] = run_kernel_times(args.smoke, interpret, budget, until_left_s=reserve + 240)
+    results["measured_sparse_max_rows"] = sparse_rows_threshold(results["kernels"])
     save()
 
     def on_models(rows):

@@ -21,6 +21,7 @@ def test_gpu_check_smoke_writes_a_complete_report(tmp_path):
     for row in results["kernels"]:
         assert row["pallas_us"] > 0 and row["xla_us"] > 0
     assert "value_sparse_us" in results["kernels"][-1]
+    assert results["measured_sparse_max_rows"] in (0, 1)
     models = results["models"]
     assert {(r["B"], r["T"]) for r in models} == {(1, 1), (1, 8)}
     for row in models:
@@ -33,6 +34,14 @@ def test_gpu_check_smoke_writes_a_complete_report(tmp_path):
 def test_gpu_check_refuses_a_full_run_without_gpu(tmp_path):
     with pytest.raises(SystemExit, match="needs a GPU"):
         gpu_check.main(["--out", str(tmp_path)])
+
+
+def test_sparse_threshold_is_the_largest_winning_row_count():
+    rows = [{"case": f"channel_mix M={m}", "value_sparse_us": s, "value_dense_xla_us": 10.0}
+            for m, s in ((1, 5.0), (2, 9.0), (4, 12.0), (8, 30.0))] + [{"case": "linear M=1"}]
+    assert gpu_check.sparse_rows_threshold(rows) == 2
+    assert gpu_check.sparse_rows_threshold(rows[2:]) == 0
+    assert gpu_check.sparse_rows_threshold([]) is None
 
 
 def test_roofline_accounting_counts_weights_state_and_flops():
