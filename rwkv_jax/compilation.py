@@ -11,7 +11,8 @@ import jax
 
 def enable_compilation_cache(directory: str | os.PathLike) -> None:
     """Persist compiled executables under `directory` (jax_compilation_cache_dir) so a
-    later process reuses them; every compilation is cached, however quick."""
+    later process reuses them; every compilation is cached, however quick. Call it before
+    the process's first compilation: JAX sets its cache up once."""
     os.makedirs(directory, exist_ok=True)
     jax.config.update("jax_compilation_cache_dir", str(directory))
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
