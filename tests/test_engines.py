@@ -43,8 +43,18 @@ def solo_greedy(model, prompt, max_tokens):
     return out
 
 
-def test_greedy_batch_invariance(backend):
+def test_engine_under_scheduler(backend, monkeypatch):
+    """One test per backend, so that under pytest-xdist a single process compiles the JAX
+    executables (every check below reuses them)."""
     name, model, engine = backend
+    check_greedy_batch_invariance(model, engine)
+    check_seeded_sampling_same_at_max_batch_1_and_8(engine)
+    check_prefix_cache_hits_equal_misses(engine)
+    check_slot_ops_and_host_rows_round_trip(engine)
+    check_failed_step_fails_its_requests_and_engine_recovers(name, model, engine, monkeypatch)
+
+
+def check_greedy_batch_invariance(model, engine):
     rng = np.random.default_rng(42)
     requests = [Request(f"r{i}", rng.integers(0, V, int(rng.integers(1, 61))).tolist(),
                         SamplingParams(max_tokens=int(rng.integers(1, 41)), stop_tokens=()))
@@ -62,8 +72,7 @@ def test_greedy_batch_invariance(backend):
         assert out.tokens == solo_greedy(model, r.prompt_tokens, r.params.max_tokens), r.id
 
 
-def test_seeded_sampling_same_at_max_batch_1_and_8(backend):
-    name, model, engine = backend
+def check_seeded_sampling_same_at_max_batch_1_and_8(engine):
     rng = np.random.default_rng(9)
     requests = []
     for i in range(12):
@@ -85,8 +94,7 @@ def test_seeded_sampling_same_at_max_batch_1_and_8(backend):
         assert not set(o.tokens) & set(r.params.banned_tokens)
 
 
-def test_prefix_cache_hits_equal_misses(backend):
-    name, model, engine = backend
+def check_prefix_cache_hits_equal_misses(engine):
     rng = np.random.default_rng(4)
     system = rng.integers(0, V, 40).tolist()
     requests = [Request(f"p{i}", system + rng.integers(0, V, int(rng.integers(1, 12))).tolist(),
@@ -101,8 +109,7 @@ def test_prefix_cache_hits_equal_misses(backend):
     assert [cached.results[r.id].tokens for r in requests] == [o.tokens for o in plain]
 
 
-def test_slot_ops_and_host_rows_round_trip(backend):
-    name, model, engine = backend
+def check_slot_ops_and_host_rows_round_trip(engine):
     row = engine.prefill(np.array([5, 6, 7], np.int32))
     host = engine.to_host(row)
     again = engine.to_host(engine.from_host(host))
@@ -116,8 +123,8 @@ def test_slot_ops_and_host_rows_round_trip(backend):
         engine.insert(3, row, SamplingParams())
 
 
-def test_device_sampling_matches_numpy_reference(backend):
-    name, model, engine = backend
+@pytest.mark.parametrize("name", ["jax", "torch"])
+def test_device_sampling_matches_numpy_reference(name):
     if name == "jax":
         import jax.numpy as xp
         from rwkv_jax import sampling as dev
@@ -152,8 +159,7 @@ def test_device_sampling_matches_numpy_reference(backend):
     assert hashed.astype(np.uint32).tolist() == np_sampling.lowbias32(np.arange(2**32 - 1000, 2**32)).tolist()
 
 
-def test_failed_step_fails_its_requests_and_engine_recovers(backend, monkeypatch):
-    name, model, engine = backend
+def check_failed_step_fails_its_requests_and_engine_recovers(name, model, engine, monkeypatch):
     calls = {"n": 0}
     if name == "jax":
         real = engine._step_exe
