@@ -157,11 +157,11 @@ def parity_cases(smoke: bool) -> list:
                   ("linear M=1 N=96 K=192", "linear", linear_inputs(4, 1, 96, 192, f32), 1e-5),
                   ("wkv_step B=5 H=40", "wkv_step", wkv_inputs(7, (5,), 40), 1e-4),
                   ("wkv_seq B=1 T=300 H=40", "wkv_seq", wkv_inputs(8, (1, 300), 40), 1e-3),
-                  ("shift_mix B=7 C=2560 n=1 bf16", "shift_mix", mix_inputs(9, 7, 2560, 1, bf16), 3e-2),
-                  ("linear M=1 N=2560 K=10240 bf16", "linear", linear_inputs(10, 1, 2560, 10240, bf16), 3e-2),
-                  ("linear M=16 N=10240 K=2560 bf16", "linear", linear_inputs(11, 16, 10240, 2560, bf16), 3e-2),
+                  ("shift_mix B=7 C=2560 n=1 bf16", "shift_mix", mix_inputs(9, 7, 2560, 1, bf16), 1e-2),
+                  ("linear M=1 N=2560 K=10240 bf16", "linear", linear_inputs(10, 1, 2560, 10240, bf16), 1e-2),
+                  ("linear M=16 N=10240 K=2560 bf16", "linear", linear_inputs(11, 16, 10240, 2560, bf16), 1e-2),
                   ("linear M=5 N=96 K=96 f32", "linear", linear_inputs(12, 5, 96, 96, f32), 1e-5),
-                  ("channel_mix M=3 C=2560 bf16", "channel_mix", ffn_inputs(13, 3, 2560, 10240, bf16), 3e-2)]
+                  ("channel_mix M=3 C=2560 bf16", "channel_mix", ffn_inputs(13, 3, 2560, 10240, bf16), 1e-2)]
     return cases
 
 
@@ -187,13 +187,16 @@ def run_parity(smoke: bool, interpret: bool) -> dict:
 
 
 def kernel_parity(fn, reference, args, tol) -> dict:
-    """Max |kernel - reference| over all outputs (compiled, or interpreted in --smoke)."""
+    """Max |kernel - reference| over all outputs (compiled, or interpreted in --smoke); ok when
+    within tol * max(1, max |reference|) (a bf16 ulp grows with the magnitude)."""
     got = block(jax.jit(fn)(*args))
     want = reference(*args)
-    errs = [float(jnp.max(jnp.abs(jnp.asarray(g, jnp.float32) - jnp.asarray(w, jnp.float32))))
-            for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want))]
-    finite = all(bool(jnp.all(jnp.isfinite(jnp.asarray(g, jnp.float32)))) for g in jax.tree.leaves(got))
-    return {"max_abs_err": max(errs), "ok": finite and max(errs) <= tol}
+    pairs = [(jnp.asarray(g, jnp.float32), jnp.asarray(w, jnp.float32))
+             for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want))]
+    err = max(float(jnp.max(jnp.abs(g - w))) for g, w in pairs)
+    scale = max(float(jnp.max(jnp.abs(w))) for _, w in pairs)
+    finite = all(bool(jnp.all(jnp.isfinite(g))) for g, _ in pairs)
+    return {"max_abs_err": err, "max_abs_ref": scale, "ok": finite and err <= tol * max(1.0, scale)}
 
 
 def sparse_exactness(zero_fraction: float, M: int, interpret: bool) -> dict:
