@@ -98,6 +98,7 @@ class JaxEngine:
         self.compile_seconds: dict[tuple, float] = {}
         self._exes: dict[tuple, object] = {}
         self._exe_lock = threading.Lock()
+        self._key_locks: dict[tuple, threading.Lock] = {}
         static = dict(config=self.config, kernels=model.kernels)
         self._jit_step = jax.jit(_decode_step, static_argnames=("config", "path", "kernels"),
                                  donate_argnames=("slots",))
@@ -116,7 +117,9 @@ class JaxEngine:
         key = (kind, shape)
         exe = self._exes.get(key)
         if exe is None:
-            with self._exe_lock:
+            with self._exe_lock:  # one lock per key: the prefill worker and the decode loop
+                key_lock = self._key_locks.setdefault(key, threading.Lock())  # compile side by side
+            with key_lock:
                 exe = self._exes.get(key)
                 if exe is None:
                     start = time.perf_counter()
@@ -203,7 +206,7 @@ class JaxEngine:
             self._empty_exe(b)
             self._insert_exe(b)
             self._extract_exe(b)
-            for other in {k[1] for k in self._exes if k[0] == "step"} - {b}:
+            for other in {k[1] for k in list(self._exes) if k[0] == "step"} - {b}:
                 self._gather_exe(other, b)
                 self._gather_exe(b, other)
             new = set(self._exes) - before
