@@ -27,7 +27,7 @@ from scheduler.params import SamplingParams
 from scheduler.sampling import SamplingRows, banned_mask, sampling_rows
 
 from .forward import forward_fn
-from .paths import Path, select_path
+from .paths import select_path
 from .sampling import sample_rows, update_counts
 from .state import State
 
