@@ -96,6 +96,7 @@ def shift_mix(h, delta, shift, ln_w, ln_b, mix, *, interpret: bool = False):
         in_specs=in_specs,
         out_specs=(row, pl.BlockSpec((n_mix, None, Cp), lambda b: (0, b, 0)), row),
         input_output_aliases={shift_index: 2} if shift.dtype == dtype else {},
+        name="rwkv7_shift_mix",
         compiler_params=triton_params(num_warps=4 if Cp <= 1024 else 8),
         interpret=interpret,
     )(*inputs)

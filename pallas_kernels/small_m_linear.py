@@ -95,6 +95,7 @@ def small_m_linear(x, w, *, out_dtype=None, splits: int | None = None, interpret
                   pl.BlockSpec((block_n, k_chunk), lambda n, s: (n, s))],
         out_specs=pl.BlockSpec((None, Mp, block_n), lambda n, s: (s, 0, n)),
         compiler_params=triton_params(num_warps=4, num_stages=3),
+        name="rwkv7_small_m_linear",
         interpret=interpret,
     )(xp, w)
     out = partials[0] if splits == 1 else jnp.sum(partials, axis=0)

@@ -122,6 +122,7 @@ def sparse_value_product(hidden, w_val_t, *, skip=True, splits: int | None = Non
                   pl.BlockSpec((F, block_c), lambda c, s: (0, c))],
         out_specs=pl.BlockSpec((None, Mp, block_c), lambda c, s: (s, 0, c)),
         compiler_params=triton_params(num_warps=4, num_stages=1),
+        name="rwkv7_sparse_value_product",
         interpret=interpret,
     )(units, counts, hp, w_val_t)
     return jnp.sum(partials, axis=0)[:M]

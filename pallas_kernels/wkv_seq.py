@@ -72,6 +72,7 @@ def wkv_seq(r, w, k, v, kk, a, S, *, interpret: bool = False):
         in_specs=[seq] * 6 + [mat],
         out_specs=(seq, mat),
         input_output_aliases={6: 1},
+        name="rwkv7_wkv_seq",
         compiler_params=triton_params(num_warps=4, num_stages=1),
         interpret=interpret,
     )(r, w, k, v, kk, a, S)

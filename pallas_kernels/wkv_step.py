@@ -56,6 +56,7 @@ def wkv_step(r, w, k, v, kk, a, S, *, interpret: bool = False):
         in_specs=[vec] * 6 + [mat],
         out_specs=(vec, mat),
         input_output_aliases={6: 1},
+        name="rwkv7_wkv_step",
         compiler_params=triton_params(num_warps=4),
         interpret=interpret,
     )(r, w, k, v, kk, a, S)
