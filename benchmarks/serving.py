@@ -91,6 +91,43 @@ def precompile(engine, buckets, chunk: int, policies) -> float:
     return time.perf_counter() - start
 
 
+def call_costs(engine, buckets, chunk: int, repeats: int = 5) -> dict:
+    """Milliseconds per engine call, to explain the policies by kernel path: serial prefill
+    (B=1, T=chunk: DENSE), varlen prefill of 1 x chunk and of MAX_PIECES x chunk/MAX_PIECES
+    tokens vs that many serial calls, and per bucket the decode step (B1T1 / BATCHED_DECODE)
+    against the mixed step carrying a full chunk (DENSE). Run before the measured runs."""
+    import jax
+
+    from scheduler.params import SamplingParams
+    from scheduler.prefill_policies import MAX_PIECES
+
+    def ms(fn):
+        jax.block_until_ready(fn())
+        start = time.perf_counter()
+        for _ in range(repeats):
+            jax.block_until_ready(fn())
+        return (time.perf_counter() - start) / repeats * 1e3
+
+    rng = np.random.default_rng(0)
+    prompt = rng.integers(1, engine.vocab_size, chunk).astype(np.int32)
+    split = np.array_split(prompt, MAX_PIECES)
+    rows = varlen_shape(chunk)
+    out = {"serial_prefill_1x": ms(lambda: engine.prefill(prompt)),
+           "serial_prefill_split": ms(lambda: [engine.prefill(p) for p in split]),
+           "varlen_prefill_1x": ms(lambda: engine.prefill_varlen([prompt], [None], rows)),
+           "varlen_prefill_split": ms(lambda: engine.prefill_varlen(split, [None] * len(split), rows)),
+           "decode_step": {}, "mixed_step": {}}
+    row = engine.prefill(prompt[:4])
+    for b in buckets:
+        engine.resize([], b)
+        for slot in range(b):
+            engine.insert(slot, row, SamplingParams(seed=slot))
+        tokens, positions = np.ones(b, np.int32), np.zeros(b, np.int32)
+        out["decode_step"][b] = ms(lambda: engine.step(tokens, positions))
+        out["mixed_step"][b] = ms(lambda: engine.mixed_step(tokens, positions, [prompt], [None], rows)[0])
+    return out
+
+
 def _pct(values, q):
     return float(np.percentile(values, q)) if len(values) else None
 
@@ -158,31 +195,41 @@ def run_serving_benchmark(model: str = "tiny", *, requests: int = 256, prompt_le
                           output_len=(16, 256), max_batch: int = 64, chunk: int = 256,
                           policies=POLICIES, dtype: str = "float32", kernels: str = "xla",
                           seed: int = 0, budget_s: float | None = None, prefill_pieces=None,
-                          buckets=None) -> dict:
-    """Build the engine, precompile, run each policy on the same workload; a JSON-able dict.
-    With `budget_s`, policies that would start after the budget is spent are skipped.
-    `buckets`: decode batch sizes (default powers of two up to max_batch)."""
+                          buckets=None, repeats: int = 1) -> dict:
+    """Build the engine, precompile, run each policy on the same workload `repeats` times
+    (interleaved: serial, varlen, mixed, serial, ...); a JSON-able dict whose per-policy
+    row is the run with the median wall time, every run's headline numbers under
+    "repeats". With `budget_s`, runs that would start after the budget is spent are
+    skipped. `buckets`: decode batch sizes (default powers of two up to max_batch)."""
     import jax
     t0 = time.perf_counter()
     engine = build_engine(model, dtype, kernels, seed, prefill_pieces)
     config = SchedulerConfig(max_batch=max_batch, buckets=buckets, chunk=chunk).validated()
     work = make_workload(requests, tuple(prompt_len), tuple(output_len), engine.vocab_size, seed)
     compile_s = precompile(engine, config.buckets, chunk, policies)
+    costs = call_costs(engine, config.buckets, chunk)
     result = {"environment": {"date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                               "backend": jax.default_backend(), "jax": jax.__version__,
                               "python": platform.python_version(), "machine": platform.machine()},
               "settings": {"model": model, "dtype": dtype, "kernels": engine.model.kernels,
                            "requests": requests, "prompt_len": list(prompt_len),
                            "output_len": list(output_len), "max_batch": max_batch, "chunk": chunk,
-                           "buckets": list(config.buckets), "seed": seed,
+                           "buckets": list(config.buckets), "seed": seed, "repeats": repeats,
                            "serial_prefill_pieces": list(engine.pieces)},
-              "precompile_s": compile_s, "policies": {}}
-    for policy in policies:
-        if budget_s is not None and time.perf_counter() - t0 > budget_s:
-            result["policies"][policy] = {"skipped": f"time budget {budget_s:.0f}s spent"}
-            continue
-        result["policies"][policy] = run_policy(engine, work, policy, max_batch, chunk, config.buckets)
-        print(f"{policy}: {result['policies'][policy]['wall_s']:.1f}s", flush=True)
+              "precompile_s": compile_s, "call_ms": costs, "policies": {}, "repeats": {}}
+    runs: dict[str, list] = {p: [] for p in policies}
+    for _ in range(repeats):
+        for policy in policies:
+            if budget_s is not None and time.perf_counter() - t0 > budget_s:
+                continue
+            runs[policy].append(run_policy(engine, work, policy, max_batch, chunk, config.buckets))
+            print(f"{policy}: {runs[policy][-1]['wall_s']:.1f}s", flush=True)
+    headline = ("wall_s", "prefill_tok_s", "decode_tok_s_avg", "ttft_p50_s", "ttft_p99_s", "step_ms_p50",
+                "step_ms_p99")
+    result["repeats"] = {p: [{k: r[k] for k in headline} for r in rs] for p, rs in runs.items()}
+    for policy, rs in runs.items():
+        result["policies"][policy] = (sorted(rs, key=lambda r: r["wall_s"])[len(rs) // 2] if rs else
+                                      {"skipped": f"time budget {budget_s:.0f}s spent"})
     digests = {p: r.get("outputs_digest") for p, r in result["policies"].items() if "skipped" not in r}
     result["same_tokens_all_policies"] = len(set(digests.values())) == 1
     result["elapsed_s"] = time.perf_counter() - t0
@@ -218,7 +265,16 @@ def markdown(result: dict) -> str:
             f"{_fmt(r['ttft_p50_s'], '.2f')} / {_fmt(r['ttft_p99_s'], '.2f')} | "
             f"{_fmt(r['step_ms_p50'], '.2f')} / {_fmt(r['step_ms_p99'], '.2f')} | {paths} | {shrinks} |")
     compiles = {p: len(r.get("compiles_during_run", {})) for p, r in result["policies"].items()}
-    lines += ["", f"compiles during the measured runs: {compiles}"]
+    walls = {p: [round(r["wall_s"], 1) for r in rs] for p, rs in result["repeats"].items()}
+    lines += ["", f"rows: the median-wall run of {s['repeats']}; wall s of every run: {walls}",
+              f"compiles during the measured runs: {compiles}", "",
+              f"Engine call costs (ms, chunk = {s['chunk']} prompt tokens):", "",
+              "| call | ms |", "|---|---|"]
+    c = result["call_ms"]
+    lines += [f"| {name.replace('_', ' ')} | {c[name]:.2f} |" for name in
+              ("serial_prefill_1x", "varlen_prefill_1x", "serial_prefill_split", "varlen_prefill_split")]
+    lines += ["", "| bucket | decode step ms | mixed step (+chunk) ms |", "|---|---|---|"]
+    lines += [f"| {b} | {c['decode_step'][b]:.2f} | {c['mixed_step'][b]:.2f} |" for b in c["decode_step"]]
     return "\n".join(lines) + "\n"
 
 
@@ -282,6 +338,7 @@ def main(argv=None) -> dict:
     ap.add_argument("--chunk", type=int, default=256, help="prompt tokens per varlen call / mixed step")
     ap.add_argument("--policies", default=",".join(POLICIES))
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--repeats", type=int, default=1, help="runs per policy (interleaved); rows show the median")
     ap.add_argument("--out", default=str(RESULTS))
     ap.add_argument("--tag", default=None, help="file suffix (default: <backend>_<model>)")
     ap.add_argument("--smoke", action="store_true",
@@ -308,7 +365,7 @@ def main(argv=None) -> dict:
     result = run_serving_benchmark(args.model, requests=args.requests, prompt_len=args.prompt_len,
                                    output_len=args.output_len, max_batch=args.max_batch, chunk=args.chunk,
                                    policies=policies, dtype=args.dtype, kernels=args.kernels, seed=args.seed,
-                                   prefill_pieces=pieces, buckets=buckets)
+                                   prefill_pieces=pieces, buckets=buckets, repeats=args.repeats)
     import jax
     tag = args.tag or f"{'smoke' if args.smoke else jax.default_backend()}_{args.model}"
     path = save(result, Path(args.out), tag, with_plot=not args.no_plot)

@@ -231,7 +231,8 @@ class Scheduler:
         while True:
             with self._cond:
                 self._cond.wait_for(lambda: self._stop_worker or self._pieces or (
-                    self._admitting and self._waiting), timeout=0.05)
+                    self._admitting and self._waiting and self._live_count + len(self._ready)
+                    + self._prefilling < self.config.max_batch), timeout=0.05)
                 if self._stop_worker:
                     return
             self._start_pieces()
