@@ -336,6 +336,9 @@ def main(argv=None) -> dict:
     ap.add_argument("--output-len", type=int, nargs=2, default=(16, 256), metavar=("MIN", "MAX"))
     ap.add_argument("--max-batch", type=int, default=64)
     ap.add_argument("--chunk", type=int, default=256, help="prompt tokens per varlen call / mixed step")
+    ap.add_argument("--buckets", type=int, nargs="+", default=None, help="decode batch sizes (default 1, 2, 4, ...)")
+    ap.add_argument("--prefill-pieces", type=int, nargs="+", default=None,
+                    help="serial prefill piece sizes (must include 1; default the engine's 1..256 powers of two)")
     ap.add_argument("--policies", default=",".join(POLICIES))
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--repeats", type=int, default=1, help="runs per policy (interleaved); rows show the median")
@@ -358,7 +361,7 @@ def main(argv=None) -> dict:
     if args.compile_cache:
         from rwkv_jax import enable_compilation_cache
         enable_compilation_cache(args.compile_cache)
-    pieces = buckets = None
+    pieces, buckets = args.prefill_pieces, args.buckets
     if args.smoke:  # few shapes to compile
         args.model, args.requests, args.prompt_len, args.output_len = "tiny", 8, (4, 40), (2, 8)
         args.max_batch, args.chunk, pieces, buckets = 2, 16, (16, 1), (2,)

@@ -89,7 +89,8 @@ class Scheduler:
         self._resize_slots(0, [])
         self._policy = PrefillPolicy(self.config.prefill_policy)
         check_engine_supports(engine, self._policy)
-        self._pieces = PiecewisePrefill(engine, self.config.chunk, self.stats, self._prefix)
+        self._pieces = PiecewisePrefill(engine, self.config.chunk, self.stats, self._prefix,
+                                        self.config.prefix_block)
 
     # ---- public API -------------------------------------------------------------------
     def add(self, request: Request) -> None:

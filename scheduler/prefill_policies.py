@@ -73,10 +73,10 @@ def check_engine_supports(engine, policy: PrefillPolicy) -> None:
 
 class _Progress:
     """One prompt being prefilled in pieces: its first `done` tokens are in `row`."""
-    __slots__ = ("entry", "done", "row", "start_time")
+    __slots__ = ("entry", "done", "row", "start_time", "looked_up")
 
-    def __init__(self, entry, done: int, row):
-        self.entry, self.done, self.row = entry, done, row
+    def __init__(self, entry):
+        self.entry, self.done, self.row, self.looked_up = entry, 0, None, False
         self.start_time = time.perf_counter()
 
 
@@ -89,10 +89,16 @@ class PiecewisePrefill:
     `completed` for the scheduler to take. Stats get one PrefillRecord per piece; a
     call's seconds are shared among its pieces by token count (in a mixed step the decode
     rows count as one token each, so only the pieces' share counts as prefill).
+
+    With a prefix cache, as in serial prefill: a prompt's longest cached prefix is looked
+    up when its first piece is planned (so a twin that finished meanwhile is a hit), its
+    state at the last multiple of `prefix_block` tokens is cached (pieces are cut there),
+    and so is its whole-prompt state.
     """
 
-    def __init__(self, engine, budget: int, stats, prefix_cache=None):
+    def __init__(self, engine, budget: int, stats, prefix_cache=None, prefix_block: int = 64):
         self.engine, self.budget, self.stats, self.cache = engine, budget, stats, prefix_cache
+        self.prefix_block = prefix_block
         self.token_rows = varlen_shape(budget)
         self.queue: deque[_Progress] = deque()
         self.completed: list = []
@@ -104,24 +110,34 @@ class PiecewisePrefill:
         return sum(len(p.entry.prompt) - p.done for p in self.queue)
 
     def add(self, entry) -> None:
-        """Queue an entry, starting from the longest cached prefix of its prompt."""
-        progress = _Progress(entry, 0, None)
-        if self.cache is not None:
-            progress.done, host = self.cache.longest_prefix(entry.prompt)
-            if progress.done:
-                self.stats.prefix_hits += 1
-                progress.row = self.engine.from_host(host)
-            else:
-                self.stats.prefix_misses += 1
+        """Queue an entry (its prompt runs from the longest cached prefix)."""
+        self.queue.append(_Progress(entry))
+
+    def _look_up(self, progress: _Progress) -> None:
+        entry = progress.entry
+        progress.looked_up = True
+        progress.done, host = self.cache.longest_prefix(entry.prompt)
+        if progress.done:
+            self.stats.prefix_hits += 1
+            progress.row = self.engine.from_host(host)
+        else:
+            self.stats.prefix_misses += 1
         entry.cached_tokens = progress.done
         if progress.done == len(entry.prompt):  # the whole prompt was cached, logits too
+            self.queue.remove(progress)
             self._complete(progress)
-        else:
-            self.queue.append(progress)
+
+    def _boundary(self, progress: _Progress) -> int:
+        """The block boundary whose state gets cached (0 without a cache)."""
+        if self.cache is None:
+            return 0
+        return (len(progress.entry.prompt) - 1) // self.prefix_block * self.prefix_block
 
     def run_varlen(self) -> None:
         """One VARLEN call over the head of the queue."""
         taken, prompts, starts = self._take()
+        if not taken:  # every queued prompt was served whole by the prefix cache
+            return
         start = time.perf_counter()
         try:
             rows = self.engine.prefill_varlen(prompts, starts, self.token_rows)
@@ -134,6 +150,8 @@ class PiecewisePrefill:
         """`Engine.step` plus a chunk from the head of the queue; returns the drawn tokens.
         On an engine error the pieces' prompts fail and the error propagates."""
         taken, prompts, starts = self._take()
+        if not taken:
+            return self.engine.step(tokens, positions)
         start = time.perf_counter()
         try:
             drawn, rows = self.engine.mixed_step(tokens, positions, prompts, starts, self.token_rows)
@@ -144,7 +162,14 @@ class PiecewisePrefill:
         return drawn
 
     def _take(self):
-        counts = plan_pieces([len(p.entry.prompt) - p.done for p in self.queue], self.budget)
+        if self.cache is not None:
+            for progress in [p for p in self.queue if not p.looked_up]:
+                self._look_up(progress)
+        remaining = []
+        for p in self.queue:  # a piece stops at the cached block boundary
+            boundary = self._boundary(p)
+            remaining.append((boundary if p.done < boundary else len(p.entry.prompt)) - p.done)
+        counts = plan_pieces(remaining, self.budget)
         taken = [(p, n) for p, n in zip(self.queue, counts)]
         prompts = [np.asarray(p.entry.prompt[p.done:p.done + n], np.int32) for p, n in taken]
         return taken, prompts, [p.row for p, _ in taken]
@@ -156,6 +181,8 @@ class PiecewisePrefill:
             progress.done += n
             progress.row = row
             self.stats.prefills.append(PrefillRecord(start, entry.id, n, seconds * n / total))
+            if progress.done == self._boundary(progress) > 0:
+                self.cache.put(entry.prompt[:progress.done], self.engine.to_host(row))
             if progress.done == len(entry.prompt):
                 self.queue.remove(progress)
                 if self.cache is not None:

@@ -188,6 +188,23 @@ def test_varlen_and_mixed_policies_match_serial_greedy_tokens(tiny_model):
     assert tokens["mixed"] == tokens["serial"]
     assert "DENSE" in paths["mixed"] and "DENSE" not in paths["serial"]
 
+    # With the prefix cache: a shared 70-token system prompt (cached at its 64-token block
+    # boundary) and an exact duplicate prompt hit, and the tokens do not change.
+    system = rng.integers(0, 512, 70).tolist()
+    shared = [Request(f"s{i}", system + rng.integers(0, 512, n).tolist(), SamplingParams(max_tokens=4))
+              for i, n in enumerate([3, 40, 1, 9])]
+    shared += [Request("dup", shared[2].prompt_tokens, SamplingParams(max_tokens=4))]
+    cached = {}
+    for policy, cache_bytes in (("serial", 0), ("varlen", 10**8), ("mixed", 10**8)):
+        scheduler = Scheduler(engine, SchedulerConfig(max_batch=4, prefill_policy=policy, chunk=32,
+                                                      prefix_cache_bytes=cache_bytes))
+        for r in shared:
+            scheduler.add(r)
+        scheduler.run()
+        cached[policy] = [scheduler.results[r.id].tokens for r in shared]
+        assert scheduler.stats.prefix_hits >= (len(shared) - 1 if cache_bytes else 0)
+    assert cached["varlen"] == cached["serial"] and cached["mixed"] == cached["serial"]
+
 
 def test_policies_need_engine_support():
     from scheduler import Scheduler, SchedulerConfig
