@@ -240,6 +240,7 @@ def print_table(out: dict) -> None:
     print(f"{'prefill T=512 (0.1b)':32s} {'tok/s':>9s}")
     for k, v in out["prefill_tok_s_T512"].items():
         print(f"{k:32s} {v:9.1f}")
+    print("torch threads (official B=1 decode tok/s by thread count):", out["torch_threads"])
     print("dispatch on tiny (us/call):", {k: round(v, 1) for k, v in out["dispatch_us_tiny"].items()})
     for name, times in out["compile_seconds"].items():
         print(f"compile seconds {name}:", {k: round(v, 2) for k, v in times.items()})
