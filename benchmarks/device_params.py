@@ -51,6 +51,8 @@ def _leaf(key, *, name: str, shape: tuple, dtype, n_layer: int):
     std = {"r_k": 0.3, "emb": 1.0, "head": 2.0 / math.sqrt(shape[-1]),
            "w2": 0.5 / math.sqrt(shape[-1]), "a2": 0.5 / math.sqrt(shape[-1]),
            "v2": 0.5 / math.sqrt(shape[-1])}.get(name, 1.0 / math.sqrt(shape[-1]))
+    if name == "value_ffn":  # held [F, C]: fan-in is the first axis
+        std = 1.0 / math.sqrt(shape[0])
     if name in ("output", "value_ffn"):
         std /= math.sqrt(2 * n_layer)
     return (std * jax.random.normal(key, shape)).astype(dtype)

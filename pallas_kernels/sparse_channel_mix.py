@@ -30,15 +30,17 @@ def supports(M: int, F: int, C: int) -> bool:
 
 
 def relu_square(pre: jax.Array, dtype) -> jax.Array:
-    """relu(pre) ** 2 computed in float32, rounded to dtype (pre: float32 pre-activation)."""
-    return jnp.square(jnp.maximum(pre.astype(jnp.float32), 0.0)).astype(dtype)
+    """relu(pre) ** 2 computed in float32, rounded to dtype (pre: float32 pre-activation);
+    float16 stays float32, since the square overflows it past a pre-activation of ~255."""
+    out_dtype = jnp.float32 if jnp.dtype(dtype) == jnp.float16 else dtype
+    return jnp.square(jnp.maximum(pre.astype(jnp.float32), 0.0)).astype(out_dtype)
 
 
 def channel_mix_reference(xk, w_key, w_val_t):
     """Dense plain-jnp channel-mix. xk [M, C]; w_key [F, C]; w_val_t [F, C] (the transpose of
     the checkpoint's ffn.value [C, F]). Returns relu(xk @ w_key.T)**2 @ w_val_t in xk.dtype."""
     hidden = relu_square(linear_reference(xk, w_key, jnp.float32), xk.dtype)
-    out = jax.lax.dot_general(hidden, w_val_t.astype(xk.dtype), (((1,), (0,)), ((), ())),
+    out = jax.lax.dot_general(hidden, w_val_t.astype(hidden.dtype), (((1,), (0,)), ((), ())),
                               preferred_element_type=jnp.float32,
                               precision=jax.lax.Precision.HIGHEST)
     return out.astype(xk.dtype)

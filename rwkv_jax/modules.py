@@ -1,9 +1,10 @@
 """Flax NNX modules of RWKV-7: time-mix, channel-mix, block and the whole model.
 
 Built from checkpoint tensors (``from_checkpoint``) or as zeros (for an abstract skeleton).
-Every matrix is stored ``[out, in]`` (the low-rank ``w1 a1 v1 g1`` / ``w2 a2 v2 g2``
-transposed from the checkpoint's ``x @ W`` layout) so all products go through
-``Ops.linear``; per-channel vectors that feed float32 math (LayerNorm, decay, ``a``,
+Every matrix but one is stored ``[out, in]`` (the low-rank ``w1 a1 v1 g1`` / ``w2 a2 v2 g2``
+transposed from the checkpoint's ``x @ W`` layout) so those products go through
+``Ops.linear``; the channel-mix value weight is stored ``[F, C]`` (one contiguous row per
+hidden unit, for the sparse channel-mix, see ``Ops.channel_mix``); per-channel vectors that feed float32 math (LayerNorm, decay, ``a``,
 ``kk``, GroupNorm) are kept float32. Each layer owns its own arrays: XLA on the CPU
 copies a slice of a layer-stacked weight before a matrix product, which measured 2-3x
 slower for memory-bound decode (see docs in ``forward.py``).
@@ -113,10 +114,10 @@ class ChannelMix(nnx.Module):
         p = f"blocks.{layer_id}.ffn."
         self.mix = t.rows([p + "x_k"], C)
         self.key = t.get(p + "key.weight", (F, C))
-        self.value = t.get(p + "value.weight", (C, F))
+        self.value = t.get(p + "value.weight", (F, C), transpose=True)  # [F, C]: see Ops
 
     def __call__(self, xk, *, ops: Ops):
-        """xk [B, T, C] -> [B, T, C]."""
+        """xk [B, T, C] -> [B, T, C]; the value weight is held [F, C] (one row per hidden unit)."""
         B, T, C = xk.shape
         return ops.channel_mix(xk.reshape(B * T, C), self.key[...], self.value[...]).reshape(B, T, C)
 

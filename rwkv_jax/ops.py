@@ -15,8 +15,12 @@ model dtype unless stated):
   One step: S' = S * w[None, :] + (S @ -kk)[:, None] * (kk * a)[None, :] + v[:, None] * k[None, :];
   y = S' @ r (per head; S rows = value dim, cols = key dim). w is the decay multiplier,
   kk is L2-normalised, k is already k * (1 + (a - 1) * k_a).
-- ``channel_mix(xk [M, C], w_key [F, C], w_val [C, F]) -> [M, C]``:
-  relu(xk @ w_key.T) ** 2 @ w_val.T, square in float32, result xk.dtype.
+- ``channel_mix(xk [M, C], w_key [F, C], w_val_t [F, C]) -> [M, C]``:
+  relu(xk @ w_key.T) ** 2 @ w_val_t, square in float32, result xk.dtype. The value weight
+  comes transposed from the checkpoint's ffn.value [C, F] (done once at load) so that each
+  hidden unit owns one contiguous row, which a sparse kernel can skip when its activation
+  is exactly zero. float16 keeps the squared activations in float32 (they overflow past
+  a pre-activation of ~255); other dtypes round them to the model dtype.
 """
 from __future__ import annotations
 
@@ -53,13 +57,14 @@ def layer_norm(x: jax.Array, weight: jax.Array, bias: jax.Array, eps: float = LN
     return out.astype(x.dtype)
 
 
-def _dot_f32(x: jax.Array, w: jax.Array) -> jax.Array:
-    """x [M, K] @ w [N, K].T -> [M, N] float32 (operands in x.dtype)."""
+def _dot_f32(x: jax.Array, w: jax.Array, w_in_axis: int = 1) -> jax.Array:
+    """x [M, K] @ w -> [M, N] float32 (operands in x.dtype); w is [N, K] (w_in_axis=1) or
+    [K, N] (w_in_axis=0)."""
     if x.shape[0] == 1 and x.dtype == jnp.bfloat16 and jax.default_backend() == "cpu":
         # XLA:CPU's bfloat16 matrix-vector product runs ~8x slower than its 2-row product
         # (measured on [1, 768] x [12288, 768]); compute two identical rows, keep one.
-        return _dot_f32(jnp.concatenate([x, x]), w)[:1]
-    return lax.dot_general(x, w.astype(x.dtype), (((1,), (1,)), ((), ())),
+        return _dot_f32(jnp.concatenate([x, x]), w, w_in_axis)[:1]
+    return lax.dot_general(x, w.astype(x.dtype), (((1,), (w_in_axis,)), ((), ())),
                            preferred_element_type=jnp.float32)
 
 
@@ -95,10 +100,15 @@ def xla_wkv_seq(r, w, k, v, kk, a, S):
     return jnp.moveaxis(ys, 0, 1), S
 
 
-def xla_channel_mix(xk: jax.Array, w_key: jax.Array, w_val: jax.Array) -> jax.Array:
-    """relu(xk @ w_key.T) ** 2 @ w_val.T with the square in float32; result xk.dtype."""
-    hidden = jnp.square(jnp.maximum(_dot_f32(xk, w_key), 0.0)).astype(xk.dtype)
-    return xla_linear(hidden, w_val)
+def hidden_dtype(dtype):
+    """dtype of the squared channel-mix activations: float32 for float16 (overflow), else dtype."""
+    return jnp.float32 if jnp.dtype(dtype) == jnp.float16 else dtype
+
+
+def xla_channel_mix(xk: jax.Array, w_key: jax.Array, w_val_t: jax.Array) -> jax.Array:
+    """relu(xk @ w_key.T) ** 2 @ w_val_t with the square in float32; result xk.dtype."""
+    hidden = jnp.square(jnp.maximum(_dot_f32(xk, w_key), 0.0)).astype(hidden_dtype(xk.dtype))
+    return _dot_f32(hidden, w_val_t, w_in_axis=0).astype(xk.dtype)
 
 
 XLA_OPS = Ops(linear=xla_linear, shift_mix=xla_shift_mix, wkv_step=xla_wkv_step,

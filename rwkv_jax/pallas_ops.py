@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import functools
 
-import jax.numpy as jnp
-
 from pallas_kernels import shift_mix as shift_mix_kernel
 from pallas_kernels import small_m_linear as linear_kernel
 from pallas_kernels import sparse_channel_mix as sparse_kernel
@@ -39,19 +37,16 @@ def _linear(x, w, *, max_rows: int, interpret: bool):
     return XLA_OPS.linear(x, w)
 
 
-def _channel_mix(xk, w_key, w_val, *, max_rows: int, interpret: bool):
-    """Contract channel_mix (w_val [C, F]): sparse kernel for few rows, else small-M/XLA dense."""
+def _channel_mix(xk, w_key, w_val_t, *, max_rows: int, interpret: bool):
+    """Contract channel_mix (w_val_t [F, C]): the split-K key product and the row-walking value
+    product for up to max_rows rows, skipping zero activations while rows <= SPARSE_MAX_ROWS
+    (beyond that it walks every unit: a dense split-K product); XLA otherwise."""
     M, C = xk.shape
     F = w_key.shape[0]
-    key_ok = linear_kernel.supports(M, F, C)
-    if M <= min(max_rows, SPARSE_MAX_ROWS) and key_ok and sparse_kernel.supports(M, F, C):
-        # The kernel reads value rows in the [F, C] view; the checkpoint layout is [C, F].
-        return sparse_kernel.sparse_channel_mix(xk, w_key, w_val.T, interpret=interpret)
-    if M <= max_rows and key_ok and linear_kernel.supports(M, C, F):
-        pre = linear_kernel.small_m_linear(xk, w_key, out_dtype=jnp.float32, interpret=interpret)
-        hidden = sparse_kernel.relu_square(pre, xk.dtype)
-        return linear_kernel.small_m_linear(hidden, w_val, interpret=interpret)
-    return XLA_OPS.channel_mix(xk, w_key, w_val)
+    if M <= max_rows and linear_kernel.supports(M, F, C) and sparse_kernel.supports(M, F, C):
+        return sparse_kernel.sparse_channel_mix(xk, w_key, w_val_t, skip=M <= SPARSE_MAX_ROWS,
+                                                interpret=interpret)
+    return XLA_OPS.channel_mix(xk, w_key, w_val_t)
 
 
 def pallas_ops(path: Path, interpret: bool) -> Ops:

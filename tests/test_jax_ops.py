@@ -1,5 +1,6 @@
 """The XLA ops of the kernel-op contract against plain-numpy statements of the spec,
 plus select_path's thresholds."""
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -63,9 +64,9 @@ def test_linear_shift_mix_channel_mix_match_numpy():
     h_same, _, _ = XLA_OPS.shift_mix(h, None, shift, ln_w, ln_b, mix[:1])
     np.testing.assert_array_equal(np.asarray(h_same), h)
 
-    wk, wv = _rand(rng, F, C), _rand(rng, C, F)
-    ref = np.maximum(x @ wk.T, 0) ** 2 @ wv.T
-    np.testing.assert_allclose(np.asarray(XLA_OPS.channel_mix(x, wk, wv)), ref, atol=1e-3, rtol=1e-4)
+    wk, wv_t = _rand(rng, F, C), _rand(rng, F, C)
+    ref = np.maximum(x @ wk.T, 0) ** 2 @ wv_t
+    np.testing.assert_allclose(np.asarray(XLA_OPS.channel_mix(x, wk, wv_t)), ref, atol=1e-3, rtol=1e-4)
 
 
 def test_select_path_thresholds():
@@ -84,3 +85,19 @@ def test_ops_for_rejects_unknown_kernels_and_paths():
         ops_for(Path.DENSE, "cuda")
     with pytest.raises(ValueError, match="rwkv_jax.Path"):
         ops_for("dense", "xla")
+
+
+def test_float16_channel_mix_survives_large_pre_activations():
+    """relu(pre)**2 passes float16's 65504 once pre > ~256: it must stay float32 until the
+    value product (as the torch reference does), giving finite float16 outputs."""
+    rng = np.random.default_rng(2)
+    C, F = 16, 32
+    x = jnp.asarray(rng.uniform(-1, 1, (2, C)), jnp.float16)
+    wk = jnp.asarray(rng.uniform(-1, 1, (F, C)) * 120.0, jnp.float16)  # pre-activations ~ hundreds
+    wv_t = jnp.asarray(rng.standard_normal((F, C)) * 1e-3, jnp.float16)
+    pre = np.asarray(x, np.float32) @ np.asarray(wk, np.float32).T
+    assert pre.max() > 300.0
+    ref = np.maximum(pre, 0) ** 2 @ np.asarray(wv_t, np.float32)
+    got = np.asarray(XLA_OPS.channel_mix(x, wk, wv_t), np.float32)
+    assert np.isfinite(got).all()
+    np.testing.assert_allclose(got, ref, rtol=2e-2, atol=2e-2 * np.abs(ref).max())
