@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 from jax.experimental import pallas as pl
 
+from benchmarks.gpu_check import wkv_inputs
 from pallas_kernels import shift_mix, small_m_linear, wkv_seq, wkv_step
 from pallas_kernels.common import triton_params
 
@@ -21,16 +22,9 @@ def _keys(seed: int, n: int):
 
 
 def _wkv_inputs(seed: int, lead: tuple[int, ...], H: int, N: int = 64):
-    """r, w, k, v, kk, a of shape [*lead, H, N] (w in the decay range, kk unit-norm) and S."""
-    ks = _keys(seed, 7)
-    shape = (*lead, H, N)
-    r, k, v = (jax.random.normal(ks[i], shape) for i in range(3))
-    w = jax.random.uniform(ks[3], shape, minval=0.545, maxval=1.0)
-    kk = jax.random.normal(ks[4], shape)
-    kk = kk / jnp.linalg.norm(kk, axis=-1, keepdims=True)
-    a = jax.random.uniform(ks[5], shape)
-    S = jax.random.normal(ks[6], (lead[0], H, N, N))
-    return (r, w, k, v, kk, a), S
+    """((r, w, k, v, kk, a) [*lead, H, N], S [lead[0], H, N, N]): the GPU check's inputs."""
+    *xs, S = wkv_inputs(seed, lead, H, N)
+    return tuple(xs), S
 
 
 def _assert_close(got, want, atol, rtol=1e-5):
