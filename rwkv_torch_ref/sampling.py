@@ -42,7 +42,7 @@ def nucleus_mask(z: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> t
     sorted_z = torch.where((top_k[:, None] > 0) & (rank >= top_k[:, None]), -torch.inf, sorted_z)
     p = torch.exp(sorted_z - sorted_z[:, :1])
     p = p / p.sum(dim=1, keepdim=True)
-    keep = ((torch.cumsum(p, dim=1) - p) < top_p[:, None]) & (sorted_z > -torch.inf)
+    keep = (((torch.cumsum(p, dim=1) - p) < top_p[:, None]) | (top_p[:, None] >= 1)) & (sorted_z > -torch.inf)
     last = (keep.sum(dim=1) - 1).clamp(min=0)  # a NaN row keeps nothing: clamp
     threshold = torch.gather(sorted_z, 1, last[:, None])
     return z >= threshold

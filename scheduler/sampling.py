@@ -7,7 +7,8 @@ Per row (a request), for the token at output position ``pos``:
    ``counts = counts * decay + onehot(last_token)`` (RWKV-style penalties).
 3. ``temperature == 0`` -> ``argmax(x)`` (first index on ties).
 4. else ``z = x / temperature``; keep the top_k largest (0 = all), then the smallest set of
-   largest whose softmax mass reaches top_p (ties at the threshold kept); draw by Gumbel-max:
+   largest whose softmax mass reaches top_p (ties at the threshold kept; top_p = 1 keeps all
+   the top-k survivors, whatever rounding does to the cumulative mass); draw by Gumbel-max:
    ``argmax(z + gumbel)`` over kept tokens.
 The Gumbel noise is a counter-based hash of (seed, pos, token id) -- no RNG state, so a
 row's draws depend on nothing but its own seed and position (batch- and bucket-invariant,
@@ -97,7 +98,7 @@ def nucleus_mask(z: np.ndarray, top_k: np.ndarray, top_p: np.ndarray) -> np.ndar
     sorted_z = np.where((top_k[:, None] > 0) & (rank >= top_k[:, None]), -np.inf, sorted_z)
     p = np.exp(sorted_z - sorted_z[:, :1])
     p = p / p.sum(axis=1, keepdims=True)
-    keep = ((np.cumsum(p, axis=1) - p) < top_p[:, None]) & (sorted_z > -np.inf)
+    keep = (((np.cumsum(p, axis=1) - p) < top_p[:, None]) | (top_p[:, None] >= 1)) & (sorted_z > -np.inf)
     last = (keep.sum(axis=1) - 1).clip(min=0)  # a NaN row keeps nothing: clamp
     threshold = np.take_along_axis(sorted_z, last[:, None], axis=1)
     return z >= threshold

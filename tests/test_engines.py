@@ -203,3 +203,25 @@ def check_failed_step_fails_its_requests_and_engine_recovers(name, model, engine
 def jax_leaves(tree):
     import jax
     return jax.tree.leaves(tree)
+
+
+@pytest.mark.parametrize("scale", [8.0, 0.5])  # peaked rows, flat rows
+def test_jax_nucleus_mask_equals_numpy_sort_rule(scale):
+    """rwkv_jax finds the top-k/top-p threshold by bisection instead of a sort; the kept
+    set must equal the numpy reference's sort-and-cumsum rule, ties at the threshold too."""
+    import jax.numpy as jnp
+    from rwkv_jax import sampling as dev
+
+    rng = np.random.default_rng(int(scale * 10))
+    B, Vbig = 12, 4096
+    z = (rng.standard_normal((B, Vbig)) * scale).astype(np.float32)
+    z[0, :3] = z[0].max() + 1.0  # a three-way tie for the top
+    z[1, 10:14] = -np.inf          # banned tokens
+    top_k = rng.choice([0, 0, 1, 3, 50, 1000], B).astype(np.int32)
+    top_p = rng.uniform(0.05, 1.0, B).astype(np.float32)
+    top_p[2] = 1.0
+    got = np.asarray(dev.nucleus_mask(jnp.asarray(z), jnp.asarray(top_k), jnp.asarray(top_p)))
+    want = np_sampling.nucleus_mask(z, top_k, top_p)
+    np.testing.assert_array_equal(got, want)
+    assert got[0, :3].all()
+    assert not got[1, 10:14].any()
