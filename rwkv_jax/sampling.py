@@ -63,7 +63,10 @@ def nucleus_mask(z: jax.Array, top_k: jax.Array, top_p: jax.Array) -> jax.Array:
     over [B, V] instead of a sort)."""
     keys = _order_key(z)
     k = jnp.where(top_k > 0, top_k, z.shape[1])
-    t_k = _smallest_key(keys, lambda u: jnp.sum(keys > u, axis=1, keepdims=True) < k[:, None])
+    t_k = jax.lax.cond(  # without any top-k row every key survives: skip those 32 passes
+        jnp.any(top_k > 0),
+        lambda: _smallest_key(keys, lambda u: jnp.sum(keys > u, axis=1, keepdims=True) < k[:, None]),
+        lambda: jnp.zeros(keys.shape[:1], jnp.uint32))
     survivor = keys >= t_k[:, None]
     p = jnp.where(survivor, jnp.exp(z - z.max(axis=1, keepdims=True)), 0.0)
     p = p / p.sum(axis=1, keepdims=True)
