@@ -16,7 +16,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 demo: $(STAMP)
-	$(BIN)/rwkv7-generate --random-model tiny-world --input scheduler/data/example_prompts.jsonl \
+	$(BIN)/rwkv7-generate --random-model tiny-world --input rwkv7_apps/data/example_prompts.jsonl \
 		--output /tmp/rwkv7_demo_out.jsonl --max-tokens 32 --metrics /tmp/rwkv7_demo_metrics.json \
 		--plot /tmp/rwkv7_demo_run.png
 	@echo "outputs: /tmp/rwkv7_demo_out.jsonl  metrics: /tmp/rwkv7_demo_metrics.json  plot: /tmp/rwkv7_demo_run.png"

@@ -14,7 +14,7 @@ order; the JSON is rewritten after each one, so a run cut short still leaves its
               random 1.5b- and 2.9b-shape models in bf16, kernels=pallas and kernels=xla,
               each as a fraction of its roofline; items run in priority order and the rest
               are marked skipped once the time budget is spent.
-5. serving  — hook for the serving benchmark: if `benchmarks.serving` defines
+5. serving  — hook for the serving benchmark: if `rwkv7_apps.serving_bench` defines
               `gpu_check_section(out_dir: str, budget_s: float) -> dict`, it runs last with
               SERVING_BUDGET_S seconds reserved; otherwise the section says it is absent.
 
@@ -42,14 +42,17 @@ import jax.numpy as jnp
 import numpy as np
 
 import rwkv_jax
-from benchmarks.device_params import random_params
 from pallas_kernels import shift_mix, small_m_linear, sparse_channel_mix, wkv_seq, wkv_step
+from pallas_kernels.random_inputs import ffn_inputs, linear_inputs, mix_inputs, wkv_inputs
+from rwkv7_core.config import ModelConfig, named_config
 from rwkv_jax.model import Model
 from rwkv_jax.ops import XLA_OPS
-from rwkv_torch_ref.config import ModelConfig, named_config
+from rwkv7_core.cost import step_bytes_and_flops
+from rwkv_jax.pallas_ops import channel_mix as pallas_channel_mix, sparse_rows_threshold
+from rwkv_jax.random_params import random_params
 
 TOTAL_BUDGET_S = 465          # whole run, leaving margin under 8 minutes
-SERVING_BUDGET_S = 180        # reserved for benchmarks.serving when it provides the hook
+SERVING_BUDGET_S = 180        # reserved for rwkv7_apps.serving_bench when it provides the hook
 KERNEL_BUDGET_S = 90          # per-kernel timings stop starting new cases after this long
 MODEL_MIN_S = 150             # ... or when fewer seconds than this are left for the models
 FIRST_COMPILE_GUESS_S = 60    # model compile estimate before one has been measured
@@ -84,56 +87,20 @@ def attempt(row: dict, fn, *args, **kwargs) -> dict:
     return row
 
 
-# ----------------------------------------------------------------------------- inputs
 def _keys(seed, n):
     return jax.random.split(jax.random.key(seed), n)
-
-
-def wkv_inputs(seed, lead, H, N=64):
-    """r, w, k, v, kk, a [*lead, H, N] float32 and S [lead[0], H, N, N]."""
-    ks = _keys(seed, 7)
-    shape = (*lead, H, N)
-    r, k, v = (jax.random.normal(ks[i], shape) for i in range(3))
-    w = jax.random.uniform(ks[3], shape, minval=0.545, maxval=1.0)
-    kk = jax.random.normal(ks[4], shape)
-    kk = kk / jnp.linalg.norm(kk, axis=-1, keepdims=True)
-    a = jax.random.uniform(ks[5], shape)
-    return (r, w, k, v, kk, a, 0.1 * jax.random.normal(ks[6], (lead[0], H, N, N)))
-
-
-def mix_inputs(seed, B, C, n, dtype):
-    ks = _keys(seed, 6)
-    h, delta, shift = (jax.random.normal(ks[i], (B, C)).astype(dtype) for i in range(3))
-    ln_w = 1 + 0.1 * jax.random.normal(ks[3], (C,))
-    ln_b = 0.1 * jax.random.normal(ks[4], (C,))
-    return (h, delta, shift, ln_w, ln_b, jax.random.uniform(ks[5], (n, C)).astype(dtype))
-
-
-def linear_inputs(seed, M, N, K, dtype):
-    k1, k2 = _keys(seed, 2)
-    return (jax.random.normal(k1, (M, K)).astype(dtype),
-            (jax.random.normal(k2, (N, K)) / math.sqrt(K)).astype(dtype))
-
-
-def ffn_inputs(seed, M, C, F, dtype):
-    """xk [M, C], w_key [F, C], w_val_t [F, C] (the model's layout, see rwkv_jax.ops)."""
-    k1, k2, k3 = _keys(seed, 3)
-    return (jax.random.normal(k1, (M, C)).astype(dtype),
-            (jax.random.normal(k2, (F, C)) / math.sqrt(C)).astype(dtype),
-            (jax.random.normal(k3, (F, C)) / math.sqrt(F)).astype(dtype))
 
 
 # ----------------------------------------------------------------------------- kernels
 def pallas_fns(interpret: bool) -> dict:
     """Kernel name -> the Pallas callable, with the Ops-contract argument layout."""
-    from rwkv_jax.pallas_ops import _channel_mix
     p = functools.partial
     return {
         "wkv_step": p(wkv_step.wkv_step, interpret=interpret),
         "wkv_seq": p(wkv_seq.wkv_seq, interpret=interpret),
         "shift_mix": p(shift_mix.shift_mix, interpret=interpret),
         "linear": p(small_m_linear.small_m_linear, interpret=interpret),
-        "channel_mix": p(_channel_mix, max_rows=small_m_linear.MAX_M, interpret=interpret),
+        "channel_mix": p(pallas_channel_mix, max_rows=small_m_linear.MAX_M, interpret=interpret),
     }
 
 
@@ -315,16 +282,6 @@ def sparse_split_times(args, reps, interpret, smoke) -> dict:
             "value_dense_xla_us": time_calls(jnp.matmul, sets, min_t) * 1e6}
 
 
-def sparse_rows_threshold(kernel_rows: list) -> int | None:
-    """Largest row count M whose sparse value product beat the dense one (the measured value
-    for rwkv_jax.pallas_ops.SPARSE_MAX_ROWS); 0 if it never did, None if not measured."""
-    timed = [(int(r["case"].split("M=")[1]), r["value_sparse_us"] < r["value_dense_xla_us"])
-             for r in kernel_rows if "value_sparse_us" in r]
-    if not timed:
-        return None
-    return max((m for m, wins in timed if wins), default=0)
-
-
 def run_roofline(smoke: bool) -> dict:
     """Copy bandwidth (read + write of a large buffer) and bf16 matmul rate."""
     n_bytes = (16 << 20) if smoke else (2 << 30)
@@ -338,17 +295,6 @@ def run_roofline(smoke: bool) -> dict:
 
 
 # ----------------------------------------------------------------------------- models
-def step_bytes_and_flops(config: ModelConfig, params_bytes: int, itemsize: int, B: int, T: int):
-    """(bytes, flops) of one forward of B x T tokens: every weight once (the embedding only
-    for the rows used), the state read and written, and 2 flops per weight per token."""
-    c = config
-    emb = c.vocab_size * c.n_embd
-    state = c.n_layer * (2 * c.n_embd * itemsize + c.n_head * c.head_size ** 2 * 4)
-    weights = params_bytes - emb * itemsize + B * T * c.n_embd * itemsize
-    flops = 2 * B * T * (c.n_params - emb) + 6 * B * T * c.n_layer * c.n_head * c.head_size ** 2
-    return weights + 2 * B * state, flops
-
-
 def model_items(smoke: bool) -> list:
     """(model name, kernels, B, T) in priority order (see the module docstring)."""
     if smoke:
@@ -432,14 +378,14 @@ def goals(rows: list) -> dict:
 
 # ----------------------------------------------------------------------------- serving hook
 def load_serving_hook():
-    """benchmarks.serving.gpu_check_section if it exists, else (None, reason)."""
+    """rwkv7_apps.serving_bench.gpu_check_section if it exists, else (None, reason)."""
     try:
-        module = importlib.import_module("benchmarks.serving")
+        module = importlib.import_module("rwkv7_apps.serving_bench")
     except ImportError as e:
-        return None, f"benchmarks.serving not importable ({e})"
+        return None, f"rwkv7_apps.serving_bench not importable ({e})"
     hook = getattr(module, "gpu_check_section", None)
     if hook is None:
-        return None, "benchmarks.serving has no gpu_check_section(out_dir, budget_s)"
+        return None, "rwkv7_apps.serving_bench has no gpu_check_section(out_dir, budget_s)"
     return hook, None
 
 

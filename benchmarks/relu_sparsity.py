@@ -18,9 +18,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from rwkv_jax.forward import bind
+from rwkv_jax.layouts import DenseRows
 from rwkv_jax.ops import XLA_OPS
 from rwkv_jax.state import init_state
-from rwkv_torch_ref.config import ModelConfig, named_config
+from rwkv7_core.config import ModelConfig, named_config
 
 UNION_ROWS = (1, 2, 4, 8, 16)
 
@@ -37,8 +38,8 @@ def measure(params: dict, config: ModelConfig, dtype, tokens: int = 64, seed: in
     ids = jax.random.randint(jax.random.key(seed), (1, tokens), 0, config.vocab_size)
     model = bind(params, config)
     with jax.disable_jit():
-        model(ids, tuple(init_state(config, 1, dtype)), ops=XLA_OPS._replace(channel_mix=recording_channel_mix),
-              step=False)
+        model(ids.reshape(-1), tuple(init_state(config, 1, dtype)),
+              ops=XLA_OPS._replace(channel_mix=recording_channel_mix), rows=DenseRows(1, tokens, True))
     per_layer = [1.0 - float(active.mean()) for active in hidden_per_layer]
     union = {}
     for m in UNION_ROWS:
@@ -64,7 +65,7 @@ def main(argv=None) -> None:
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--out", default=None, help="write the JSON here")
     args = ap.parse_args(argv)
-    from benchmarks.device_params import random_params
+    from rwkv_jax.random_params import random_params
     results = {}
     for name in args.model or ["tiny"]:
         config = named_config(name)

@@ -1,4 +1,5 @@
-"""Fused residual add + LayerNorm + token-shift mixes for T = 1 rows (one program per row).
+"""Fused residual add + LayerNorm + token-shift mixes for T = 1 rows (one program per row),
+beside the plain-jnp LayerNorm / mix pieces the whole model uses.
 
 For each row b: h_out = h + delta; x = LayerNorm(h_out) (eps 1e-5, float32 statistics);
 mixed[i] = x + (shift - x) * mix[i] for the n mixes (6 for time-mix in the order r, w, k,
@@ -13,24 +14,40 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu_triton
 
+from rwkv7_core.constants import LN_EPS
+
 from .common import next_pow2, require, triton_params
 
-LN_EPS = 1e-5
+
+
+def layer_norm(x, weight, bias, eps: float = LN_EPS):
+    """LayerNorm over the last axis with float32 statistics; result in x.dtype."""
+    xf = x.astype(jnp.float32)
+    mean = xf.mean(-1, keepdims=True)
+    var = jnp.square(xf - mean).mean(-1, keepdims=True)
+    out = (xf - mean) * jax.lax.rsqrt(var + eps) * weight.astype(jnp.float32) + bias.astype(jnp.float32)
+    return out.astype(x.dtype)
+
+
+def add_layer_norm(h, delta, ln_w, ln_b):
+    """(h_out, x): h_out = h + delta (h when delta is None), x = LayerNorm(h_out); any [..., C]."""
+    h_out = h if delta is None else h + delta.astype(h.dtype)
+    return h_out, layer_norm(h_out, ln_w, ln_b)
+
+
+def token_mix(x, prev, mix):
+    """The token-shift mixes x + (prev - x) * mix[i] for x, prev [..., C] and mix [n, C]:
+    [n, ..., C] in x.dtype, computed in float32."""
+    xf, pf = x.astype(jnp.float32), prev.astype(jnp.float32)
+    m = mix.astype(jnp.float32).reshape((mix.shape[0],) + (1,) * (x.ndim - 1) + (mix.shape[1],))
+    return (xf[None] + (pf - xf)[None] * m).astype(x.dtype)
 
 
 def shift_mix_reference(h, delta, shift, ln_w, ln_b, mix):
-    """Plain-jnp version. h, delta (or None), shift: [B, C]; ln_w, ln_b: [C]; mix: [n, C].
-
-    Returns (h_out [B, C], mixed [n, B, C], x_ln [B, C]), all in h.dtype; arithmetic in float32.
-    """
-    h_out = h if delta is None else h + delta.astype(h.dtype)
-    xf = h_out.astype(jnp.float32)
-    mean = xf.mean(-1, keepdims=True)
-    var = jnp.square(xf - mean).mean(-1, keepdims=True)
-    x = (xf - mean) * jax.lax.rsqrt(var + LN_EPS) * ln_w.astype(jnp.float32) + ln_b.astype(jnp.float32)
-    x = x.astype(h.dtype).astype(jnp.float32)
-    mixed = x[None] + (shift.astype(jnp.float32) - x)[None] * mix.astype(jnp.float32)[:, None, :]
-    return h_out, mixed.astype(h.dtype), x.astype(h.dtype)
+    """Plain-jnp version (the model's XLA op). h, delta (or None), shift: [B, C]; ln_w, ln_b:
+    [C]; mix: [n, C]. Returns (h_out [B, C], mixed [n, B, C], x_ln [B, C]) in h.dtype."""
+    h_out, x = add_layer_norm(h, delta, ln_w, ln_b)
+    return h_out, token_mix(x, shift, mix), x
 
 
 def _kernel(*refs, n_mix: int, C: int, has_delta: bool):

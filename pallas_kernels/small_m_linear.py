@@ -25,12 +25,21 @@ MIN_BLOCK = 16         # tl.dot needs >= 16 on every side; N or K without such a
 TARGET_PROGRAMS = 1024  # aim for this many programs (>= ~8 per SM on an H200) when choosing splits
 
 
+def matmul_f32(x, w, w_in_axis: int = 1):
+    """x [M, K] @ w -> [M, N] float32 (operands in x.dtype); w is [N, K] (w_in_axis=1) or
+    [K, N] (w_in_axis=0)."""
+    if x.shape[0] == 1 and x.dtype == jnp.bfloat16 and jax.default_backend() == "cpu":
+        # XLA:CPU's bfloat16 matrix-vector product runs ~8x slower than its 2-row product
+        # (measured on [1, 768] x [12288, 768]); compute two identical rows, keep one.
+        return matmul_f32(jnp.concatenate([x, x]), w, w_in_axis)[:1]
+    return jax.lax.dot_general(x, w.astype(x.dtype), (((1,), (w_in_axis,)), ((), ())),
+                               preferred_element_type=jnp.float32)
+
+
 def linear_reference(x, w, out_dtype=None):
-    """x [M, K] @ w [N, K].T accumulated in float32; result in out_dtype (default x.dtype)."""
-    out = jax.lax.dot_general(x, w.astype(x.dtype), (((1,), (1,)), ((), ())),
-                              preferred_element_type=jnp.float32,
-                              precision=jax.lax.Precision.HIGHEST)
-    return out.astype(out_dtype or x.dtype)
+    """x [M, K] @ w [N, K].T accumulated in float32; result in out_dtype (default x.dtype).
+    The model's XLA op."""
+    return matmul_f32(x, w).astype(out_dtype or x.dtype)
 
 
 def choose_splits(N: int, K: int, block_k: int, target: int = TARGET_PROGRAMS) -> int:

@@ -16,7 +16,7 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
 from .common import next_pow2, pow2_divisor, require, triton_params
-from .small_m_linear import linear_reference, small_m_linear, supports as linear_supports
+from .small_m_linear import matmul_f32, small_m_linear, supports as linear_supports
 
 GROUP = 8               # value-weight rows loaded together per loop iteration
 MAX_BLOCK_C = 256       # output columns per program (a power of two dividing C)
@@ -37,13 +37,11 @@ def relu_square(pre: jax.Array, dtype) -> jax.Array:
 
 
 def channel_mix_reference(xk, w_key, w_val_t):
-    """Dense plain-jnp channel-mix. xk [M, C]; w_key [F, C]; w_val_t [F, C] (the transpose of
-    the checkpoint's ffn.value [C, F]). Returns relu(xk @ w_key.T)**2 @ w_val_t in xk.dtype."""
-    hidden = relu_square(linear_reference(xk, w_key, jnp.float32), xk.dtype)
-    out = jax.lax.dot_general(hidden, w_val_t.astype(hidden.dtype), (((1,), (0,)), ((), ())),
-                              preferred_element_type=jnp.float32,
-                              precision=jax.lax.Precision.HIGHEST)
-    return out.astype(xk.dtype)
+    """Dense plain-jnp channel-mix (the model's XLA op). xk [M, C]; w_key [F, C]; w_val_t [F, C]
+    (the transpose of the checkpoint's ffn.value [C, F]). Returns relu(xk @ w_key.T)**2 @ w_val_t
+    in xk.dtype, the square in float32."""
+    hidden = relu_square(matmul_f32(xk, w_key), xk.dtype)
+    return matmul_f32(hidden, w_val_t, w_in_axis=0).astype(xk.dtype)
 
 
 def choose_splits(F: int, C: int, block_c: int, target: int = TARGET_PROGRAMS) -> int:

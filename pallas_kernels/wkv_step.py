@@ -12,15 +12,15 @@ from jax.experimental import pallas as pl
 
 from .common import require, triton_params
 
+_HIGHEST = jax.lax.Precision.HIGHEST
+
 
 def wkv_step_reference(r, w, k, v, kk, a, S):
-    """Plain-jnp step. r, w, k, v, kk, a: [B, H, N] float32; S: [B, H, N, N] float32.
-
-    Returns (y [B, H, N] float32, S' [B, H, N, N] float32).
-    """
-    sa = jnp.sum(S * (-kk)[:, :, None, :], axis=-1)
+    """Plain-jnp step (the model's XLA op). r, w, k, v, kk, a: [B, H, N] float32; S: [B, H, N, N]
+    float32. Returns (y [B, H, N] float32, S' [B, H, N, N] float32)."""
+    sa = jnp.einsum("bhij,bhj->bhi", S, -kk, precision=_HIGHEST)
     S = S * w[:, :, None, :] + sa[..., None] * (kk * a)[:, :, None, :] + v[..., None] * k[:, :, None, :]
-    y = jnp.sum(S * r[:, :, None, :], axis=-1)
+    y = jnp.einsum("bhij,bhj->bhi", S, r, precision=_HIGHEST)
     return y, S
 
 

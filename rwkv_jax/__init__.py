@@ -3,11 +3,12 @@
 Importing this package never imports torch.
 """
 from .compilation import enable_compilation_cache
-from .forward import forward_fn
+from .forward import forward_fn, varlen_forward_fn
+from .kernels import Kernels, ops_for
 from .model import Model, load
-from .ops import Ops, ops_for
+from .ops import Ops
 from .paths import Path, select_path
 from .state import State, init_state
 
-__all__ = ["Model", "Ops", "Path", "State", "enable_compilation_cache", "forward_fn", "init_state",
-           "load", "ops_for", "select_path"]
+__all__ = ["Kernels", "Model", "Ops", "Path", "State", "enable_compilation_cache", "forward_fn",
+           "init_state", "load", "ops_for", "select_path", "varlen_forward_fn"]

@@ -1,4 +1,4 @@
-"""`JaxEngine`: the scheduler's Engine protocol (scheduler/engine.py) on a `rwkv_jax.Model`.
+"""`JaxEngine`: the engine contract (rwkv7_core/engine.py) on a `rwkv_jax.Model`.
 
 Device-resident batch ("slots", donated through every step): the recurrent State [bucket, ...],
 penalty counts float32 [bucket, V], banned-token mask bool [bucket, V] and per-slot sampling
@@ -6,38 +6,33 @@ parameters (SamplingRows of [bucket] arrays). One decode step is one jitted call
 fed tokens, run ``forward_fn`` (T=1, kernel path ``select_path(bucket, 1)``) and sample every
 row on device; only the drawn int32 [bucket] tokens come back to the host.
 
-Every executable is compiled ahead of time and cached per shape: per bucket the step, the
-empty batch, the slot insert and the slot extract; per pair of buckets the gather used by
-``resize`` (so a shrink never waits on a compile); per
-prompt piece length the prefill: a prompt of T tokens runs as pieces of the allowed lengths
-``prefill_pieces`` (default 1, 2, 4, ..., 256), largest first, so any T needs at most
-len(prefill_pieces) prefill executables.
+Every executable is compiled ahead of time and kept in the engine's one ``executables``
+cache, keyed (kind, shape): per bucket the step, the empty batch, the slot insert and the
+slot extract; per pair of buckets the gather used by ``resize`` (so a shrink never waits on
+a compile); per prompt piece length the prefill: a prompt of T tokens runs as pieces of the
+allowed lengths ``prefill_pieces`` (default 1, 2, 4, ..., 256), largest first, so any T
+needs at most len(prefill_pieces) prefill executables; per flat size the varlen prefill
+and per (bucket, flat size) the mixed step (the two optional capabilities).
 """
 from __future__ import annotations
 
-import threading
 import time
-from typing import NamedTuple, Sequence
+from typing import Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from scheduler.params import SamplingParams
-from scheduler.sampling import SamplingRows, banned_mask, sampling_rows
+from rwkv7_core.engine import MAX_PIECES, Slots
+from rwkv7_core.sampling import SamplingParams, SamplingRows, banned_mask, sampling_rows
 
+from .compilation import ExecutableCache
 from .forward import forward_fn
-from .paths import select_path
+from .model import abstract
+from .paths import Path, select_path
 from .sampling import sample_rows, update_counts
 from .state import State
-
-
-class Slots(NamedTuple):
-    """The batch the engine owns; every leaf has a leading [bucket] axis."""
-    state: State
-    counts: jax.Array   # float32 [B, V]
-    banned: jax.Array   # bool [B, V]
-    rows: SamplingRows  # [B] arrays
+from .varlen_engine import mixed_step_fn, pack_pieces, varlen_prefill_fn
 
 
 def _decode_step(params, slots: Slots, tokens, positions, *, config, path, kernels):
@@ -73,16 +68,13 @@ def _gather(slots: Slots, index) -> Slots:
     return jax.tree.map(lambda x: jnp.take(x, index, axis=0), slots)
 
 
-def _abstract(tree):
-    return jax.tree.map(lambda x: jax.ShapeDtypeStruct(np.shape(x), x.dtype), tree)
-
-
 class JaxEngine:
-    """Engine protocol implementation for a loaded ``rwkv_jax.Model``.
+    """Engine contract (with the VarlenPrefill and MixedStep capabilities) for a loaded
+    ``rwkv_jax.Model``.
 
     Rows (``prefill``/``extract`` results) are ``(State with B=1, logits float32 [V] | None)``;
-    host rows are the numpy copies of the same leaves. ``compile_seconds`` maps
-    (kind, shape) -> seconds for every executable compiled.
+    host rows are the numpy copies of the same leaves. ``executables`` is the one cache of
+    compiled executables, keyed (kind, shape); ``lower(key)`` gives a key's jax.stages.Lowered.
     """
 
     def __init__(self, model, prefill_pieces: Sequence[int] = tuple(1 << i for i in range(9))):
@@ -95,93 +87,75 @@ class JaxEngine:
         self.bucket = 0
         self.last_path = ""
         self.slots: Slots | None = None
-        self.compile_seconds: dict[tuple, float] = {}
-        self._exes: dict[tuple, object] = {}
-        self._exe_lock = threading.Lock()
-        self._key_locks: dict[tuple, threading.Lock] = {}
-        static = dict(config=self.config, kernels=model.kernels)
-        self._jit_step = jax.jit(_decode_step, static_argnames=("config", "path", "kernels"),
-                                 donate_argnames=("slots",))
-        self._jit_prefill = jax.jit(_prefill, static_argnames=("config", "path", "kernels"),
-                                    donate_argnames=("state",))
-        self._jit_sample = jax.jit(_sample_one)
-        self._jit_insert = jax.jit(_insert, donate_argnames=("slots",))
-        self._jit_extract = jax.jit(_extract)
-        self._jit_gather = jax.jit(_gather)
-        self._jit_empty = jax.jit(self._empty_slots, static_argnums=0)
-        self._static = static
+        self.executables = ExecutableCache(self.lower)
+        self._static = dict(config=self.config, kernels=model.kernels)
+        static_path = ("config", "path", "kernels")
+        self._jit = {
+            "step": jax.jit(_decode_step, static_argnames=static_path, donate_argnames=("slots",)),
+            "prefill": jax.jit(_prefill, static_argnames=static_path, donate_argnames=("state",)),
+            "sample": jax.jit(_sample_one),
+            "insert": jax.jit(_insert, donate_argnames=("slots",)),
+            "extract": jax.jit(_extract),
+            "gather": jax.jit(_gather),
+            "empty": jax.jit(self._empty_slots, static_argnums=0),
+            "varlen_prefill": jax.jit(varlen_prefill_fn, static_argnames=("config", "kernels")),
+            "mixed": jax.jit(mixed_step_fn, static_argnames=("config", "kernels"), donate_argnames=("slots",)),
+        }
+        self._zero_row = None
+
+    @property
+    def compile_seconds(self) -> dict:
+        """{(kind, shape): seconds} of every executable compiled so far."""
+        return self.executables.compile_seconds
 
     # -- executables ---------------------------------------------------------------------
-    def _executable(self, kind: str, shape, lower):
-        """The compiled executable for (kind, shape), compiling (and timing) it on first use."""
-        key = (kind, shape)
-        exe = self._exes.get(key)
-        if exe is None:
-            with self._exe_lock:  # one lock per key: the prefill worker and the decode loop
-                key_lock = self._key_locks.setdefault(key, threading.Lock())  # compile side by side
-            with key_lock:
-                exe = self._exes.get(key)
-                if exe is None:
-                    start = time.perf_counter()
-                    exe = lower().compile()
-                    self.compile_seconds[key] = time.perf_counter() - start
-                    self._exes[key] = exe
-        return exe
+    def lower(self, key: tuple):
+        """The jax.stages.Lowered executable for key = (kind, shape) (see the module doc)."""
+        kind, shape = key
+        jit, params, i32 = self._jit[kind], self.model.params, jnp.int32
+        vec = lambda n: jax.ShapeDtypeStruct((n,), i32)  # noqa: E731
+        scalar = jax.ShapeDtypeStruct((), i32)
+        one = self.abstract_slots(1)
+        if kind == "step":
+            return jit.lower(params, self.abstract_slots(shape), vec(shape), vec(shape),
+                             path=select_path(shape, 1), **self._static)
+        if kind == "empty":
+            return jit.lower(shape)
+        if kind == "insert":
+            return jit.lower(self.abstract_slots(shape), scalar, one.state, one.rows, one.banned)
+        if kind == "extract":
+            return jit.lower(self.abstract_slots(shape).state, scalar)
+        if kind == "gather":
+            return jit.lower(self.abstract_slots(shape[0]), vec(shape[1]))
+        if kind == "prefill":
+            return jit.lower(params, vec(shape), one.state, path=select_path(1, shape), **self._static)
+        if kind == "sample":
+            return jit.lower(jax.ShapeDtypeStruct((self.vocab_size,), jnp.float32), one.rows, one.banned, vec(1))
+        if kind == "varlen_prefill":
+            return jit.lower(params, vec(shape), (one.state,) * MAX_PIECES, vec(MAX_PIECES), vec(MAX_PIECES),
+                             **self._static)
+        if kind == "mixed":
+            bucket, token_rows = shape
+            return jit.lower(params, self.abstract_slots(bucket), vec(bucket), vec(bucket), vec(token_rows),
+                             (one.state,) * MAX_PIECES, vec(MAX_PIECES), vec(MAX_PIECES), **self._static)
+        raise ValueError(f"unknown executable kind {kind!r}")
+
+    def _exe(self, kind: str, shape):
+        return self.executables.get((kind, shape))
+
+    def abstract_slots(self, bucket: int) -> Slots:
+        """Slots of ``bucket`` rows as ShapeDtypeStructs."""
+        V = self.vocab_size
+        state = abstract(jax.eval_shape(lambda: self.model.init_state(bucket)))
+        rows = SamplingRows(*(jax.ShapeDtypeStruct((bucket,), a.dtype) for a in sampling_rows([])))
+        return Slots(state, jax.ShapeDtypeStruct((bucket, V), jnp.float32),
+                     jax.ShapeDtypeStruct((bucket, V), jnp.bool_), rows)
 
     def _empty_slots(self, bucket: int) -> Slots:
         V = self.vocab_size
         rows = SamplingRows(*(jnp.zeros((bucket,), a.dtype) for a in sampling_rows([])))
         return Slots(self.model.init_state(bucket), jnp.zeros((bucket, V), jnp.float32),
                      jnp.zeros((bucket, V), jnp.bool_), rows)
-
-    def _empty_exe(self, bucket: int):
-        return self._executable("empty", bucket, lambda: self._jit_empty.lower(bucket))
-
-    def _abstract_slots(self, bucket: int) -> Slots:
-        V = self.vocab_size
-        state = jax.eval_shape(lambda: self.model.init_state(bucket))
-        rows = SamplingRows(*(jax.ShapeDtypeStruct((bucket,), a.dtype) for a in sampling_rows([])))
-        return Slots(_abstract(state), jax.ShapeDtypeStruct((bucket, V), jnp.float32),
-                     jax.ShapeDtypeStruct((bucket, V), jnp.bool_), rows)
-
-    def _step_exe(self, bucket: int):
-        def lower():
-            vec = jax.ShapeDtypeStruct((bucket,), jnp.int32)
-            return self._jit_step.lower(self.model.params, self._abstract_slots(bucket), vec, vec,
-                                        path=select_path(bucket, 1), **self._static)
-        return self._executable("step", bucket, lower)
-
-    def _insert_exe(self, bucket: int):
-        def lower():
-            one = self._abstract_slots(1)
-            return self._jit_insert.lower(self._abstract_slots(bucket), jax.ShapeDtypeStruct((), jnp.int32),
-                                          one.state, one.rows, one.banned)
-        return self._executable("insert", bucket, lower)
-
-    def _extract_exe(self, bucket: int):
-        def lower():
-            return self._jit_extract.lower(self._abstract_slots(bucket).state,
-                                           jax.ShapeDtypeStruct((), jnp.int32))
-        return self._executable("extract", bucket, lower)
-
-    def _gather_exe(self, old: int, new: int):
-        def lower():
-            return self._jit_gather.lower(self._abstract_slots(old), jax.ShapeDtypeStruct((new,), jnp.int32))
-        return self._executable("gather", (old, new), lower)
-
-    def _prefill_exe(self, T: int):
-        def lower():
-            state = _abstract(jax.eval_shape(lambda: self.model.init_state(1)))
-            return self._jit_prefill.lower(self.model.params, jax.ShapeDtypeStruct((T,), jnp.int32), state,
-                                           path=select_path(1, T), **self._static)
-        return self._executable("prefill", T, lower)
-
-    def _sample_exe(self):
-        def lower():
-            one = self._abstract_slots(1)
-            return self._jit_sample.lower(jax.ShapeDtypeStruct((self.vocab_size,), jnp.float32), one.rows,
-                                          one.banned, jax.ShapeDtypeStruct((1,), jnp.int32))
-        return self._executable("sample", 1, lower)
 
     def prefill_pieces(self, T: int) -> list[int]:
         """Piece lengths a T-token prompt runs as: the largest allowed length that fits, repeatedly."""
@@ -192,7 +166,7 @@ class JaxEngine:
             T -= piece
         return pieces
 
-    # -- Engine protocol -----------------------------------------------------------------
+    # -- Engine contract -----------------------------------------------------------------
     def compile(self, buckets: Sequence[int]) -> dict[int, float]:
         """Compile step/empty/insert/extract for each bucket and the resize gathers between it
         and every bucket compiled before, then run each new executable once on scratch data
@@ -201,43 +175,46 @@ class JaxEngine:
         seconds = {}
         for b in buckets:
             start = time.perf_counter()
-            before = set(self._exes)
-            self._step_exe(b)
-            self._empty_exe(b)
-            self._insert_exe(b)
-            self._extract_exe(b)
-            for other in {k[1] for k in list(self._exes) if k[0] == "step"} - {b}:
-                self._gather_exe(other, b)
-                self._gather_exe(b, other)
-            new = set(self._exes) - before
+            before = set(self.executables.keys())
+            for kind in ("step", "empty", "insert", "extract"):
+                self._exe(kind, b)
+            for other in {shape for kind, shape in before if kind == "step"} - {b}:
+                self._exe("gather", (other, b))
+                self._exe("gather", (b, other))
+            new = set(self.executables.keys()) - before
             if new:
                 self._warm_up(new)
             seconds[b] = time.perf_counter() - start if new else 0.0
         return seconds
 
     def _warm_up(self, keys) -> None:
-        """Run the executables named by keys once on scratch slots."""
-        one = self._empty_exe(1)()
+        """Run the slot executables named by keys once on scratch slots."""
+        one = self._exe("empty", 1)()
         outputs = []
         for kind, shape in keys:
-            exe = self._exes[(kind, shape)]
+            exe = self._exe(kind, shape)
             if kind == "step":
                 zeros = np.zeros(shape, np.int32)
-                outputs.append(exe(self.model.params, self._empty_exe(shape)(), zeros, zeros))
+                outputs.append(exe(self.model.params, self._exe("empty", shape)(), zeros, zeros))
             elif kind == "empty":
                 outputs.append(exe())
             elif kind == "insert":
-                outputs.append(exe(self._empty_exe(shape)(), np.int32(0), one.state, one.rows, one.banned))
+                outputs.append(exe(self._exe("empty", shape)(), np.int32(0), one.state, one.rows, one.banned))
             elif kind == "extract":
-                outputs.append(exe(self._empty_exe(shape)().state, np.int32(0)))
+                outputs.append(exe(self._exe("empty", shape)().state, np.int32(0)))
             elif kind == "gather":
-                outputs.append(exe(self._empty_exe(shape[0])(), np.zeros(shape[1], np.int32)))
+                outputs.append(exe(self._exe("empty", shape[0])(), np.zeros(shape[1], np.int32)))
         jax.block_until_ready(outputs)
 
     def compile_prefill(self) -> dict[int, float]:
         """Compile every prefill piece length and the first-token sampling; {length: seconds}."""
-        self._sample_exe()
-        return {T: (self._prefill_exe(T), self.compile_seconds[("prefill", T)])[1] for T in self.pieces}
+        self._exe("sample", 1)
+        seconds = {}
+        for T in self.pieces:
+            done = ("prefill", T) in self.executables
+            self._exe("prefill", T)
+            seconds[T] = 0.0 if done else self.compile_seconds[("prefill", T)]
+        return seconds
 
     def prefill(self, tokens: np.ndarray, start=None):
         tokens = np.asarray(tokens, np.int32)
@@ -246,36 +223,36 @@ class JaxEngine:
         state = self.model.init_state(1) if start is None else jax.tree.map(jnp.copy, start[0])
         offset = 0
         for piece in self.prefill_pieces(tokens.size):
-            logits, state = self._prefill_exe(piece)(self.model.params, tokens[offset:offset + piece], state)
+            logits, state = self._exe("prefill", piece)(self.model.params, tokens[offset:offset + piece], state)
             offset += piece
         return state, logits
 
     def sample(self, row, params: SamplingParams, position: int = 0) -> int:
-        return int(self._sample_exe()(row[1], sampling_rows([params]), banned_mask([params], self.vocab_size),
-                                      np.array([position], np.int32)))
+        return int(self._exe("sample", 1)(row[1], sampling_rows([params]), banned_mask([params], self.vocab_size),
+                                          np.array([position], np.int32)))
 
     def insert(self, slot: int, row, params: SamplingParams) -> None:
         self._check_slot(slot)
-        self.slots = self._insert_exe(self.bucket)(self.slots, np.int32(slot), row[0], sampling_rows([params]),
-                                                   banned_mask([params], self.vocab_size))
+        self.slots = self._exe("insert", self.bucket)(self.slots, np.int32(slot), row[0], sampling_rows([params]),
+                                                      banned_mask([params], self.vocab_size))
 
     def extract(self, slot: int):
         self._check_slot(slot)
-        return self._extract_exe(self.bucket)(self.slots.state, np.int32(slot)), None
+        return self._exe("extract", self.bucket)(self.slots.state, np.int32(slot)), None
 
     def resize(self, keep_slots: Sequence[int], new_bucket: int) -> None:
         keep = list(keep_slots)
         if len(keep) > new_bucket or any(not 0 <= s < self.bucket for s in keep):
             raise ValueError(f"cannot keep slots {keep} of bucket {self.bucket} in bucket {new_bucket}")
         if self.slots is None or not keep:  # nothing to keep: a fresh batch (also recovers
-            self.slots = self._empty_exe(new_bucket)()  # from a failed step's donated buffers)
+            self.slots = self._exe("empty", new_bucket)()  # from a failed step's donated buffers)
         else:
             index = np.array(keep + [0] * (new_bucket - len(keep)), np.int32)
-            self.slots = self._gather_exe(self.bucket, new_bucket)(self.slots, index)
+            self.slots = self._exe("gather", (self.bucket, new_bucket))(self.slots, index)
         self.bucket = new_bucket
 
     def step(self, tokens: np.ndarray, positions: np.ndarray) -> np.ndarray:
-        exe = self._step_exe(self.bucket)
+        exe = self._exe("step", self.bucket)
         drawn, self.slots = exe(self.model.params, self.slots, np.asarray(tokens, np.int32),
                                 np.asarray(positions, np.int32))
         self.last_path = select_path(self.bucket, 1).name
@@ -288,25 +265,43 @@ class JaxEngine:
         *state, logits = host_row
         return State(*(jnp.asarray(a) for a in state)), (None if logits is None else jnp.asarray(logits))
 
-    # -- VARLEN / MIXED prefill policies (rwkv_jax/varlen_engine.py) ---------------------
-    def prefill_varlen(self, prompts: Sequence[np.ndarray], starts: Sequence,
-                       token_rows: int | None = None) -> list:
-        """Prompt pieces (int [T_i] each, 1..MAX_PIECES) in one flattened forward (padded to
-        ``token_rows`` tokens), piece i continuing from starts[i] (a Row, or None = fresh);
+    # -- VarlenPrefill and MixedStep capabilities ----------------------------------------
+    def compile_varlen(self, token_rows: int) -> float:
+        done = ("varlen_prefill", token_rows) in self.executables
+        self._exe("varlen_prefill", token_rows)
+        return 0.0 if done else self.compile_seconds[("varlen_prefill", token_rows)]
+
+    def compile_mixed(self, bucket: int, token_rows: int) -> float:
+        key = ("mixed", (bucket, token_rows))
+        done = key in self.executables
+        self.executables.get(key)
+        return 0.0 if done else self.compile_seconds[key]
+
+    def _pack(self, prompts, starts, token_rows: int):
+        if self._zero_row is None:
+            self._zero_row = self.model.init_state(1)
+        return pack_pieces(prompts, starts, token_rows, self._zero_row)
+
+    def prefill_varlen(self, prompts: Sequence[np.ndarray], starts: Sequence, token_rows: int) -> list:
+        """Prompt pieces (int [T_i] each, 1..MAX_PIECES) in one flattened forward padded to
+        ``token_rows`` tokens, piece i continuing from starts[i] (a Row, or None = fresh);
         returns one Row per piece."""
-        return self._varlen().prefill_varlen(prompts, starts, token_rows)
+        flat, rows, seg_starts, seg_lengths, n = self._pack(prompts, starts, token_rows)
+        out = self._exe("varlen_prefill", token_rows)(self.model.params, flat, rows, seg_starts, seg_lengths)
+        # Wait for the result, as a step does: the caller times prefill calls, and cut
+        # prompts would otherwise let it queue calls far ahead of the device.
+        return list(jax.block_until_ready(out[:n]))
 
     def mixed_step(self, tokens: np.ndarray, positions: np.ndarray, prompts: Sequence[np.ndarray],
-                   starts: Sequence, token_rows: int | None = None) -> tuple[np.ndarray, list]:
+                   starts: Sequence, token_rows: int) -> tuple[np.ndarray, list]:
         """``step`` for every slot plus prompt pieces (padded to ``token_rows`` tokens) in the
         same forward; returns (drawn int32 [bucket], one Row per piece)."""
-        return self._varlen().mixed_step(tokens, positions, prompts, starts, token_rows)
-
-    def _varlen(self):
-        if getattr(self, "_varlen_runner", None) is None:
-            from .varlen_engine import VarlenRunner
-            self._varlen_runner = VarlenRunner(self)
-        return self._varlen_runner
+        flat, rows, seg_starts, seg_lengths, n = self._pack(prompts, starts, token_rows)
+        drawn, self.slots, out_rows = self._exe("mixed", (self.bucket, token_rows))(
+            self.model.params, self.slots, np.asarray(tokens, np.int32), np.asarray(positions, np.int32),
+            flat, rows, seg_starts, seg_lengths)
+        self.last_path = Path.DENSE.name
+        return np.asarray(drawn), list(out_rows[:n])
 
     def _check_slot(self, slot: int) -> None:
         if not 0 <= slot < self.bucket:

@@ -1,4 +1,4 @@
-"""The pure, traceable forward function the model (and engines) jit.
+"""The pure, traceable forward functions the model (and engines) jit.
 
 Weights travel as a plain nested dict of arrays (``nnx.to_pure_dict`` of the split NNX
 model, made once at load): flattening a plain dict costs less per call than NNX's
@@ -20,11 +20,13 @@ import functools
 import jax
 from flax import nnx
 
-from rwkv_torch_ref.config import ModelConfig
+from rwkv7_core.config import ModelConfig
 
-from .ops import ops_for
+from .kernels import Kernels, ops_for
+from .layouts import DenseRows, FlatRows, StepRows
 from .paths import Path
 from .state import State
+from .varlen import Segments
 
 
 @functools.lru_cache(maxsize=None)
@@ -43,15 +45,33 @@ def bind(params: dict, config: ModelConfig):
 
 
 def forward_fn(params: dict, tokens: jax.Array, state: State, *, config: ModelConfig,
-               path: Path, kernels: str, full_output: bool = False):
+               path: Path, kernels: Kernels, full_output: bool = False):
     """tokens int32 [B, T], state State -> (logits float32 [B, V] ([B, T, V] with
     full_output), new State). `path` picks the ops (``ops_for(path, kernels)``) and the
-    form: B1T1 / BATCHED_DECODE run the one-token step (T must be 1), DENSE the sequence
-    form. Pure and traceable; jit it with `config`, `path`, `kernels`, `full_output` static."""
+    layout: B1T1 / BATCHED_DECODE run one token per sequence (T must be 1), DENSE the
+    sequence form. Pure and traceable; jit it with `config`, `path`, `kernels`,
+    `full_output` static."""
+    B, T = tokens.shape
     step = path is not Path.DENSE
-    if step and tokens.shape[1] != 1:
-        raise ValueError(f"path {path} runs one token per sequence, got T={tokens.shape[1]}")
-    model = bind(params, config)
-    logits, new_state = model(tokens, state, ops=ops_for(path, kernels), step=step,
-                              full_output=full_output)
+    if step and T != 1:
+        raise ValueError(f"path {path} runs one token per sequence, got T={T}")
+    rows = StepRows() if step else DenseRows(B, T, full_output)
+    logits, new_state = bind(params, config)(tokens.reshape(B * T), state,
+                                             ops=ops_for(path, kernels), rows=rows)
+    return (logits.reshape(B, T, -1) if full_output else logits), State(*new_state)
+
+
+def varlen_forward_fn(params: dict, tokens: jax.Array, state: State, starts: jax.Array,
+                      lengths: jax.Array, *, config: ModelConfig, kernels: Kernels,
+                      n_single: int = 0):
+    """The model over P sequences flattened into one stream (see rwkv_jax.varlen).
+
+    tokens int32 [T] (sequence p at [starts[p], starts[p] + lengths[p]); the rest is
+    padding); state: State with P rows, row p the state sequence p starts from;
+    starts, lengths int32 [P]. The first `n_single` sequences have length <= 1 (decode
+    rows of a mixed step). Returns (logits float32 [P, V] at each sequence's last token
+    (meaningless for empty sequences), new State with P rows; empty sequences keep
+    theirs). Runs the DENSE path's ops. Pure; jit with config, kernels, n_single static."""
+    rows = FlatRows(Segments(starts, lengths), n_single)
+    logits, new_state = bind(params, config)(tokens, state, ops=ops_for(Path.DENSE, kernels), rows=rows)
     return logits, State(*new_state)

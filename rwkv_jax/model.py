@@ -6,43 +6,50 @@ from collections import Counter
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from flax import nnx
 
-from rwkv_torch_ref.checkpoint import read_checkpoint
-from rwkv_torch_ref.config import ModelConfig
+from rwkv7_core.checkpoint import read_checkpoint
+from rwkv7_core.config import ModelConfig
+from rwkv7_core.state import check_tokens
 
 from .compilation import ExecutableCache
 from .forward import forward_fn
+from .kernels import Kernels, ops_for, resolve
 from .modules import RWKV7
-from .ops import ops_for, resolve_kernels
 from .paths import Path, select_path
 from .state import State, check_state, init_state
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 
 
+def abstract(tree):
+    """ShapeDtypeStructs of a pytree of arrays (or of structs)."""
+    return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), tree)
+
+
 class Model:
     """A loaded RWKV-7 model. `forward` consumes (donates) the state passed to it.
 
-    Attributes: config (ModelConfig), dtype, kernels, params (pure dict of per-layer
-    weights), last_path (Path of the last forward), path_counts (Counter of Path -> calls),
-    executables (ExecutableCache: one compiled executable per (B, T, full_output)).
+    Attributes: config (ModelConfig), dtype, kernels (a resolved Kernels), params (pure dict
+    of per-layer weights), last_path (Path of the last forward), path_counts (Counter of
+    Path -> calls), executables (ExecutableCache: one compiled executable per (B, T,
+    full_output)).
     """
 
-    def __init__(self, params: dict, config: ModelConfig, dtype, kernels: str):
-        self.params, self.config, self.dtype, self.kernels = params, config, dtype, kernels
+    def __init__(self, params: dict, config: ModelConfig, dtype, kernels: str | Kernels):
+        self.params, self.config, self.dtype = params, config, dtype
+        self.kernels = resolve(kernels)
         self.last_path: Path | None = None
         self.path_counts: Counter = Counter()
         self._jitted = jax.jit(forward_fn, static_argnames=("config", "path", "kernels", "full_output"),
                                donate_argnames=("state",))
-        self.executables = ExecutableCache(self._lower)
+        self.executables = ExecutableCache(self.lower)
 
-    def _lower(self, key):
+    def lower(self, key: tuple[int, int, bool]):
+        """The jax.stages.Lowered forward for key = (B, T, full_output)."""
         B, T, full_output = key
         tokens = jax.ShapeDtypeStruct((B, T), jnp.int32)
-        state = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype),
-                             jax.eval_shape(lambda: self.init_state(B)))
+        state = abstract(jax.eval_shape(lambda: self.init_state(B)))
         return self._jitted.lower(self.params, tokens, state, config=self.config,
                                   path=select_path(B, T), kernels=self.kernels, full_output=full_output)
 
@@ -55,47 +62,34 @@ class Model:
         times = {}
         for B, T in buckets:
             key = (int(B), int(T), bool(full_output))
-            before = key in self.executables.executables
+            before = key in self.executables
             self.executables.get(key)
             times[(key[0], key[1])] = 0.0 if before else self.executables.compile_seconds[key]
         return times
 
-    def _check_tokens(self, tokens) -> jax.Array:
-        arr = np.asarray(tokens)
-        if arr.ndim != 2:
-            raise ValueError(f"tokens must have shape [B, T], got shape {arr.shape}")
-        if arr.size == 0:
-            raise ValueError(f"tokens is empty (shape {arr.shape}); need B >= 1 and T >= 1")
-        if not np.issubdtype(arr.dtype, np.integer):
-            raise ValueError(f"tokens must be integer token ids, got dtype {arr.dtype}")
-        lo, hi = int(arr.min()), int(arr.max())
-        if lo < 0 or hi >= self.config.vocab_size:
-            raise ValueError(f"token ids must lie in [0, {self.config.vocab_size}), got min {lo}, max {hi}")
-        return jnp.asarray(arr, jnp.int32)
-
     def forward(self, tokens, state: State, full_output: bool = False):
         """tokens int [B, T] (numpy or jax); state State of batch B (consumed)
         -> (logits float32 [B, V], or [B, T, V] with full_output; new State)."""
-        tokens = self._check_tokens(tokens)
+        tokens = jnp.asarray(check_tokens(tokens, self.config.vocab_size), jnp.int32)
         B, T = tokens.shape
         state = check_state(state, self.config, B, self.dtype)
         path = select_path(B, T)
-        exe = self.executables.get((B, T, bool(full_output)))
-        logits, state = exe(self.params, tokens, state)
+        logits, state = self.executables.get((B, T, bool(full_output)))(self.params, tokens, state)
         self.last_path = path
         self.path_counts[path] += 1
         return logits, state
 
 
-def load(path: str | os.PathLike, dtype: str = "float32", kernels: str = "xla") -> Model:
+def load(path: str | os.PathLike, dtype: str = "float32", kernels: str | Kernels = "xla") -> Model:
     """Load a .pth or .safetensors RWKV-7 checkpoint (.safetensors needs no torch).
 
     dtype: float32 | bfloat16 | float16 weights and activations (wkv state, decay, kk and
-    relu^2 stay float32). kernels: xla | pallas | pallas-interpret | auto.
+    relu^2 stay float32). kernels: xla | pallas | pallas-interpret | auto (pallas on a GPU,
+    xla elsewhere; resolved here).
     """
     if dtype not in DTYPES:
         raise ValueError(f"dtype {dtype!r} not supported; choose one of {sorted(DTYPES)}")
-    kernels = resolve_kernels(kernels)
+    kernels = resolve(kernels)
     ops_for(Path.B1T1, kernels)  # fail now, not at the first call, if the kernels are missing
     tensors, config = read_checkpoint(path)
     _, params = nnx.split(RWKV7(config, tensors, DTYPES[dtype]))

@@ -1,34 +1,36 @@
 """Flax NNX modules of RWKV-7: time-mix, channel-mix, block and the whole model.
 
-Built from checkpoint tensors (``from_checkpoint``) or as zeros (for an abstract skeleton).
-Every matrix but one is stored ``[out, in]`` (the low-rank ``w1 a1 v1 g1`` / ``w2 a2 v2 g2``
-transposed from the checkpoint's ``x @ W`` layout) so those products go through
-``Ops.linear``; the channel-mix value weight is stored ``[F, C]`` (one contiguous row per
-hidden unit, for the sparse channel-mix, see ``Ops.channel_mix``); per-channel vectors that feed float32 math (LayerNorm, decay, ``a``,
-``kk``, GroupNorm) are kept float32. Each layer owns its own arrays: XLA on the CPU
-copies a slice of a layer-stacked weight before a matrix product, which measured 2-3x
-slower for memory-bound decode (see docs in ``forward.py``).
+Built from checkpoint tensors (numpy or device arrays) or as zeros (for an abstract
+skeleton). Every matrix but one is stored ``[out, in]`` (the low-rank ``w1 a1 v1 g1`` /
+``w2 a2 v2 g2`` transposed from the checkpoint's ``x @ W`` layout) so those products go
+through ``Ops.linear``; the channel-mix value weight is stored ``[F, C]`` (one contiguous
+row per hidden unit, for the sparse channel-mix, see ``Ops.channel_mix``); per-channel
+vectors that feed float32 math (LayerNorm, decay, ``a``, ``kk``, GroupNorm) are kept
+float32. Each layer owns its own arrays (see ``forward.py`` on unrolled layers).
+
+The layer code runs on flat rows [M, C]; a ``rwkv_jax.layouts`` layout says how the rows
+belong to sequences (token shift, wkv recurrence, which rows give logits).
 """
 from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from flax import nnx
 
-from rwkv_torch_ref.config import ModelConfig
+from pallas_kernels.shift_mix import layer_norm
+from rwkv7_core.config import ModelConfig
+from rwkv7_core.constants import DECAY_SCALE, GROUP_NORM_EPS, KK_EPS
 
-from .ops import Ops, layer_norm
+from .layouts import Layout
+from .ops import Ops
 
 F32 = jnp.float32
-DECAY_SCALE = 0.606531  # exp(-0.5): decay = exp(-DECAY_SCALE * sigmoid(.)) in [0.545, 1)
-GROUP_NORM_EPS = 64e-5
 TIME_MIX_VECS = ("w0", "a0", "v0", "k_k", "k_a", "ln_x.weight", "ln_x.bias")
-LOW_RANK = ("w1", "w2", "a1", "a2", "v1", "v2", "g1", "g2")
 
 
 class Tensors:
-    """Checkpoint tensors -> jax arrays in a target dtype; None builds zeros of each shape."""
+    """Checkpoint tensors (numpy or jax arrays) -> jax arrays in a target dtype; None builds
+    zeros of each shape."""
 
     def __init__(self, tensors: dict | None, dtype):
         self.tensors, self.dtype = tensors, dtype
@@ -37,17 +39,16 @@ class Tensors:
         dtype = dtype or self.dtype
         if self.tensors is None:
             return nnx.Param(jnp.zeros(shape, dtype))
-        a = np.asarray(self.tensors[key], dtype=np.float32)
+        a = jnp.asarray(self.tensors[key], F32)
         a = a.T if transpose else a
-        return nnx.Param(jnp.asarray(a.reshape(shape), dtype))
+        return nnx.Param(a.reshape(shape).astype(dtype))
 
     def rows(self, keys: list[str], width: int, dtype=None) -> nnx.Param:
         """Stack 1-element-per-channel tensors (any of shapes (C,), (1,1,C)) as [len(keys), C]."""
         dtype = dtype or self.dtype
         if self.tensors is None:
             return nnx.Param(jnp.zeros((len(keys), width), dtype))
-        stacked = np.stack([np.asarray(self.tensors[k], np.float32).reshape(width) for k in keys])
-        return nnx.Param(jnp.asarray(stacked, dtype))
+        return nnx.Param(jnp.stack([jnp.asarray(self.tensors[k], F32).reshape(width) for k in keys]).astype(dtype))
 
 
 class TimeMix(nnx.Module):
@@ -67,12 +68,12 @@ class TimeMix(nnx.Module):
             setattr(self, n + "1", t.get(p + n + "1", (d, C), transpose=True))
             setattr(self, n + "2", t.get(p + n + "2", (C, d), transpose=True))
 
-    def __call__(self, mixed, S, v_first, *, ops: Ops, step: bool):
-        """mixed [6, B, T, C] (order r w k v a g), S [B, H, N, N] f32, v_first [B*T, C] f32 | None
-        -> (out [B, T, C] model dtype, S_new, v_first)."""
-        _, B, T, C = mixed.shape
-        H, N, M = self.n_head, self.head_size, B * T
-        xr, xw, xk, xv, xa, xg = mixed.reshape(6, M, C)
+    def __call__(self, mixed, S, v_first, *, ops: Ops, rows: Layout):
+        """mixed [6, M, C] (order r w k v a g), S (the layout's state rows, float32),
+        v_first [M, C] float32 | None -> (out [M, C] model dtype, S_new, v_first)."""
+        _, M, C = mixed.shape
+        H, N = self.n_head, self.head_size
+        xr, xw, xk, xv, xa, xg = mixed
         w0, a0, v0, k_k, k_a, lnx_w, lnx_b = self.vecs[...]
         lin = ops.linear
 
@@ -85,25 +86,20 @@ class TimeMix(nnx.Module):
         g = lin(jax.nn.sigmoid(lin(xg, self.g1[...])), self.g2[...]).astype(F32)
 
         kk = (k * k_k).reshape(M, H, N)
-        kk = (kk / jnp.maximum(jnp.linalg.norm(kk, axis=-1, keepdims=True), 1e-12)).reshape(M, C)
+        kk = (kk / jnp.maximum(jnp.linalg.norm(kk, axis=-1, keepdims=True), KK_EPS)).reshape(M, C)
         k = k * (1 + (a - 1) * k_a)
         if self.layer_id == 0:
             v_first = v
         else:
             v = v + (v_first - v) * jax.nn.sigmoid(v0 + lin(lin(xv, self.v1[...]), self.v2[...]).astype(F32))
 
-        if step:  # T == 1: [B, H, N]
-            y, S = ops.wkv_step(*(x.reshape(B, H, N) for x in (r, w, k, v, kk, a)), S)
-        else:
-            y, S = ops.wkv_seq(*(x.reshape(B, T, H, N) for x in (r, w, k, v, kk, a)), S)
-        y = y.reshape(M, H, N)
+        y, S = rows.wkv(ops, S, *(x.reshape(M, H, N) for x in (r, w, k, v, kk, a)))
         mean = y.mean(-1, keepdims=True)
         var = jnp.square(y - mean).mean(-1, keepdims=True)
         y = ((y - mean) * jax.lax.rsqrt(var + GROUP_NORM_EPS)).reshape(M, C) * lnx_w + lnx_b
         bonus = (r * k).reshape(M, H, N) * self.r_k[...]
         y = y + (bonus.sum(-1, keepdims=True) * v.reshape(M, H, N)).reshape(M, C)
-        out = lin((y * g).astype(mixed.dtype), self.output[...])
-        return out.reshape(B, T, C), S, v_first
+        return lin((y * g).astype(mixed.dtype), self.output[...]), S, v_first
 
 
 class ChannelMix(nnx.Module):
@@ -117,18 +113,8 @@ class ChannelMix(nnx.Module):
         self.value = t.get(p + "value.weight", (F, C), transpose=True)  # [F, C]: see Ops
 
     def __call__(self, xk, *, ops: Ops):
-        """xk [B, T, C] -> [B, T, C]; the value weight is held [F, C] (one row per hidden unit)."""
-        B, T, C = xk.shape
-        return ops.channel_mix(xk.reshape(B * T, C), self.key[...], self.value[...]).reshape(B, T, C)
-
-
-def _shift_mix_seq(h, delta, shift, ln_w, ln_b, mix):
-    """The sequence form of Ops.shift_mix: h, delta [B, T, C], shift [B, C] -> (h_out, mixed
-    [n, B, T, C], new shift [B, C]); position t mixes with the LN output of t-1."""
-    h = h if delta is None else h + delta
-    x = layer_norm(h, ln_w, ln_b)
-    prev = jnp.concatenate([shift[:, None].astype(x.dtype), x[:, :-1]], axis=1)
-    return h, x[None] + (prev - x)[None] * mix[:, None, None, :], x[:, -1]
+        """xk [M, C] -> [M, C]; the value weight is held [F, C] (one row per hidden unit)."""
+        return ops.channel_mix(xk, self.key[...], self.value[...])
 
 
 class Block(nnx.Module):
@@ -141,24 +127,15 @@ class Block(nnx.Module):
         self.att = TimeMix(config, layer_id, t)
         self.ffn = ChannelMix(config, layer_id, t)
 
-    def _shift_mix(self, ops, step, h, delta, shift, ln_w, ln_b, mix):
-        if not step:
-            return _shift_mix_seq(h, delta, shift, ln_w, ln_b, mix)
-        h, mixed, x_ln = ops.shift_mix(h[:, 0], None if delta is None else delta[:, 0],
-                                       shift, ln_w, ln_b, mix)
-        return h[:, None], mixed[:, :, None], x_ln
-
-    def __call__(self, h, delta, layer_state, v_first, *, ops: Ops, step: bool):
-        """h [B, T, C]; delta [B, T, C] | None (the previous layer's channel-mix output, not yet
-        added); layer_state (att_shift [B, C], wkv [B, H, N, N], ffn_shift [B, C])
+    def __call__(self, h, delta, layer_state, v_first, *, ops: Ops, rows: Layout):
+        """h [M, C]; delta [M, C] | None (the previous layer's channel-mix output, not yet
+        added); layer_state (att_shift, wkv, ffn_shift) in the layout's state rows
         -> (h, delta, layer_state, v_first)."""
         att_shift, S, ffn_shift = layer_state
         ln1_w, ln1_b, ln2_w, ln2_b = self.ln[...]
-        h, mixed, att_shift = self._shift_mix(ops, step, h, delta, att_shift, ln1_w, ln1_b,
-                                              self.att.mix[...])
-        att_out, S, v_first = self.att(mixed, S, v_first, ops=ops, step=step)
-        h, mixed, ffn_shift = self._shift_mix(ops, step, h, att_out, ffn_shift, ln2_w, ln2_b,
-                                              self.ffn.mix[...])
+        h, mixed, att_shift = rows.shift_mix(ops, h, delta, att_shift, ln1_w, ln1_b, self.att.mix[...])
+        att_out, S, v_first = self.att(mixed, S, v_first, ops=ops, rows=rows)
+        h, mixed, ffn_shift = rows.shift_mix(ops, h, att_out, ffn_shift, ln2_w, ln2_b, self.ffn.mix[...])
         return h, self.ffn(mixed[0], ops=ops), (att_shift, S, ffn_shift), v_first
 
 
@@ -173,21 +150,16 @@ class RWKV7(nnx.Module):
         self.head = t.get("head.weight", (V, C))
         self.blocks = nnx.List([Block(config, layer, t) for layer in range(config.n_layer)])
 
-    def __call__(self, tokens, state, *, ops: Ops, step: bool, full_output: bool = False):
-        """tokens int32 [B, T], state (att_shift [B, L, C], wkv [B, L, H, N, N], ffn_shift [B, L, C])
-        -> (logits float32 [B, V] or [B, T, V], new (att_shift, wkv, ffn_shift))."""
+    def __call__(self, tokens, state, *, ops: Ops, rows: Layout):
+        """tokens int32 [M] (flat rows), state (att_shift [P, L, C], wkv [P, L, H, N, N],
+        ffn_shift [P, L, C]) -> (logits float32 [rows.outputs rows, V], new state)."""
         ln0_w, ln0_b, lnout_w, lnout_b = self.ln[...]
         h = layer_norm(jnp.take(self.emb[...], tokens, axis=0), ln0_w, ln0_b)
         delta, v_first, per_layer = None, None, []
         for layer, block in enumerate(self.blocks):
             layer_state = tuple(leaf[:, layer] for leaf in state)
-            h, delta, layer_state, v_first = block(h, delta, layer_state, v_first, ops=ops, step=step)
+            h, delta, layer_state, v_first = block(h, delta, layer_state, v_first, ops=ops, rows=rows)
             per_layer.append(layer_state)
-        h = h + delta
-        if not full_output:
-            h = h[:, -1:]
-        B, T, C = h.shape
-        logits = ops.linear(layer_norm(h, lnout_w, lnout_b).reshape(B * T, C), self.head[...])
-        logits = logits.astype(F32).reshape(B, T, -1)
-        new_state = tuple(jnp.stack(leaves, axis=1) for leaves in zip(*per_layer))
-        return (logits if full_output else logits[:, 0]), new_state
+        h = rows.outputs(h + delta)
+        logits = ops.linear(layer_norm(h, lnout_w, lnout_b), self.head[...]).astype(F32)
+        return logits, tuple(jnp.stack(leaves, axis=1) for leaves in zip(*per_layer))

@@ -29,7 +29,7 @@ from .paths import Path
 SPARSE_MAX_ROWS = 4
 
 
-def _linear(x, w, *, max_rows: int, interpret: bool):
+def linear(x, w, *, max_rows: int, interpret: bool):
     """Small-M split-K product when x has <= max_rows rows and K suits the kernel, else XLA."""
     M, K = x.shape
     if M <= max_rows and linear_kernel.supports(M, w.shape[0], K):
@@ -37,7 +37,7 @@ def _linear(x, w, *, max_rows: int, interpret: bool):
     return XLA_OPS.linear(x, w)
 
 
-def _channel_mix(xk, w_key, w_val_t, *, max_rows: int, interpret: bool):
+def channel_mix(xk, w_key, w_val_t, *, max_rows: int, interpret: bool):
     """Contract channel_mix (w_val_t [F, C]): the split-K key product and the row-walking value
     product for up to max_rows rows, skipping zero activations while rows <= SPARSE_MAX_ROWS
     (beyond that it walks every unit: a dense split-K product); XLA otherwise."""
@@ -57,9 +57,19 @@ def pallas_ops(path: Path, interpret: bool) -> Ops:
         return XLA_OPS._replace(wkv_seq=functools.partial(wkv_seq_kernel.wkv_seq, interpret=interpret))
     max_rows = 1 if path is Path.B1T1 else linear_kernel.MAX_M
     return Ops(
-        linear=functools.partial(_linear, max_rows=max_rows, interpret=interpret),
+        linear=functools.partial(linear, max_rows=max_rows, interpret=interpret),
         shift_mix=functools.partial(shift_mix_kernel.shift_mix, interpret=interpret),
         wkv_step=functools.partial(wkv_step_kernel.wkv_step, interpret=interpret),
         wkv_seq=XLA_OPS.wkv_seq,
-        channel_mix=functools.partial(_channel_mix, max_rows=max_rows, interpret=interpret),
+        channel_mix=functools.partial(channel_mix, max_rows=max_rows, interpret=interpret),
     )
+
+
+def sparse_rows_threshold(kernel_rows: list) -> int | None:
+    """Largest row count M whose sparse value product beat the dense one (the measured value
+    for SPARSE_MAX_ROWS); 0 if it never did, None if not measured."""
+    timed = [(int(r["case"].split("M=")[1]), r["value_sparse_us"] < r["value_dense_xla_us"])
+             for r in kernel_rows if "value_sparse_us" in r]
+    if not timed:
+        return None
+    return max((m for m, wins in timed if wins), default=0)

@@ -1,4 +1,4 @@
-"""Batched on-device sampling in JAX: the math of ``scheduler.sampling`` (the numpy
+"""Batched on-device sampling in JAX: the math of ``rwkv7_core.sampling`` (the numpy
 reference, which documents every step), traceable and jitted with the decode step. The
 top-k/top-p threshold is found by bisection instead of the reference's sort (the same kept
 set; a [32, 65536] batch took 0.09 s against 0.6 s with the sort on a 2-core CPU).
@@ -11,8 +11,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from scheduler.engine import NONFINITE_TOKEN
-from scheduler.sampling import GOLDEN, HASH_M1, HASH_M2, SamplingRows
+from rwkv7_core.sampling import GOLDEN, HASH_M1, HASH_M2, NONFINITE_TOKEN, SamplingRows
 
 
 def lowbias32(x: jax.Array) -> jax.Array:

@@ -1,4 +1,5 @@
-"""The recurrent state: a pytree with a leading batch axis on every leaf."""
+"""The recurrent state: a pytree with a leading batch axis on every leaf (layout in
+rwkv7_core.state)."""
 from __future__ import annotations
 
 from typing import NamedTuple
@@ -7,7 +8,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from rwkv_torch_ref.config import ModelConfig
+from rwkv7_core.config import ModelConfig
+from rwkv7_core.state import check_state_leaves, state_shapes
 
 
 class State(NamedTuple):
@@ -19,14 +21,17 @@ class State(NamedTuple):
     ffn_shift: jax.Array
 
 
+def _dtypes(dtype) -> dict:
+    return {"att_shift": np.dtype(dtype), "wkv": np.dtype(np.float32), "ffn_shift": np.dtype(dtype)}
+
+
 def init_state(config: ModelConfig, batch_size: int, dtype) -> State:
     """A fresh (all-zero) state for `batch_size` sequences."""
     if int(batch_size) < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-    B, L, C = int(batch_size), config.n_layer, config.n_embd
-    H, N = config.n_head, config.head_size
-    return State(jnp.zeros((B, L, C), dtype), jnp.zeros((B, L, H, N, N), jnp.float32),
-                 jnp.zeros((B, L, C), dtype))
+    dtypes = _dtypes(dtype)
+    return State(*(jnp.zeros(shape, dtypes[name])
+                   for name, shape in state_shapes(config, int(batch_size)).items()))
 
 
 def check_state(state, config: ModelConfig, batch_size: int, dtype) -> State:
@@ -34,20 +39,5 @@ def check_state(state, config: ModelConfig, batch_size: int, dtype) -> State:
 
     Raises ValueError naming the leaf whose type, shape or dtype is wrong.
     """
-    if not isinstance(state, tuple) or len(state) != 3:
-        raise ValueError("state must be a State(att_shift, wkv, ffn_shift) as returned by "
-                         f"init_state, got {type(state).__name__}")
-    L, C, H, N = config.n_layer, config.n_embd, config.n_head, config.head_size
-    want = {"att_shift": ((batch_size, L, C), dtype), "wkv": ((batch_size, L, H, N, N), np.float32),
-            "ffn_shift": ((batch_size, L, C), dtype)}
-    leaves = []
-    for (name, (shape, leaf_dtype)), leaf in zip(want.items(), state):
-        got_shape, got_dtype = tuple(getattr(leaf, "shape", ())), getattr(leaf, "dtype", None)
-        if got_shape != shape:
-            hint = " (batch size differs from the tokens')" if got_shape[1:] == shape[1:] else ""
-            raise ValueError(f"state.{name} has shape {got_shape}, expected {shape} "
-                             f"[B, L, ...] with leading batch axis{hint}")
-        if got_dtype != np.dtype(leaf_dtype):
-            raise ValueError(f"state.{name} has dtype {got_dtype}, expected {np.dtype(leaf_dtype)}")
-        leaves.append(jnp.asarray(leaf))
-    return State(*leaves)
+    leaves = check_state_leaves(state, config, batch_size, _dtypes(dtype))
+    return State(*(jnp.asarray(leaf) for leaf in leaves))

@@ -18,12 +18,10 @@ Empty sequences (length 0) are allowed anywhere and leave their state row unchan
 Flat positions at or past starts[-1] + lengths[-1] are padding (outputs zero).
 `wkv_varlen_reference` is the plain per-sequence loop the segmented scan must equal.
 
-`varlen_forward_fn` is the whole model over such a stream: varlen prefill of several
-prompts (each from its own state row) and the "mixed" step (decode rows as length-1
-sequences beside prompt pieces) are both this one function. It reuses the model's
-TimeMix / ChannelMix modules unchanged, handing TimeMix an `Ops` whose `wkv_seq` is the
-segmented scan; only the block wiring (residual, LayerNorm, token shift) is restated
-here, with the shift reset per sequence.
+The whole model runs over such a stream with the ``rwkv_jax.layouts.FlatRows`` layout
+(``rwkv_jax.forward.varlen_forward_fn``): varlen prefill of several prompts (each from
+its own state row) and the "mixed" step (decode rows as length-1 sequences beside
+prompt pieces) are both that one function.
 """
 from __future__ import annotations
 
@@ -32,13 +30,6 @@ from typing import Callable, NamedTuple
 import jax
 import jax.numpy as jnp
 import numpy as np
-
-from rwkv_torch_ref.config import ModelConfig
-
-from .forward import bind
-from .ops import layer_norm, ops_for
-from .paths import Path
-from .state import State
 
 
 class Segments(NamedTuple):
@@ -160,54 +151,3 @@ def wkv_varlen_reference(r, w, k, v, kk, a, state0, lengths, *, wkv_step: WkvSte
         finals.append(s)
         pos += n
     return y, jnp.concatenate(finals, axis=0)
-
-
-def shift_mix_varlen(h, delta, shift0, ln_w, ln_b, mix, segs: Segments):
-    """Residual add + LayerNorm + token-shift mixes over a flat stream: h, delta [T, C]
-    (delta may be None), shift0 [P, C], mix [n, C] -> (h_out [T, C], mixed [n, T, C],
-    new shift [P, C])."""
-    h = h if delta is None else h + delta
-    x = layer_norm(h, ln_w, ln_b)
-    prev, new_shift = token_shift_varlen(x, shift0.astype(x.dtype), segs)
-    return h, x[None] + (prev - x)[None] * mix[:, None, :], new_shift
-
-
-def varlen_forward_fn(params: dict, tokens: jax.Array, state: State, starts: jax.Array,
-                      lengths: jax.Array, *, config: ModelConfig, kernels: str,
-                      n_single: int = 0):
-    """The model over P sequences flattened into one stream.
-
-    tokens int32 [T] (sequence p at [starts[p], starts[p] + lengths[p]); the rest is
-    padding); state: State with P rows, row p the state sequence p starts from;
-    starts, lengths int32 [P]. The first `n_single` sequences have length <= 1 (decode
-    rows of a mixed step). Returns (logits float32 [P, V] at each sequence's last token
-    (meaningless for empty sequences), new State with P rows; empty sequences keep
-    theirs). Runs the DENSE path's ops. Pure; jit with config, kernels, n_single static.
-    """
-    model = bind(params, config)
-    ops = ops_for(Path.DENSE, kernels)
-    segs = Segments(starts, lengths)
-
-    def wkv_seq(r, w, k, v, kk, a, S):  # [1, T, H, N] operands, S [P, H, N, N]
-        y, S = wkv_varlen(r[0], w[0], k[0], v[0], kk[0], a[0], S, segs,
-                          wkv_step=ops.wkv_step, n_single=n_single)
-        return y[None], S
-
-    seq_ops = ops._replace(wkv_seq=wkv_seq)
-    ln0_w, ln0_b, lnout_w, lnout_b = model.ln[...]
-    h = layer_norm(jnp.take(model.emb[...], tokens, axis=0), ln0_w, ln0_b)
-    delta, v_first, per_layer = None, None, []
-    for layer, block in enumerate(model.blocks):
-        att_shift, S, ffn_shift = (leaf[:, layer] for leaf in state)
-        ln1_w, ln1_b, ln2_w, ln2_b = block.ln[...]
-        h, mixed, att_shift = shift_mix_varlen(h, delta, att_shift, ln1_w, ln1_b,
-                                               block.att.mix[...], segs)
-        att_out, S, v_first = block.att(mixed[:, None], S, v_first, ops=seq_ops, step=False)
-        h, mixed, ffn_shift = shift_mix_varlen(h, att_out[0], ffn_shift, ln2_w, ln2_b,
-                                               block.ffn.mix[...], segs)
-        delta = block.ffn(mixed[:1], ops=ops)[0]
-        per_layer.append((att_shift, S, ffn_shift))
-    h = h + delta
-    last = jnp.clip(starts + lengths - 1, 0, tokens.shape[0] - 1)
-    logits = ops.linear(layer_norm(h[last], lnout_w, lnout_b), model.head[...])
-    return logits.astype(jnp.float32), State(*(jnp.stack(leaves, axis=1) for leaves in zip(*per_layer)))

@@ -1,17 +1,16 @@
-"""PyTorch reference RWKV-7 with Triton kernels, plus framework-free checkpoint I/O.
+"""The spec-exact PyTorch reference of RWKV-7, its Triton kernels and its engine.
 
-Importing this package does not import torch: the checkpoint and config modules are
-numpy-only (the JAX model uses them), and the model is loaded lazily on first use.
+    m = rwkv_torch_ref.load(path, dtype="float32", kernels="torch")   # torch | triton | auto
+
+Importing this package does not import torch: ``load`` and ``Kernels`` are loaded on
+first use. Checkpoint I/O and the config live in the numpy-only ``rwkv7_core``.
 """
-from .checkpoint import CheckpointError, read_checkpoint, random_tensors, write_checkpoint, write_random_checkpoint
-from .config import NAMED_CONFIGS, ModelConfig, named_config
 
-__all__ = ["CheckpointError", "ModelConfig", "NAMED_CONFIGS", "load", "named_config",
-           "random_tensors", "read_checkpoint", "write_checkpoint", "write_random_checkpoint"]
+__all__ = ["Kernels", "load"]
 
 
 def __getattr__(name: str):
-    if name == "load":
-        from .model import load
-        return load
+    if name in __all__:
+        from . import model
+        return getattr(model, name)
     raise AttributeError(f"module 'rwkv_torch_ref' has no attribute {name!r}")

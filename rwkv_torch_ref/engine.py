@@ -1,4 +1,4 @@
-"""`TorchEngine`: the scheduler's Engine protocol (scheduler/engine.py) on the torch reference.
+"""`TorchEngine`: the engine contract (rwkv7_core/engine.py) on the torch reference.
 
 The batch ("slots") lives on the model's device: the recurrent State [bucket, ...], penalty
 counts float32 [bucket, V], banned mask bool [bucket, V] and per-slot sampling parameters
@@ -8,24 +8,16 @@ counts float32 [bucket, V], banned mask bool [bucket, V] and per-slot sampling p
 """
 from __future__ import annotations
 
-from typing import NamedTuple, Sequence
+from typing import Sequence
 
 import numpy as np
 import torch
 
-from scheduler.params import SamplingParams
-from scheduler.sampling import SamplingRows, banned_mask, sampling_rows
+from rwkv7_core.engine import Slots
+from rwkv7_core.sampling import SamplingParams, SamplingRows, banned_mask, sampling_rows
 
 from .sampling import sample_rows, update_counts
 from .state import State, select_rows
-
-
-class Slots(NamedTuple):
-    """The batch the engine owns; every tensor has a leading [bucket] axis."""
-    state: State
-    counts: torch.Tensor   # float32 [B, V]
-    banned: torch.Tensor   # bool [B, V]
-    rows: SamplingRows     # [B] tensors
 
 
 class TorchEngine:
@@ -51,6 +43,9 @@ class TorchEngine:
 
     def compile(self, buckets: Sequence[int]) -> dict[int, float]:
         return {b: 0.0 for b in buckets}
+
+    def compile_prefill(self) -> dict[int, float]:
+        return {}
 
     @torch.inference_mode()
     def prefill(self, tokens: np.ndarray, start=None):

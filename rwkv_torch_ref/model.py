@@ -20,20 +20,23 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from .checkpoint import read_checkpoint
-from .config import ModelConfig
+from rwkv7_core.checkpoint import read_checkpoint
+from rwkv7_core.config import ModelConfig
+from rwkv7_core.constants import LN_EPS
+from rwkv7_core.state import check_tokens
+
 from .state import State, check_state, wkv_dtype, zeros_state
 from .wkv import CoreParams, time_mix_core
 
 DTYPES = {"float64": torch.float64, "float32": torch.float32,
           "bfloat16": torch.bfloat16, "float16": torch.float16}
-LN_EPS = 1e-5
 
 
-class Kernels(enum.Enum):
+class Kernels(str, enum.Enum):
     """Which implementation runs the time-mix core (decay/kk prep, wkv, read-out)."""
     TORCH = "torch"    # plain torch (wkv.py)
     TRITON = "triton"  # triton_kernels/: fused T=1 step, [B, T] recurrence
+    AUTO = "auto"      # TRITON on CUDA, TORCH on the CPU; resolved by ``load``
 
 
 class Layer(NamedTuple):
@@ -185,37 +188,21 @@ class RWKV7:
     # ------------------------------------------------------------------ input checks
     def _check_tokens(self, tokens) -> torch.Tensor:
         if isinstance(tokens, torch.Tensor):
-            t = tokens.detach()
-        else:
-            try:
-                arr = np.asarray(tokens)
-            except ValueError as e:  # ragged nested lists
-                raise ValueError(f"tokens must be a rectangular [B, T] array of ints: {e}") from None
-            if arr.size and not np.issubdtype(arr.dtype, np.integer):
-                raise ValueError(f"tokens must be integers, got dtype {arr.dtype}")
-            t = torch.from_numpy(arr.astype(np.int64))
-        if t.is_floating_point() or t.is_complex() or t.dtype == torch.bool:
-            raise ValueError(f"tokens must be integers, got dtype {t.dtype}")
-        if t.dim() != 2:
-            raise ValueError(f"tokens must have shape [B, T], got shape {tuple(t.shape)}")
-        if t.numel() == 0:
-            raise ValueError(f"tokens is empty (shape {tuple(t.shape)}); need B >= 1 and T >= 1")
-        lo, hi = int(t.min()), int(t.max())
-        V = self.config.vocab_size
-        if lo < 0 or hi >= V:
-            bad = lo if lo < 0 else hi
-            raise ValueError(f"token id {bad} is outside the vocabulary [0, {V})")
-        return t.to(device=self.device, dtype=torch.long)
+            if tokens.is_floating_point() or tokens.is_complex() or tokens.dtype == torch.bool:
+                raise ValueError(f"tokens must be integers, got dtype {tokens.dtype}")
+            tokens = tokens.detach().cpu().numpy()
+        arr = check_tokens(tokens, self.config.vocab_size)
+        return torch.from_numpy(arr).to(device=self.device)
 
 
-def load(path: str | os.PathLike, dtype: str = "float32", kernels: str = "torch",
+def load(path: str | os.PathLike, dtype: str = "float32", kernels: str | Kernels = "torch",
          device: str | torch.device | None = None) -> RWKV7:
     """Load a checkpoint (.pth or .safetensors) as an RWKV7 model.
 
-    dtype: float64 | float32 | bfloat16 | float16. kernels: torch | triton (Triton needs
-    float32/bfloat16/float16 and runs on CUDA, or on CPU under TRITON_INTERPRET=1, which
-    is set here when the kernels are first imported on a CPU-only run). device defaults
-    to CUDA for Triton when available, else CPU.
+    dtype: float64 | float32 | bfloat16 | float16. kernels: torch | triton | auto (Triton on
+    CUDA, torch on the CPU; Triton needs float32/bfloat16/float16 and runs on CUDA, or on
+    CPU under TRITON_INTERPRET=1, which is set here when the kernels are first imported on a
+    CPU-only run). device defaults to CUDA when available for Triton and auto, else CPU.
     """
     if dtype not in DTYPES:
         raise ValueError(f"dtype {dtype!r} not in {list(DTYPES)}")
@@ -224,8 +211,10 @@ def load(path: str | os.PathLike, dtype: str = "float32", kernels: str = "torch"
     except ValueError:
         raise ValueError(f"kernels {kernels!r} not in {[k.value for k in Kernels]}") from None
     if device is None:
-        device = "cuda" if kind is Kernels.TRITON and torch.cuda.is_available() else "cpu"
+        device = "cuda" if kind is not Kernels.TORCH and torch.cuda.is_available() else "cpu"
     device = torch.device(device)
+    if kind is Kernels.AUTO:
+        kind = Kernels.TRITON if device.type == "cuda" and dtype != "float64" else Kernels.TORCH
     if kind is Kernels.TRITON:
         if dtype == "float64":
             raise ValueError("kernels='triton' accumulates in float32; use kernels='torch' "

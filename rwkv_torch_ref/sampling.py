@@ -1,11 +1,10 @@
-"""Batched sampling in torch: the math of ``scheduler.sampling`` (the numpy reference, which
+"""Batched sampling in torch: the math of ``rwkv7_core.sampling`` (the numpy reference, which
 documents every step). uint32 hashing is done in int64 with explicit 32-bit wrapping."""
 from __future__ import annotations
 
 import torch
 
-from scheduler.engine import NONFINITE_TOKEN
-from scheduler.sampling import GOLDEN, HASH_M1, HASH_M2, SamplingRows
+from rwkv7_core.sampling import GOLDEN, HASH_M1, HASH_M2, NONFINITE_TOKEN, SamplingRows
 
 MASK32 = 0xFFFFFFFF
 

@@ -16,7 +16,8 @@ from typing import NamedTuple, Sequence
 
 import torch
 
-from .config import ModelConfig
+from rwkv7_core.config import ModelConfig
+from rwkv7_core.state import check_state_leaves, state_shapes
 
 
 class State(NamedTuple):
@@ -39,13 +40,14 @@ def zeros_state(config: ModelConfig, batch_size: int, dtype: torch.dtype,
     """A fresh (all-zero) state for ``batch_size`` sequences."""
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-    c = config
-    shift = (batch_size, c.n_layer, c.n_embd)
-    return State(
-        att_shift=torch.zeros(shift, dtype=dtype, device=device),
-        wkv=torch.zeros((batch_size, c.n_layer, c.n_head, c.head_size, c.head_size),
-                        dtype=wkv_dtype(dtype), device=device),
-        ffn_shift=torch.zeros(shift, dtype=dtype, device=device))
+    dtypes = leaf_dtypes(dtype)
+    return State(*(torch.zeros(shape, dtype=dtypes[name], device=device)
+                   for name, shape in state_shapes(config, batch_size).items()))
+
+
+def leaf_dtypes(dtype: torch.dtype) -> dict:
+    """{leaf name: torch dtype} of the state of a ``dtype`` model."""
+    return {"att_shift": dtype, "wkv": wkv_dtype(dtype), "ffn_shift": dtype}
 
 
 def select_rows(state: State, rows: Sequence[int] | torch.Tensor) -> State:
@@ -73,24 +75,8 @@ def replace_rows(state: State, rows: Sequence[int] | torch.Tensor, new: State) -
 
 def check_state(state: object, config: ModelConfig, batch_size: int, dtype: torch.dtype) -> State:
     """Validate a state against the model and a token batch; ValueError names the problem."""
-    if not isinstance(state, tuple) or len(state) != 3:
-        raise ValueError("state must be a State(att_shift, wkv, ffn_shift) as made by "
-                         f"init_state, got {type(state).__name__}")
-    state = State(*state)
-    c = config
-    want = {"att_shift": ((batch_size, c.n_layer, c.n_embd), dtype),
-            "wkv": ((batch_size, c.n_layer, c.n_head, c.head_size, c.head_size), wkv_dtype(dtype)),
-            "ffn_shift": ((batch_size, c.n_layer, c.n_embd), dtype)}
-    for name, (shape, dt) in want.items():
-        leaf = getattr(state, name)
+    leaves = check_state_leaves(state, config, batch_size, leaf_dtypes(dtype))
+    for name, leaf in zip(State._fields, leaves):
         if not isinstance(leaf, torch.Tensor):
             raise ValueError(f"state.{name} must be a torch.Tensor, got {type(leaf).__name__}")
-        if leaf.dim() >= 1 and leaf.shape[0] != batch_size:
-            raise ValueError(f"state.{name} has batch size {leaf.shape[0]} but the tokens "
-                             f"have batch size {batch_size}")
-        if tuple(leaf.shape) != shape:
-            raise ValueError(f"state.{name} has shape {tuple(leaf.shape)}, expected {shape} "
-                             "[B, L, C] / [B, L, H, N, N]")
-        if leaf.dtype != dt:
-            raise ValueError(f"state.{name} has dtype {leaf.dtype}, expected {dt}")
-    return state
+    return State(*leaves)

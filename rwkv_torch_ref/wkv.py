@@ -12,9 +12,8 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
-DECAY_SCALE = 0.606531  # exp(-0.5): decay = exp(-DECAY_SCALE * sigmoid(w_raw)) in [0.545, 1)
-KK_EPS = 1e-12          # L2 normalisation of kk
-GROUPNORM_EPS = 64e-5   # ln_x GroupNorm (H groups)
+from rwkv7_core.constants import DECAY_SCALE, GROUP_NORM_EPS, KK_EPS
+
 
 
 class CoreParams(NamedTuple):
@@ -59,7 +58,7 @@ def wkv7_seq(r, w, k, v, kk, a, S):
 def read_out(y, r, k, v, p: CoreParams) -> torch.Tensor:
     """GroupNorm(H groups) * ln_x + bonus; y, r, k, v [B, T, H, N] -> [B, T, C]."""
     B, T, H, N = y.shape
-    out = F.group_norm(y.reshape(B * T, H * N), H, p.ln_w, p.ln_b, eps=GROUPNORM_EPS)
+    out = F.group_norm(y.reshape(B * T, H * N), H, p.ln_w, p.ln_b, eps=GROUP_NORM_EPS)
     bonus = (r * k * p.r_k).sum(-1, keepdim=True) * v
     return out.view(B, T, H * N) + bonus.reshape(B, T, H * N)
 

@@ -1,6 +1,8 @@
-"""``python -m scheduler``: the batch generation command (same as ``rwkv7-generate``)."""
-import sys
+"""``python -m scheduler``: the batch generation command, ``rwkv7-generate``.
 
-from .cli import main
+The command lives in the applications package, which the scheduler never imports; this
+entry point only runs it as a program (by module name), so no import edge points back.
+"""
+import runpy
 
-sys.exit(main())
+runpy.run_module("rwkv7_apps.generate", run_name="__main__", alter_sys=True)

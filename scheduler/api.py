@@ -3,10 +3,11 @@ from __future__ import annotations
 
 from typing import Callable, Sequence
 
+from rwkv7_core.engine import Engine
+
 from .config import SchedulerConfig
 from .core import Scheduler
-from .engine import Engine
-from .params import Request, RequestOutput
+from .request import Request, RequestOutput
 
 
 def generate(engine: Engine, requests: Sequence[Request], config: SchedulerConfig | None = None,

@@ -5,9 +5,10 @@ import enum
 from typing import NamedTuple, Sequence
 
 
-class PrefillPolicy(enum.Enum):
-    """How prompts are prefilled. SERIAL: one prompt at a time in a worker thread while
-    decode steps keep running (the default; the others are added by the prefill-policy work)."""
+class PrefillPolicy(str, enum.Enum):
+    """How prompts are prefilled (scheduler/prefill.py). SERIAL: one prompt per call in a
+    worker thread while decode steps keep running (the default); VARLEN: flattened pieces of
+    several prompts per call in that worker; MIXED: prompt pieces inside the decode steps."""
     SERIAL = "serial"
     VARLEN = "varlen"
     MIXED = "mixed"
@@ -18,14 +19,14 @@ class SchedulerConfig(NamedTuple):
     max_batch, max_batch itself included); prefix_cache_bytes: host prefix-state cache bound
     (0 = off); prefix_block: besides whole prompts, the state at the last multiple of this many
     tokens is cached, so prompts sharing a system prompt hit; precompile: compile every bucket
-    before the first step; prefill_policy: a PrefillPolicy value; chunk: prompt tokens per
-    mixed step."""
+    before the first step; prefill_policy: a PrefillPolicy (or its value; ``validated``
+    makes it the member); chunk: prompt tokens per varlen call or mixed step."""
     max_batch: int = 256
     buckets: Sequence[int] | None = None
     prefix_cache_bytes: int = 0
     prefix_block: int = 64
     precompile: bool = False
-    prefill_policy: str = "serial"
+    prefill_policy: PrefillPolicy | str = PrefillPolicy.SERIAL
     chunk: int = 256
 
     def validated(self) -> "SchedulerConfig":
@@ -45,11 +46,11 @@ class SchedulerConfig(NamedTuple):
         if self.chunk < 1:
             raise ValueError(f"SchedulerConfig.chunk={self.chunk!r}: must be >= 1")
         try:
-            PrefillPolicy(self.prefill_policy)
+            policy = PrefillPolicy(self.prefill_policy)
         except ValueError:
             raise ValueError(f"SchedulerConfig.prefill_policy={self.prefill_policy!r}: choose one of "
                              f"{[p.value for p in PrefillPolicy]}") from None
-        return self._replace(buckets=buckets)
+        return self._replace(buckets=buckets, prefill_policy=policy)
 
 
 def bucket_ladder(max_batch: int) -> tuple[int, ...]:

@@ -1,16 +1,16 @@
-"""The scheduler: serial prefill in a worker thread, bucketed batched decode in the caller's.
+"""The scheduler: prefill in a worker thread, bucketed batched decode in the caller's.
 
 Threads: ``run()`` drives decode steps in the calling thread; one prefill worker takes
-WAITING requests in arrival order, prefills them one at a time under ``prefill_lock``
-(using the prefix cache), draws each first token and hands the request over as READY.
+WAITING requests in arrival order, prefills them under ``prefill_lock`` (one prompt per
+call for SERIAL, flattened pieces for VARLEN; scheduler/prefill.py, using the prefix
+cache), draws each first token and hands the request over as READY.
 Every loop iteration of ``run()``: report finished/cancelled requests, admit READY requests
 (at most ``max_batch`` live rows), resize the batch to the smallest bucket holding the live
 rows plus the prompt in prefill (which joins soon: no shrink-then-grow) if that differs
 from the current one (compacting live slots to the front; compiling a new bucket first
 unless precompiled), insert the admitted rows into free slots, run one engine step, and
-account the drawn tokens. The VARLEN policy swaps the worker's one-prompt prefill for
-flattened multi-prompt calls; MIXED has no worker and runs prompt chunks inside the decode
-step (scheduler/prefill_policies.py).
+account the drawn tokens. MIXED has no worker and runs prompt chunks inside the decode
+step.
 """
 from __future__ import annotations
 
@@ -21,12 +21,14 @@ from typing import Callable, Mapping
 
 import numpy as np
 
+from rwkv7_core.engine import Engine
+from rwkv7_core.sampling import NONFINITE_TOKEN, SamplingParams
+
 from .config import PrefillPolicy, SchedulerConfig, bucket_for
-from .engine import NONFINITE_TOKEN, Engine
-from .params import Request, RequestOutput, RequestState, SamplingParams
-from .prefill_policies import PiecewisePrefill, check_engine_supports
+from .prefill import Prefill, check_engine_supports
 from .prefix_cache import PrefixCache
-from .stats import BucketSwitch, CompileEvent, PrefillRecord, RequestRecord, Stats, StepRecord
+from .request import Request, RequestOutput, RequestState, final_state
+from .stats import BucketSwitch, CompileEvent, RequestRecord, Stats, StepRecord
 
 _NO_TOKEN = -2  # padding in the per-slot stop-token table
 
@@ -87,10 +89,10 @@ class Scheduler:
         self._compiled: set[int] = set()
         self._on_token = self._on_finish = None
         self._resize_slots(0, [])
-        self._policy = PrefillPolicy(self.config.prefill_policy)
+        self._policy = self.config.prefill_policy
         check_engine_supports(engine, self._policy)
-        self._pieces = PiecewisePrefill(engine, self.config.chunk, self.stats, self._prefix,
-                                        self.config.prefix_block)
+        self._pieces = Prefill(engine, self._policy, self.config.chunk, self.stats, self._prefix,
+                               self.config.prefix_block)
 
     # ---- public API -------------------------------------------------------------------
     def add(self, request: Request) -> None:
@@ -143,8 +145,8 @@ class Scheduler:
         self._stop_worker = False
         if self.config.precompile:
             self._ensure_compiled(self.config.buckets)
-        workers = {PrefillPolicy.SERIAL: self._prefill_worker, PrefillPolicy.VARLEN: self._varlen_worker}
-        worker = threading.Thread(target=workers.get(self._policy, lambda: None), name="prefill", daemon=True)
+        worker = threading.Thread(target=None if self._policy is PrefillPolicy.MIXED else self._prefill_worker,
+                                  name="prefill", daemon=True)
         worker.start()
         try:
             while True:
@@ -196,61 +198,34 @@ class Scheduler:
             params = params.replace(seed=int(self._seed_rng.integers(2**32)))
         return params, prompt.tolist()
 
-    # ---- prefill worker ---------------------------------------------------------------
-    def _prefill_worker(self) -> None:
-        max_batch = self.config.max_batch
-        while True:
-            with self._cond:
-                self._cond.wait_for(lambda: self._stop_worker or (
-                    self._admitting and self._waiting
-                    and self._live_count + len(self._ready) + self._prefilling < max_batch),
-                    timeout=0.05)
-                if self._stop_worker:
-                    return
-                if not (self._admitting and self._waiting
-                        and self._live_count + len(self._ready) + self._prefilling < max_batch):
-                    continue
-                entry = self._waiting.popleft()
-                entry.set_state(RequestState.PREFILL)
-                self._prefilling += 1
-            try:
-                with self.prefill_lock:
-                    self._prefill(entry)
-            except Exception as e:  # the request fails alone; the worker goes on
-                entry.error = f"prefill failed: {type(e).__name__}: {e}"
-                entry.row = None
-            with self._cond:
-                self._prefilling -= 1
-                if entry.error is None:
-                    entry.set_state(RequestState.READY)
-                self._ready.append(entry)
-                self._cond.notify_all()
+    # ---- prefill (scheduler/prefill.py) ----------------------------------------------
+    def _can_start(self) -> bool:
+        """A waiting request may start prefill: admissions are open and the batch has room
+        for it beside the live, ready and prefilling ones (caller holds _cond)."""
+        return bool(self._admitting and self._waiting and self._live_count + len(self._ready)
+                    + self._prefilling < self.config.max_batch)
 
-    # ---- VARLEN / MIXED prefill (scheduler/prefill_policies.py) -------------------------
-    def _varlen_worker(self) -> None:
-        """VARLEN: flattened prefill calls of up to ``chunk`` tokens, beside decode."""
+    def _prefill_worker(self) -> None:
+        """SERIAL / VARLEN: prefill calls beside decode, until the run ends."""
         while True:
             with self._cond:
-                self._cond.wait_for(lambda: self._stop_worker or self._pieces or (
-                    self._admitting and self._waiting and self._live_count + len(self._ready)
-                    + self._prefilling < self.config.max_batch), timeout=0.05)
+                self._cond.wait_for(lambda: self._stop_worker or self._pieces or self._can_start(),
+                                    timeout=0.05)
                 if self._stop_worker:
                     return
             self._start_pieces()
             if self._pieces:
                 with self.prefill_lock:
-                    self._pieces.run_varlen()
+                    self._pieces.run()
                 self._hand_over_pieces()
 
     def _mixed_work(self) -> bool:
         return self._policy is PrefillPolicy.MIXED and len(self._pieces) > 0
 
     def _start_pieces(self) -> None:
-        """Move waiting requests into the piece queue while it holds less than a call's
-        worth of tokens (so few rows are reserved for prompts still in prefill)."""
+        """Move waiting requests into the prefill queue while it wants more."""
         with self._cond:
-            while (self._admitting and self._waiting and self._pieces.pending_tokens() < self.config.chunk
-                   and self._live_count + len(self._ready) + self._prefilling < self.config.max_batch):
+            while self._pieces.wants_more() and self._can_start():
                 entry = self._waiting.popleft()
                 entry.set_state(RequestState.PREFILL)
                 self._prefilling += 1
@@ -258,8 +233,8 @@ class Scheduler:
         self._hand_over_pieces()
 
     def _hand_over_pieces(self, only_for: PrefillPolicy | None = None) -> None:
-        """Prompts the piece queue finished (or failed) become READY, as after serial prefill.
-        Only the thread running the pieces calls this (``only_for`` names that policy)."""
+        """Prompts the prefill queue finished (or failed) become READY. Only the thread
+        running the pieces calls this (``only_for`` names that policy)."""
         if (only_for is not None and self._policy is not only_for) or not self._pieces.completed:
             return
         with self._cond:
@@ -271,36 +246,6 @@ class Scheduler:
                 self._ready.append(entry)
             self._cond.notify_all()
 
-    def _prefill(self, entry: _Entry) -> None:
-        """Prefill entry.prompt (reusing the longest cached prefix) and draw its first token."""
-        engine, prompt, cache = self.engine, entry.prompt, self._prefix
-        start = time.perf_counter()
-        done, row = 0, None
-        if cache is not None:
-            done, host = cache.longest_prefix(prompt)
-            if done:
-                self.stats.prefix_hits += 1
-                row = engine.from_host(host)
-            else:
-                self.stats.prefix_misses += 1
-        entry.cached_tokens = done
-        if done < len(prompt):
-            block = self.config.prefix_block
-            boundary = (len(prompt) - 1) // block * block
-            if cache is not None and boundary > done:
-                row = engine.prefill(np.asarray(prompt[done:boundary], np.int32), row)
-                cache.put(prompt[:boundary], engine.to_host(row))
-                done = boundary
-            row = engine.prefill(np.asarray(prompt[done:], np.int32), row)
-            if cache is not None:
-                cache.put(prompt, engine.to_host(row))
-        entry.row = row
-        entry.first_token = int(engine.sample(row, entry.params, 0))
-        entry.first_token_time = now = time.perf_counter()
-        entry.prefill_seconds = now - start
-        self.stats.prefills.append(PrefillRecord(start, entry.id, len(prompt) - entry.cached_tokens,
-                                                 now - start))
-
     # ---- main-thread bookkeeping ------------------------------------------------------
     def _idle(self) -> bool:
         """Nothing left to do in this run (caller holds _cond)."""
@@ -311,12 +256,14 @@ class Scheduler:
         with self._cond:
             finals, self._finals = list(self._finals), deque()
         for entry in finals:
-            if entry.error is not None:
-                self._finish(entry, "error")
-            elif entry.cancel_requested:
-                self._finish(entry, "cancelled")
-            else:  # max_tokens == 0
-                self._finish(entry, "length")
+            self._finish(entry, self._final_reason(entry) or "length")  # "length": max_tokens == 0
+
+    @staticmethod
+    def _final_reason(entry: _Entry) -> str | None:
+        """"error" or "cancelled" for an entry that failed or was cancelled before decoding."""
+        if entry.error is not None:
+            return "error"
+        return "cancelled" if entry.cancel_requested else None
 
     def _apply_cancels(self) -> None:
         if not self._cancels:
@@ -342,10 +289,9 @@ class Scheduler:
                 if not self._ready:
                     break
                 entry = self._ready.popleft()
-            if entry.error is not None:
-                self._finish(entry, "error")
-            elif entry.cancel_requested:
-                self._finish(entry, "cancelled")
+            reason = self._final_reason(entry)
+            if reason is not None:
+                self._finish(entry, reason)
             elif self._accept_first(entry) is None:
                 admitted.append(entry)
         return admitted
@@ -387,8 +333,7 @@ class Scheduler:
             self._live_mask[slot] = False
             del self._live[entry.id]
             entry.slot = -1
-        state = {"error": RequestState.FAILED, "cancelled": RequestState.CANCELLED}.get(
-            reason, RequestState.FINISHED)
+        state = final_state(reason)
         entry.set_state(state)
         entry.row = None
         out = RequestOutput(id=entry.id, tokens=entry.tokens, finish_reason=reason, error=entry.error,

@@ -5,7 +5,7 @@ import threading
 from collections import OrderedDict
 from typing import Sequence
 
-from .engine import HostRow, host_row_bytes
+from rwkv7_core.engine import HostRow, host_row_bytes
 
 
 class PrefixCache:

@@ -7,10 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from rwkv_torch_ref import ModelConfig, named_config, write_random_checkpoint
-
-ODD_CONFIG = ModelConfig(n_layer=3, n_embd=192, n_head=3, head_size=64, vocab_size=300,
-                         dim_ffn=768, d_decay=24, d_aaa=40, d_mv=20, d_gate=56)
+from rwkv7_core import ModelConfig, named_config, write_random_checkpoint
+from tests.shapes import ODD_CONFIG
 
 
 def _write_pair(tmp_path_factory, name: str, config: ModelConfig, seed: int):

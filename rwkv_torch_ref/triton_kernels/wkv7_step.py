@@ -11,7 +11,9 @@ import torch
 import triton
 import triton.language as tl
 
-from ..wkv import DECAY_SCALE, GROUPNORM_EPS, KK_EPS, CoreParams
+from rwkv7_core.constants import DECAY_SCALE, GROUP_NORM_EPS, KK_EPS
+
+from ..wkv import CoreParams
 from ..wkv import time_mix_core as reference
 
 __all__ = ["wkv7_step_fused", "reference"]
@@ -63,5 +65,5 @@ def wkv7_step_fused(r, w_raw, k, v, a, p: CoreParams, S):
     y = torch.empty((B, 1, C), dtype=torch.float32, device=r.device)
     s_out = torch.empty((B, H, N, N), dtype=torch.float32, device=r.device)
     _wkv7_step_kernel[(B * H,)](*ins, y, s_out, H=H, N=N, DECAY=DECAY_SCALE, KK_EPS=KK_EPS,
-                                GN_EPS=GROUPNORM_EPS)
+                                GN_EPS=GROUP_NORM_EPS)
     return y, s_out

@@ -1,0 +1,376 @@
+"""``rwkv7-generate`` (also ``python -m scheduler``): batch generation, JSONL in, JSONL out.
+
+Resumable: ids already in the output file are skipped and a torn last line is cut off.
+SIGINT/SIGTERM stop admissions, let in-flight requests finish, flush and exit (130/143);
+a second signal stops at once (in-flight requests are then redone by the next run).
+The model backends (jax, torch) are imported only inside ``main``.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import signal
+import sys
+import time
+import zlib
+from pathlib import Path
+from typing import Any
+
+from rwkv7_core.tokenizer import WORLD_VOCAB_SIZE, tokenizer_for
+
+from .engines import BACKENDS, kernel_choices, load_engine, random_model_names, random_model_path
+from .jsonl_io import InputError, InputRequest, ResultWriter, error_record, item_key, read_requests
+
+SAMPLING_OPTIONS = ("max_tokens", "temperature", "top_p", "top_k", "presence_penalty",
+                    "frequency_penalty", "penalty_decay", "stop", "stop_tokens")
+EXIT_BAD_ARGS = 2
+DEFAULT_MAX_BATCH = 256
+
+
+# ----------------------------------------------------------------------------- options
+def _int_list(text: str) -> list[int]:
+    try:
+        return [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="rwkv7-generate", description="Generate completions for every prompt of a JSONL file "
+        "with an RWKV-7 model; rerun the same command to resume an interrupted run.")
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--model", metavar="PATH", help="checkpoint (.pth or .safetensors, official layout)")
+    src.add_argument("--random-model", metavar="NAME", choices=random_model_names(),
+                     help=f"a seeded random-weight model of this shape ({', '.join(random_model_names())}; "
+                          "NAME-world: that shape with the World vocabulary, so text prompts work), "
+                          "written once under $XDG_CACHE_HOME/rwkv7 (default ~/.cache/rwkv7)")
+    p.add_argument("--input", required=True, metavar="IN.jsonl", help="one request per line")
+    p.add_argument("--output", required=True, metavar="OUT.jsonl", help="results, appended; resumed if present")
+    p.add_argument("--backend", default="jax", choices=BACKENDS)
+    p.add_argument("--kernels", default="auto",
+                   help="jax: auto|xla|pallas|pallas-interpret; torch: auto|torch|triton "
+                        "(auto = the fastest available on this machine; checked by the backend)")
+    p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
+    p.add_argument("--max-batch", type=int, default=None,
+                   help="most sequences decoded together (default 256, or the largest of --buckets)")
+    p.add_argument("--buckets", type=_int_list, default=None, metavar="1,2,4,...",
+                   help="decode batch sizes to compile (default: powers of two up to --max-batch)")
+    p.add_argument("--prefix-cache-mb", type=float, default=0.0, metavar="N",
+                   help="host memory for cached prompt-prefix states (0 = off)")
+    p.add_argument("--precompile", action="store_true", help="compile every bucket before the first step")
+    p.add_argument("--prefill", default="serial", choices=("serial", "varlen", "mixed"),
+                   help="prefill policy (see README)")
+    p.add_argument("--chunk", type=int, default=256, metavar="K", help="prompt tokens per varlen/mixed call")
+    p.add_argument("--metrics", metavar="METRICS.json", help="write run metrics as JSON")
+    p.add_argument("--plot", metavar="RUN.png", help="write a PNG of batch size, bucket and tok/s over time")
+    p.add_argument("--seed", type=int, default=0, metavar="S",
+                   help="run seed: a request without its own 'seed' gets one derived from S and its id")
+    s = p.add_argument_group("sampling defaults (each overridable per request in the input)")
+    s.add_argument("--max-tokens", type=int, default=128)
+    s.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
+    s.add_argument("--top-p", type=float, default=1.0)
+    s.add_argument("--top-k", type=int, default=0, help="0 = off")
+    s.add_argument("--presence-penalty", type=float, default=0.0)
+    s.add_argument("--frequency-penalty", type=float, default=0.0)
+    s.add_argument("--penalty-decay", type=float, default=1.0)
+    s.add_argument("--stop", action="append", default=None, metavar="TEXT",
+                   help="stop string (repeatable; needs the World tokenizer)")
+    s.add_argument("--stop-tokens", type=_int_list, default=None, metavar="0,...",
+                   help="stop token ids (default 0, end of text)")
+    return p
+
+
+def check_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Fail at once (exit 2, clear message) on unusable paths or option values."""
+    try:
+        choices = kernel_choices(args.backend)
+    except ValueError as e:
+        p.error(str(e))
+    if args.kernels not in choices:
+        p.error(f"--kernels {args.kernels} is not available with --backend {args.backend} "
+                f"(choose from {', '.join(choices)})")
+    if args.model is not None:
+        _check_readable(p, args.model, "--model")
+    _check_readable(p, args.input, "--input")
+    if os.path.realpath(args.input) == os.path.realpath(args.output):
+        p.error("--input and --output are the same file")
+    _check_writable(p, args.output, "--output")
+    for flag, path in (("--metrics", args.metrics), ("--plot", args.plot)):
+        if path is not None:
+            _check_writable(p, path, flag)
+    try:
+        scheduler_config(args).validated()
+    except ValueError as e:
+        p.error(f"bad scheduler option: {e}")
+    try:
+        sampling_defaults(args)  # validates the sampling defaults
+    except ValueError as e:
+        p.error(f"bad sampling default: {e}")
+
+
+def _check_readable(p: argparse.ArgumentParser, path: str, flag: str) -> None:
+    if not os.path.exists(path):
+        p.error(f"{flag} {path}: no such file")
+    if not os.path.isfile(path):
+        p.error(f"{flag} {path}: not a regular file")
+    try:
+        with open(path, "rb"):
+            pass
+    except OSError as e:
+        p.error(f"{flag} {path}: cannot read it ({e.strerror})")
+
+
+def _check_writable(p: argparse.ArgumentParser, path: str, flag: str) -> None:
+    if os.path.exists(path):
+        if not os.path.isfile(path):
+            p.error(f"{flag} {path}: exists and is not a regular file")
+        if not os.access(path, os.W_OK):
+            p.error(f"{flag} {path}: not writable")
+        return
+    parent = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(parent):
+        p.error(f"{flag} {path}: directory {parent} does not exist")
+    if not os.access(parent, os.W_OK):
+        p.error(f"{flag} {path}: directory {parent} is not writable")
+
+
+def scheduler_config(args: argparse.Namespace):
+    from scheduler import SchedulerConfig
+
+    max_batch = args.max_batch if args.max_batch is not None else (
+        max(args.buckets) if args.buckets else DEFAULT_MAX_BATCH)
+    return SchedulerConfig(max_batch=max_batch, buckets=args.buckets,
+                           prefix_cache_bytes=int(args.prefix_cache_mb * 2**20), precompile=args.precompile,
+                           prefill_policy=args.prefill, chunk=args.chunk)
+
+
+def sampling_defaults(args: argparse.Namespace) -> dict[str, Any]:
+    """The command line's sampling fields (validated), as a SamplingParams dict."""
+    from rwkv7_core.sampling import SamplingParams
+
+    d = {k: getattr(args, k) for k in SAMPLING_OPTIONS if getattr(args, k) is not None}
+    SamplingParams.from_dict(d)
+    return d
+
+
+# ----------------------------------------------------------------------------- requests
+def request_seed(run_seed: int, request_id: Any) -> int:
+    """A stable per-request seed, so reruns and resumes draw the same tokens."""
+    return zlib.crc32(json.dumps([run_seed, request_id]).encode()) & 0xFFFFFFFF
+
+
+def make_request(item: InputRequest, defaults: dict[str, Any], args, vocab_size: int, tokenizer):
+    """An InputRequest -> scheduler Request (internal id = its line number), or an InputError."""
+    from rwkv7_core.sampling import SamplingParams
+    from scheduler import Request
+
+    def fail(why: str) -> InputError:
+        return InputError(item.line, item.id, f"line {item.line}: {why}")
+
+    fields = {**defaults, **item.overrides}
+    if fields.get("seed") is None:
+        fields["seed"] = request_seed(args.seed, item.id)
+    try:
+        params = SamplingParams.from_dict(fields).validate(vocab_size)
+    except (ValueError, TypeError) as e:
+        return fail(f"bad sampling field: {e}")
+    if tokenizer is None and item.prompt is not None:
+        return fail(f"text 'prompt' needs the World tokenizer (vocabulary {WORLD_VOCAB_SIZE}), but this "
+                    f"model's vocabulary has {vocab_size} tokens: give 'tokens' (a list of ids) instead")
+    if tokenizer is None and params.stop:
+        return fail(f"'stop' strings need the World tokenizer (vocabulary {WORLD_VOCAB_SIZE}), but this "
+                    f"model's vocabulary has {vocab_size} tokens: use 'stop_tokens' instead")
+    tokens = tokenizer.encode(item.prompt) if item.prompt is not None else item.tokens
+    return Request(str(item.line), list(tokens), params)
+
+
+class StopSignal:
+    """SIGINT/SIGTERM: the first sets ``signum`` (stop admissions); a second raises KeyboardInterrupt.
+
+    Called as ``should_stop()``: True once a signal came; the first such call prints the notice
+    (not the handler itself, which may interrupt a write to stderr)."""
+
+    def __init__(self, notify):
+        self.signum: int | None = None
+        self._notify = notify
+        self._notified = False
+
+    @contextlib.contextmanager
+    def installed(self):
+        """Handle SIGINT/SIGTERM inside the block; the previous handlers come back after it."""
+        previous = {sig: signal.signal(sig, self._handle) for sig in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            yield self
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+    def _handle(self, signum, frame) -> None:
+        if self.signum is not None:
+            raise KeyboardInterrupt
+        self.signum = signum
+
+    def __call__(self) -> bool:
+        if self.signum is not None and not self._notified:
+            self._notified = True
+            self._notify(f"{signal.Signals(self.signum).name}: no new requests; finishing the in-flight "
+                         "ones (signal again to stop now)")
+        return self.signum is not None
+
+
+# ----------------------------------------------------------------------------- main
+def main(argv: list[str] | None = None) -> int:
+    try:
+        return _main(argv)
+    except KeyboardInterrupt:  # before the run started: nothing in flight
+        _say("interrupted before generation started; rerun the same command to start again")
+        return 128 + signal.SIGINT
+
+
+def _main(argv: list[str] | None) -> int:
+    from scheduler import Scheduler
+
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    check_args(parser, args)
+    try:
+        writer = ResultWriter(args.output)
+    except (OSError, ValueError) as e:
+        parser.error(f"--output {args.output}: {e}")
+    with writer:
+        if writer.torn_bytes:
+            _say(f"cut a torn last line ({writer.torn_bytes} bytes) from {args.output}")
+        if writer.records_before:
+            _say(f"resuming: {writer.records_before} results already in {args.output}")
+        model_path = Path(args.model) if args.model else random_model_path(args.random_model)
+        try:
+            engine = load_engine(args.backend, model_path, args.dtype, args.kernels)
+        except (OSError, ValueError) as e:
+            parser.exit(EXIT_BAD_ARGS, f"rwkv7-generate: error: cannot load model {model_path}: {e}\n")
+        tokenizer = tokenizer_for(engine.vocab_size)
+        try:
+            sched = Scheduler(engine, scheduler_config(args), tokenizer=tokenizer)
+        except ValueError as e:  # e.g. a prefill policy this backend does not support
+            parser.exit(EXIT_BAD_ARGS, f"rwkv7-generate: error: {e}\n")
+        return _run(args, sched, tokenizer, writer)
+
+
+def _run(args, sched, tokenizer, writer: ResultWriter) -> int:
+    """Stream the input into the scheduler (at most ``2 * max_batch`` requests queued or in
+    flight, so memory stays flat and TTFT measures service, not the file's length), write each
+    result as it finishes, then report."""
+    from tqdm import tqdm
+
+    from .metrics import build_metrics, plot_run, summary_table
+
+    n_lines = n_todo = 0
+    for item in read_requests(args.input):  # a quick first pass, for the progress bar's total
+        n_lines += 1
+        n_todo += item_key(item) not in writer.done
+    if n_lines > n_todo:
+        _say(f"skipping {n_lines - n_todo} input lines already in {args.output}")
+    t0 = time.perf_counter()
+    defaults = sampling_defaults(args)
+    todo = (item for item in read_requests(args.input) if item_key(item) not in writer.done)
+    window = 2 * sched.config.max_batch
+    in_scheduler: dict[str, InputRequest] = {}
+    results: list[dict[str, Any]] = []
+    last_token: dict[str, float] = {}
+    itl: list[float] = []
+    rate = {"tokens": 0, "since": time.perf_counter()}
+    bar = tqdm(total=n_todo, file=sys.stderr, unit="req", dynamic_ncols=True, desc="generate")
+    stop = StopSignal(bar.write)
+
+    def write(record: dict[str, Any], ttft: float | None = None) -> None:
+        writer.write(record)
+        results.append({**_counts(record), "ttft": ttft})
+        bar.update(1)
+
+    def admit() -> None:
+        """Add input lines until the window is full (error records for bad lines on the way)."""
+        while len(in_scheduler) < window and not stop():
+            item = next(todo, None)
+            if item is None:
+                return
+            if isinstance(item, InputRequest):
+                request = make_request(item, defaults, args, sched.engine.vocab_size, tokenizer)
+                if not isinstance(request, InputError):
+                    in_scheduler[request.id] = item
+                    sched.add(request)
+                    continue
+                item = request
+            write(error_record(item))
+
+    def on_token(request_id: str, token: int) -> None:
+        now = time.perf_counter()
+        prev = last_token.get(request_id)
+        if prev is not None:
+            itl.append(now - prev)
+        last_token[request_id] = now
+        rate["tokens"] += 1
+        if now - rate["since"] >= 0.5:
+            bar.set_postfix(live=len(last_token), tok_s=f"{rate['tokens'] / (now - rate['since']):.0f}",
+                            refresh=False)
+            rate["tokens"], rate["since"] = 0, now
+
+    def on_finish(out) -> None:
+        last_token.pop(out.id, None)
+        item = in_scheduler.pop(out.id)
+        if out.finish_reason != "cancelled":  # cancelled = never started: the next run does it
+            write(_result_record(item, out, tokenizer), out.ttft)
+        admit()
+
+    try:
+        with stop.installed():
+            admit()
+            sched.run(on_token=on_token, on_finish=on_finish, should_stop=stop)
+    except KeyboardInterrupt:
+        bar.close()
+        writer.close()
+        _say(f"stopped at once: {len(results)} results written this run; in-flight requests were dropped "
+             "and will be redone when you rerun the same command")
+        os._exit(128 + (stop.signum or signal.SIGINT))
+    bar.close()
+    writer.sync()
+    wall = time.perf_counter() - t0
+    stats = sched.stats.to_dict()
+    metrics = build_metrics(stats, results, itl, wall, t0, n_lines - n_todo)
+    print(summary_table(metrics), flush=True)
+    if args.metrics:
+        Path(args.metrics).write_text(json.dumps(metrics, indent=1) + "\n")
+    if args.plot:
+        plot_run(stats, t0, args.plot)
+    if stop.signum is not None:
+        _say(f"stopped by {signal.Signals(stop.signum).name}: results so far are in {args.output}; "
+             f"rerun the same command to do the remaining requests")
+        return 128 + stop.signum
+    return 0
+
+
+def _result_record(item: InputRequest, out, tokenizer) -> dict[str, Any]:
+    """The output line of a request the scheduler finished."""
+    record: dict[str, Any] = {"id": item.id, "tokens": list(out.tokens)}
+    if tokenizer is not None:
+        record["text"] = tokenizer.decode(out.tokens)
+    record["finish_reason"] = out.finish_reason
+    if out.error is not None:
+        record["error"] = f"line {item.line}: {out.error}"
+    record["prompt_tokens"] = out.prompt_tokens
+    record["generated_tokens"] = out.generated_tokens
+    return record
+
+
+def _counts(record: dict[str, Any]) -> dict[str, Any]:
+    """What the metrics need of a result (not its tokens, to keep long runs' memory flat)."""
+    return {k: record[k] for k in ("finish_reason", "prompt_tokens", "generated_tokens")}
+
+
+def _say(message: str) -> None:
+    print(f"rwkv7-generate: {message}", file=sys.stderr, flush=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

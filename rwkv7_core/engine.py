@@ -1,0 +1,135 @@
+"""The engine contract: what the scheduler needs from a model, in numpy types.
+
+An engine owns the device-resident batch of the current bucket: ``bucket`` slots, each
+holding one sequence's recurrent state plus its sampling state (parameters, penalty
+counts, banned-token mask), kept together as ``Slots``. The scheduler decides which request
+sits in which slot; the engine never sees request ids. Two kinds of handle cross over:
+
+- ``Row``: one sequence's state after some tokens, opaque and device-resident (the engine's
+  own type), plus the float32 logits [V] of its last position when it came from prefill.
+- ``HostRow``: the same as a tuple of numpy arrays (for the host-side prefix cache); its
+  size is ``host_row_bytes(row)``.
+
+Every engine implements ``Engine``. Two optional capabilities are declared protocols of
+their own, checked with ``isinstance``: ``VarlenPrefill`` (several prompt pieces flattened
+into one call) and ``MixedStep`` (a decode step that also carries prompt pieces). Both take
+at most ``MAX_PIECES`` pieces padded to ``token_rows`` flat tokens (``varlen_shape``).
+
+Token draws are a pure function of (logits, penalty counts, params, seed, position), so a
+request's tokens do not depend on its slot, its neighbours or the bucket (see sampling.py).
+"""
+from __future__ import annotations
+
+from typing import Any, NamedTuple, Protocol, Sequence, runtime_checkable
+
+import numpy as np
+
+from .sampling import NONFINITE_TOKEN, SamplingParams, SamplingRows
+
+__all__ = ["Engine", "HostRow", "MAX_PIECES", "MixedStep", "NONFINITE_TOKEN", "Row", "Slots",
+           "VarlenPrefill", "host_row_bytes", "varlen_shape"]
+
+Row = Any
+HostRow = tuple
+
+MAX_PIECES = 8
+"""Most prompt pieces one flattened call carries (its sequence rows are padded to this)."""
+
+
+class Slots(NamedTuple):
+    """The batch an engine owns; every leaf has a leading [bucket] axis (framework arrays)."""
+    state: Any            # the model's State: att_shift [B, L, C], wkv [B, L, H, N, N], ffn_shift [B, L, C]
+    counts: Any           # float32 [B, V] decayed penalty counts
+    banned: Any           # bool [B, V]
+    rows: SamplingRows    # [B] per-slot sampling parameters
+
+
+@runtime_checkable
+class Engine(Protocol):
+    vocab_size: int
+    bucket: int          # current number of slots; 0 before the first resize
+    last_path: str       # kernel-path name of the last step (e.g. "B1T1", "BATCHED_DECODE")
+
+    def compile(self, buckets: Sequence[int]) -> dict[int, float]:
+        """Compile the decode step (and slot ops) for each bucket ahead of time;
+        returns {bucket: seconds}. Already-compiled buckets cost ~0 and report 0.0."""
+
+    def compile_prefill(self) -> dict[int, float]:
+        """Compile what ``prefill`` and ``sample`` run, ahead of time; returns {piece length:
+        seconds} (0.0 for what was compiled already)."""
+
+    def prefill(self, tokens: np.ndarray, start: Row | None = None) -> Row:
+        """Run tokens (int [T], T >= 1) from ``start`` (None = fresh zeros) as one sequence
+        (B=1, T). Returns the row after the last token, holding its logits. Thread-safe with
+        respect to step/insert/resize (it touches no slot); the scheduler calls it serially."""
+
+    def sample(self, row: Row, params: SamplingParams, position: int = 0) -> int:
+        """Draw a token from a prefilled row's logits with fresh (zero) penalty counts, exactly
+        as ``step`` would for that row at ``position``; NONFINITE_TOKEN if the logits are not
+        finite. ``params.seed`` must be an int."""
+
+    def insert(self, slot: int, row: Row, params: SamplingParams) -> None:
+        """Put a row's state in ``slot`` (< bucket), set the slot's sampling parameters and
+        clear its penalty counts. ``params.seed`` must be an int."""
+
+    def extract(self, slot: int) -> Row:
+        """A copy of the state in ``slot`` (no logits)."""
+
+    def resize(self, keep_slots: Sequence[int], new_bucket: int) -> None:
+        """Make the batch ``new_bucket`` slots: slot keep_slots[i] moves to slot i (with its
+        sampling state); other slots hold unspecified data. len(keep_slots) <= new_bucket.
+        With no slots to keep the engine builds a fresh batch: the scheduler relies on this
+        after a failed step (whose state may be lost, e.g. donated buffers)."""
+
+    def step(self, tokens: np.ndarray, positions: np.ndarray) -> np.ndarray:
+        """One decode step for all slots. tokens: int32 [bucket], each slot's last token
+        (fed to the model; also counted for penalties); positions: int32 [bucket], the index
+        of the token being drawn within the request's output (the seed's draw counter).
+        Returns int32 [bucket]: the drawn tokens, NONFINITE_TOKEN for rows whose logits were
+        not finite. Only the drawn tokens are fetched to the host."""
+
+    def to_host(self, row: Row) -> HostRow:
+        """Copy a row (state and logits, if any) to numpy arrays."""
+
+    def from_host(self, host_row: HostRow) -> Row:
+        """Inverse of ``to_host``."""
+
+
+@runtime_checkable
+class VarlenPrefill(Protocol):
+    """Capability: several prompt pieces in one flattened prefill call."""
+
+    def prefill_varlen(self, prompts: Sequence[np.ndarray], starts: Sequence[Row | None],
+                       token_rows: int) -> list[Row]:
+        """Pieces (int [T_i >= 1] each, 1..MAX_PIECES of them, sum T_i <= token_rows) in one
+        forward padded to ``token_rows`` flat tokens; piece i continues from starts[i] (None =
+        fresh). Returns one Row (with logits) per piece."""
+
+    def compile_varlen(self, token_rows: int) -> float:
+        """Compile ``prefill_varlen`` for ``token_rows`` ahead of time; seconds (0.0 if done)."""
+
+
+@runtime_checkable
+class MixedStep(Protocol):
+    """Capability: one decode step of every slot that also carries prompt pieces."""
+
+    def mixed_step(self, tokens: np.ndarray, positions: np.ndarray, prompts: Sequence[np.ndarray],
+                   starts: Sequence[Row | None], token_rows: int) -> tuple[np.ndarray, list[Row]]:
+        """``step`` plus ``prefill_varlen`` of the pieces in the same forward; returns (drawn
+        int32 [bucket], one Row per piece)."""
+
+    def compile_mixed(self, bucket: int, token_rows: int) -> float:
+        """Compile ``mixed_step`` for (bucket, token_rows) ahead of time; seconds (0.0 if done)."""
+
+
+def varlen_shape(n_tokens: int, min_tokens: int = 16) -> int:
+    """Flat token rows a flattened call of ``n_tokens`` is padded to: the next power of two,
+    at least ``min_tokens`` (so engines compile few shapes)."""
+    if n_tokens < 1:
+        raise ValueError(f"varlen_shape needs n_tokens >= 1, got {n_tokens}")
+    return max(min_tokens, 1 << (n_tokens - 1).bit_length())
+
+
+def host_row_bytes(host_row: HostRow) -> int:
+    """Bytes held by a host row."""
+    return int(sum(np.asarray(a).nbytes for a in host_row if a is not None))

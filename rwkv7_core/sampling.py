@@ -1,0 +1,214 @@
+"""Sampling parameters and batched sampling: the numpy reference that the JAX and torch
+engines implement on device.
+
+Per row (a request), for the token at output position ``pos``:
+1. ``bad = any(!isfinite(logits))`` -> token NONFINITE_TOKEN.
+2. ``x = logits - presence * (counts > 0) - frequency * counts``, banned tokens -> -inf.
+   ``counts`` are the request's own output tokens, decayed: each step
+   ``counts = counts * decay + onehot(last_token)`` (RWKV-style penalties).
+3. ``temperature == 0`` -> ``argmax(x)`` (first index on ties).
+4. else ``z = x / temperature``; keep the top_k largest (0 = all), then the smallest set of
+   largest whose softmax mass reaches top_p (ties at the threshold kept; top_p = 1 keeps all
+   the top-k survivors, whatever rounding does to the cumulative mass); draw by Gumbel-max:
+   ``argmax(z + gumbel)`` over kept tokens.
+The Gumbel noise is a counter-based hash of (seed, pos, token id) -- no RNG state, so a
+row's draws depend on nothing but its own seed and position (batch- and bucket-invariant,
+and the same in every framework):
+``key = h(seed + h(pos + 1))``, ``bits[v] = h(key ^ h(v + GOLDEN))``,
+``u = ((bits >> 8) + 0.5) / 2**24``, ``gumbel = -log(-log(u))``, all uint32 arithmetic with
+``h`` = lowbias32 (xor-shift 16, * HASH_M1, xor-shift 15, * HASH_M2, xor-shift 16).
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from typing import Any, Mapping, NamedTuple, Sequence
+
+import numpy as np
+
+from .constants import END_OF_TEXT
+
+NONFINITE_TOKEN = -1
+"""Drawn in place of a token for a row whose logits held NaN or inf."""
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How one request is decoded; applied on the device, row by row.
+
+    Order per generated token: logits (float32) -> banned tokens set to -inf -> penalties
+    (``presence_penalty`` once for every token seen so far, ``frequency_penalty`` times its
+    decayed count; counts decay by ``penalty_decay`` each step, RWKV style) -> greedy argmax
+    when ``temperature == 0``, else divide by temperature -> top-k -> top-p -> draw.
+    ``stop_tokens`` end the request and are not emitted (default: end-of-text 0; an explicit
+    list replaces the default). ``stop`` strings are matched on decoded text when the
+    scheduler has a tokenizer. ``seed`` fixes the draws; the same request and seed give the
+    same tokens whatever batch or bucket it runs in.
+    """
+    max_tokens: int = 16
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    penalty_decay: float = 1.0
+    banned_tokens: tuple[int, ...] = ()
+    stop_tokens: tuple[int, ...] = (END_OF_TEXT,)
+    stop: tuple[str, ...] = ()
+    seed: int | None = None
+
+    def __post_init__(self):
+        for name in ("banned_tokens", "stop_tokens", "stop"):
+            value = getattr(self, name)
+            if isinstance(value, (str, bytes)) or not isinstance(value, Sequence):
+                raise ValueError(f"SamplingParams.{name} must be a list, got {value!r}")
+            object.__setattr__(self, name, tuple(value))
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "SamplingParams":
+        """Build from a mapping of field names; an unknown field raises ValueError naming it."""
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise ValueError(f"unknown sampling field(s): {', '.join(unknown)}")
+        return cls(**d).validate()
+
+    def replace(self, **changes) -> "SamplingParams":
+        return dataclasses.replace(self, **changes)
+
+    def validate(self, vocab_size: int | None = None) -> "SamplingParams":
+        """Return self, or raise ValueError naming the first invalid field."""
+        def bad(name, why):
+            raise ValueError(f"SamplingParams.{name}={getattr(self, name)!r}: {why}")
+
+        def is_int(v):
+            return isinstance(v, int) and not isinstance(v, bool)
+
+        def is_real(v):
+            return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+        if not is_int(self.max_tokens) or self.max_tokens < 0:
+            bad("max_tokens", "must be an integer >= 0")
+        if not is_real(self.temperature) or self.temperature < 0:
+            bad("temperature", "must be a finite number >= 0")
+        if not is_real(self.top_p) or not 0 < self.top_p <= 1:
+            bad("top_p", "must lie in (0, 1]")
+        if not is_int(self.top_k) or self.top_k < 0:
+            bad("top_k", "must be an integer >= 0 (0 = no top-k)")
+        for name in ("presence_penalty", "frequency_penalty"):
+            if not is_real(getattr(self, name)):
+                bad(name, "must be a finite number")
+        if not is_real(self.penalty_decay) or not 0 < self.penalty_decay <= 1:
+            bad("penalty_decay", "must lie in (0, 1]")
+        if self.seed is not None and (not is_int(self.seed) or not 0 <= self.seed < 2**32):
+            bad("seed", "must be an integer in [0, 2**32) or None")
+        for name in ("banned_tokens", "stop_tokens"):
+            for t in getattr(self, name):
+                if not is_int(t) or t < 0 or (vocab_size is not None and t >= vocab_size):
+                    bad(name, f"token {t!r} is not an id in [0, {vocab_size or 'vocab_size'})")
+        if vocab_size is not None and len(set(self.banned_tokens)) >= vocab_size:
+            bad("banned_tokens", "bans every token")
+        for s in self.stop:
+            if not isinstance(s, str) or not s:
+                bad("stop", "stop strings must be non-empty strings")
+        return self
+
+
+HASH_M1 = 0x7FEB352D
+HASH_M2 = 0x846CA68B
+GOLDEN = 0x9E3779B9
+
+
+class SamplingRows(NamedTuple):
+    """Per-row sampling parameters, each a [B] array."""
+    temperature: np.ndarray  # float32
+    top_p: np.ndarray        # float32
+    top_k: np.ndarray        # int32, 0 = off
+    presence: np.ndarray     # float32
+    frequency: np.ndarray    # float32
+    decay: np.ndarray        # float32
+    seed: np.ndarray         # uint32
+
+
+def sampling_rows(params: Sequence[SamplingParams]) -> SamplingRows:
+    """Stack per-request parameters into [B] arrays (a None seed counts as 0)."""
+    return SamplingRows(
+        temperature=np.array([p.temperature for p in params], np.float32),
+        top_p=np.array([p.top_p for p in params], np.float32),
+        top_k=np.array([p.top_k for p in params], np.int32),
+        presence=np.array([p.presence_penalty for p in params], np.float32),
+        frequency=np.array([p.frequency_penalty for p in params], np.float32),
+        decay=np.array([p.penalty_decay for p in params], np.float32),
+        seed=np.array([0 if p.seed is None else p.seed for p in params], np.uint32))
+
+
+def banned_mask(params: Sequence[SamplingParams], vocab_size: int) -> np.ndarray:
+    """bool [B, V]: True where the row bans the token."""
+    mask = np.zeros((len(params), vocab_size), bool)
+    for i, p in enumerate(params):
+        mask[i, list(p.banned_tokens)] = True
+    return mask
+
+
+def lowbias32(x: np.ndarray) -> np.ndarray:
+    """The 32-bit integer hash ``h`` (uint32 in, uint32 out)."""
+    x = x.astype(np.uint32)
+    with np.errstate(over="ignore"):
+        x ^= x >> np.uint32(16)
+        x *= np.uint32(HASH_M1)
+        x ^= x >> np.uint32(15)
+        x *= np.uint32(HASH_M2)
+        x ^= x >> np.uint32(16)
+    return x
+
+
+def gumbel_noise(seed: np.ndarray, position: np.ndarray, vocab_size: int) -> np.ndarray:
+    """float32 [B, V] Gumbel noise for rows with uint32 seeds [B] at output positions [B]."""
+    with np.errstate(over="ignore"):
+        key = lowbias32(seed.astype(np.uint32) + lowbias32(position.astype(np.uint32) + np.uint32(1)))
+        token_hash = lowbias32(np.arange(vocab_size, dtype=np.uint32) + np.uint32(GOLDEN))
+    bits = lowbias32(key[:, None] ^ token_hash[None, :])
+    u = ((bits >> np.uint32(8)).astype(np.float32) + np.float32(0.5)) * np.float32(2.0 ** -24)
+    return -np.log(-np.log(u))
+
+
+def penalized_logits(logits: np.ndarray, counts: np.ndarray, rows: SamplingRows,
+                     banned: np.ndarray) -> np.ndarray:
+    """float32 [B, V]: logits with presence/frequency penalties and bans applied."""
+    x = logits.astype(np.float32) - rows.presence[:, None] * (counts > 0) - rows.frequency[:, None] * counts
+    return np.where(banned, -np.inf, x).astype(np.float32)
+
+
+def nucleus_mask(z: np.ndarray, top_k: np.ndarray, top_p: np.ndarray) -> np.ndarray:
+    """bool [B, V]: tokens kept by top-k then top-p on temperature-scaled logits z [B, V]."""
+    sorted_z = -np.sort(-z, axis=1)
+    rank = np.arange(z.shape[1])[None, :]
+    sorted_z = np.where((top_k[:, None] > 0) & (rank >= top_k[:, None]), -np.inf, sorted_z)
+    p = np.exp(sorted_z - sorted_z[:, :1])
+    p = p / p.sum(axis=1, keepdims=True)
+    keep = (((np.cumsum(p, axis=1) - p) < top_p[:, None]) | (top_p[:, None] >= 1)) & (sorted_z > -np.inf)
+    last = (keep.sum(axis=1) - 1).clip(min=0)  # a NaN row keeps nothing: clamp
+    threshold = np.take_along_axis(sorted_z, last[:, None], axis=1)
+    return z >= threshold
+
+
+def sample_rows(logits: np.ndarray, counts: np.ndarray, rows: SamplingRows, banned: np.ndarray,
+                positions: np.ndarray) -> np.ndarray:
+    """int32 [B] tokens drawn from float32 logits [B, V] (see the module docstring)."""
+    x = penalized_logits(logits, counts, rows, banned)
+    greedy = np.argmax(x, axis=1)
+    temperature = np.where(rows.temperature > 0, rows.temperature, np.float32(1))
+    z = x / temperature[:, None]
+    keep = nucleus_mask(z, rows.top_k, rows.top_p)
+    noisy = np.where(keep, z + gumbel_noise(rows.seed, positions, x.shape[1]), -np.inf)
+    tokens = np.where(rows.temperature > 0, np.argmax(noisy, axis=1), greedy)
+    finite = np.isfinite(logits).all(axis=1)
+    return np.where(finite, tokens, NONFINITE_TOKEN).astype(np.int32)
+
+
+def update_counts(counts: np.ndarray, tokens: np.ndarray, decay: np.ndarray) -> np.ndarray:
+    """Penalty counts after emitting ``tokens`` [B]: ``counts * decay + onehot(tokens)``."""
+    counts = counts * decay[:, None]
+    counts[np.arange(len(tokens)), tokens] += 1
+    return counts

@@ -1,0 +1,79 @@
+"""The RWKV World tokenizer (vocabulary 65536) through ``pyrwkv-tokenizer``.
+
+Token 0 is end-of-text. Encoding uses the package's Rust encoder. Decoding maps ids to
+bytes through the vocabulary file the package ships, because the package's own decoder
+aborts on ids it lacks (65530..65535 exist in the model's vocabulary but not in the
+file) and on byte sequences that are not complete UTF-8, both of which a sampler can
+produce. Models with another vocabulary size have no tokenizer and take token ids.
+
+numpy-free and framework-free; ``pyrwkv_tokenizer`` is imported on first use.
+"""
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+from typing import Iterable
+
+from .constants import END_OF_TEXT, WORLD_VOCAB_SIZE
+
+__all__ = ["END_OF_TEXT", "WORLD_VOCAB_SIZE", "WorldTokenizer", "tokenizer_for"]
+
+
+class WorldTokenizer:
+    """encode(text) -> list[int]; decode(ids) -> str; decode_bytes(ids) -> bytes."""
+
+    vocab_size = WORLD_VOCAB_SIZE
+    end_of_text = END_OF_TEXT
+
+    def __init__(self) -> None:
+        import pyrwkv_tokenizer  # lazily: only text-mode runs need it
+
+        self._vocab_file = Path(pyrwkv_tokenizer.__file__).parent / "rwkv_vocab_v20230424.txt"
+        self._encoder = pyrwkv_tokenizer.WorldTokenizer(str(self._vocab_file))
+        self._bytes: dict[int, bytes] | None = None
+
+    def encode(self, text: str) -> list[int]:
+        """Token ids of ``text`` (never contains END_OF_TEXT)."""
+        if not isinstance(text, str):
+            raise TypeError(f"encode takes a str, got {type(text).__name__}")
+        return list(self._encoder.encode(text))
+
+    def decode_bytes(self, ids: Iterable[int]) -> bytes:
+        """Raw bytes of ``ids``; end-of-text and ids without a vocabulary entry give none."""
+        table = self._table()
+        out = []
+        for i in ids:
+            i = int(i)
+            if not 0 <= i < WORLD_VOCAB_SIZE:
+                raise ValueError(f"token id {i} is outside the vocabulary [0, {WORLD_VOCAB_SIZE})")
+            out.append(table.get(i, b""))
+        return b"".join(out)
+
+    def decode(self, ids: Iterable[int]) -> str:
+        """Text of ``ids``; bytes that are not valid UTF-8 become U+FFFD."""
+        return self.decode_bytes(ids).decode("utf-8", errors="replace")
+
+    def _table(self) -> dict[int, bytes]:
+        """id -> bytes, parsed once from the vocabulary file ('<id> <python literal> <len>')."""
+        if self._bytes is None:
+            table = {}
+            for line in self._vocab_file.read_text(encoding="utf-8").splitlines():
+                first, last = line.index(" "), line.rindex(" ")
+                token = ast.literal_eval(line[first + 1:last])
+                table[int(line[:first])] = token.encode("utf-8") if isinstance(token, str) else token
+            self._bytes = table
+        return self._bytes
+
+
+_WORLD: WorldTokenizer | None = None
+
+
+def tokenizer_for(vocab_size: int) -> WorldTokenizer | None:
+    """The World tokenizer for a model with ``vocab_size == 65536``; None otherwise
+    (the caller then reads and writes token ids)."""
+    global _WORLD
+    if vocab_size != WORLD_VOCAB_SIZE:
+        return None
+    if _WORLD is None:
+        _WORLD = WorldTokenizer()
+    return _WORLD

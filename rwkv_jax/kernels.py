@@ -1,0 +1,46 @@
+"""Which kernels implement the ops: the ``Kernels`` choice, resolved in one place.
+
+``Kernels.AUTO`` becomes ``PALLAS`` on a GPU backend and ``XLA`` elsewhere (``resolve``,
+called by ``rwkv_jax.load``); ``ops_for(path, kernels)`` returns the ``Ops`` a path runs.
+"""
+from __future__ import annotations
+
+import enum
+
+import jax
+
+from .ops import XLA_OPS, Ops
+from .paths import Path
+
+
+class Kernels(str, enum.Enum):
+    """XLA: plain jnp ops; PALLAS: the Pallas kernels; PALLAS_INTERPRET: the same kernels run
+    by the Pallas interpreter (any backend, for checks); AUTO: PALLAS on a GPU, else XLA."""
+
+    XLA = "xla"
+    PALLAS = "pallas"
+    PALLAS_INTERPRET = "pallas-interpret"
+    AUTO = "auto"
+
+
+def resolve(kernels: str | Kernels) -> Kernels:
+    """The concrete Kernels for a name (or member); AUTO is decided by the default backend."""
+    try:
+        kind = Kernels(kernels)
+    except ValueError:
+        raise ValueError(f"unknown kernels {kernels!r}; choose one of "
+                         f"{[k.value for k in Kernels]}") from None
+    if kind is Kernels.AUTO:
+        return Kernels.PALLAS if jax.default_backend() == "gpu" else Kernels.XLA
+    return kind
+
+
+def ops_for(path: Path, kernels: str | Kernels) -> Ops:
+    """The Ops implementing ``path`` with the named kernels."""
+    if not isinstance(path, Path):
+        raise ValueError(f"path must be a rwkv_jax.Path, got {path!r}")
+    kind = resolve(kernels)
+    if kind is Kernels.XLA:
+        return XLA_OPS
+    from .pallas_ops import pallas_ops  # only Pallas runs import the kernels' Triton lowering
+    return pallas_ops(path, interpret=kind is Kernels.PALLAS_INTERPRET)

@@ -1,0 +1,206 @@
+"""Prefill policies: which prompt tokens run in the next prefill call (numpy only).
+
+One mechanism serves every policy: ``Prefill`` keeps the prompts in progress (first come,
+first served), plans the next call's pieces, runs it and hands back finished prompts with
+their first token drawn. The policies differ only in how much a call takes and where it
+runs:
+
+- SERIAL: one prompt per call (``Engine.prefill``, B=1), in the prefill worker beside decode.
+- VARLEN: up to ``chunk`` tokens from up to MAX_PIECES prompts flattened without padding
+  (``VarlenPrefill.prefill_varlen``), in the worker beside decode; a prompt cut at the
+  budget continues from its carried state in the next call.
+- MIXED: no worker; each decode step also carries up to ``chunk`` prompt tokens planned
+  the same way (``MixedStep.mixed_step``), so prefill never stalls decode for more than a
+  chunk.
+
+With a prefix cache every policy looks a prompt's longest cached prefix up when its first
+piece is planned, cuts a piece at the last multiple of ``prefix_block`` tokens and caches
+the state there, and caches the whole prompt's state.
+"""
+from __future__ import annotations
+
+import time
+from collections import deque
+from typing import Sequence
+
+import numpy as np
+
+from rwkv7_core.engine import MAX_PIECES, MixedStep, VarlenPrefill, varlen_shape
+
+from .config import PrefillPolicy
+from .stats import PrefillRecord
+
+CAPABILITY = {PrefillPolicy.VARLEN: VarlenPrefill, PrefillPolicy.MIXED: MixedStep}
+"""The engine capability each policy needs beyond the Engine contract."""
+
+
+def plan_pieces(remaining: Sequence[int], budget: int, max_pieces: int = MAX_PIECES) -> list[int]:
+    """Tokens the next call takes from each head-of-queue prompt: `budget` tokens filled
+    first-come first-served over at most `max_pieces` prompts, the last one possibly cut.
+    `remaining`: tokens left per queued prompt, in queue order (each >= 1). Returns one
+    count (>= 1) per prompt taken, in order."""
+    if budget < 1 or max_pieces < 1:
+        raise ValueError(f"plan_pieces needs budget >= 1 and max_pieces >= 1, got {budget}, {max_pieces}")
+    counts: list[int] = []
+    left = budget
+    for n in remaining:
+        if left == 0 or len(counts) == max_pieces:
+            break
+        if n < 1:
+            raise ValueError(f"a queued prompt has {n} tokens left; every piece needs >= 1")
+        counts.append(min(n, left))
+        left -= counts[-1]
+    return counts
+
+
+def check_engine_supports(engine, policy: PrefillPolicy) -> None:
+    """ValueError when ``engine`` lacks the capability ``policy`` needs."""
+    needs = CAPABILITY.get(policy)
+    if needs is not None and not isinstance(engine, needs):
+        raise ValueError(f"prefill policy {policy.value!r} needs an engine with the {needs.__name__} "
+                         f"capability; {type(engine).__name__} supports only 'serial'")
+
+
+class _Progress:
+    """One prompt being prefilled in pieces: its first `done` tokens are in `row`."""
+    __slots__ = ("entry", "done", "row", "start_time", "looked_up")
+
+    def __init__(self, entry):
+        self.entry, self.done, self.row, self.looked_up = entry, 0, None, False
+        self.start_time = time.perf_counter()
+
+
+class Prefill:
+    """The prompts in progress and the calls that advance them (see the module docstring).
+
+    Entries are the scheduler's request records: read ``id``, ``prompt`` (list of ints),
+    ``params``; written: ``row``, ``first_token``, ``first_token_time``, ``cached_tokens``,
+    ``prefill_seconds``, ``error``. Finished (or failed) entries collect in ``completed`` for
+    the scheduler to take. Stats get one PrefillRecord per piece; a call's seconds are shared
+    among its pieces by token count (in a mixed step the decode rows count as one token
+    each, so only the pieces' share counts as prefill).
+    """
+
+    def __init__(self, engine, policy: PrefillPolicy, chunk: int, stats, prefix_cache=None,
+                 prefix_block: int = 64):
+        self.engine, self.policy, self.stats, self.cache = engine, policy, stats, prefix_cache
+        self.prefix_block = prefix_block
+        serial = policy is PrefillPolicy.SERIAL
+        self.budget = None if serial else chunk
+        self.max_pieces = 1 if serial else MAX_PIECES
+        self.token_rows = None if serial else varlen_shape(chunk)
+        self.queue: deque[_Progress] = deque()
+        self.completed: list = []
+
+    def __len__(self) -> int:
+        return len(self.queue)
+
+    def wants_more(self) -> bool:
+        """Whether another prompt should join the queue: SERIAL takes one at a time, the
+        others keep less than a call's worth of tokens queued (so few batch rows are
+        reserved for prompts still in prefill)."""
+        if self.budget is None:
+            return not self.queue
+        return sum(len(p.entry.prompt) - p.done for p in self.queue) < self.budget
+
+    def add(self, entry) -> None:
+        """Queue an entry (its prompt runs from the longest cached prefix)."""
+        self.queue.append(_Progress(entry))
+
+    def run(self) -> None:
+        """One prefill call (SERIAL or VARLEN) over the head of the queue."""
+        taken, prompts, starts = self._take()
+        if not taken:  # every queued prompt was served whole by the prefix cache
+            return
+        start = time.perf_counter()
+        try:
+            if self.policy is PrefillPolicy.SERIAL:
+                rows = [self.engine.prefill(prompts[0], starts[0])]
+            else:
+                rows = self.engine.prefill_varlen(prompts, starts, self.token_rows)
+        except Exception as e:  # those prompts fail; the queue goes on
+            self._fail(taken, f"prefill failed: {type(e).__name__}: {e}")
+            return
+        self._advance(taken, rows, start, time.perf_counter() - start, extra_rows=0)
+
+    def mixed_step(self, tokens: np.ndarray, positions: np.ndarray) -> np.ndarray:
+        """MIXED: ``Engine.step`` plus a chunk from the head of the queue; returns the drawn
+        tokens. On an engine error the pieces' prompts fail and the error propagates."""
+        taken, prompts, starts = self._take()
+        if not taken:
+            return self.engine.step(tokens, positions)
+        start = time.perf_counter()
+        try:
+            drawn, rows = self.engine.mixed_step(tokens, positions, prompts, starts, self.token_rows)
+        except Exception as e:
+            self._fail(taken, f"engine step failed: {type(e).__name__}: {e}")
+            raise
+        self._advance(taken, rows, start, time.perf_counter() - start, extra_rows=len(tokens))
+        return drawn
+
+    # -- planning ------------------------------------------------------------------------
+    def _look_up(self, progress: _Progress) -> None:
+        entry = progress.entry
+        progress.looked_up = True
+        progress.done, host = self.cache.longest_prefix(entry.prompt)
+        if progress.done:
+            self.stats.prefix_hits += 1
+            progress.row = self.engine.from_host(host)
+        else:
+            self.stats.prefix_misses += 1
+        entry.cached_tokens = progress.done
+        if progress.done == len(entry.prompt):  # the whole prompt was cached, logits too
+            self.queue.remove(progress)
+            self._complete(progress)
+
+    def _boundary(self, progress: _Progress) -> int:
+        """The block boundary whose state gets cached (0 without a cache)."""
+        if self.cache is None:
+            return 0
+        return (len(progress.entry.prompt) - 1) // self.prefix_block * self.prefix_block
+
+    def _take(self):
+        if self.cache is not None:
+            for progress in [p for p in self.queue if not p.looked_up]:
+                self._look_up(progress)
+        remaining = []
+        for p in self.queue:  # a piece stops at the cached block boundary
+            boundary = self._boundary(p)
+            remaining.append((boundary if p.done < boundary else len(p.entry.prompt)) - p.done)
+        budget = self.budget if self.budget is not None else max(remaining, default=1)
+        counts = plan_pieces(remaining, budget, self.max_pieces)
+        taken = list(zip(self.queue, counts))
+        prompts = [np.asarray(p.entry.prompt[p.done:p.done + n], np.int32) for p, n in taken]
+        return taken, prompts, [p.row for p, _ in taken]
+
+    # -- results -------------------------------------------------------------------------
+    def _advance(self, taken, rows, start: float, seconds: float, extra_rows: int) -> None:
+        total = sum(n for _, n in taken) + extra_rows
+        for (progress, n), row in zip(taken, rows):
+            entry = progress.entry
+            progress.done += n
+            progress.row = row
+            self.stats.prefills.append(PrefillRecord(start, entry.id, n, seconds * n / total))
+            if progress.done == self._boundary(progress) > 0:
+                self.cache.put(entry.prompt[:progress.done], self.engine.to_host(row))
+            if progress.done == len(entry.prompt):
+                self.queue.remove(progress)
+                if self.cache is not None:
+                    self.cache.put(entry.prompt, self.engine.to_host(row))
+                self._complete(progress)
+
+    def _complete(self, progress: _Progress) -> None:
+        """Draw the first token from the finished row and hand the entry over."""
+        entry = progress.entry
+        entry.row = progress.row
+        entry.first_token = int(self.engine.sample(progress.row, entry.params, 0))
+        entry.first_token_time = now = time.perf_counter()
+        entry.prefill_seconds = now - progress.start_time
+        self.completed.append(entry)
+
+    def _fail(self, taken, message: str) -> None:
+        for progress, _ in taken:
+            self.queue.remove(progress)
+            progress.entry.error = message
+            progress.entry.row = None
+            self.completed.append(progress.entry)

@@ -1,0 +1,46 @@
+"""benchmarks/gpu_check.py --smoke, run as the script it is: every CPU-side piece of the GPU
+script runs on tiny shapes (interpret-mode kernels) and writes a complete JSON + markdown
+report; without --smoke on a CPU it refuses to start."""
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def run_script(*args, timeout=900):
+    env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": str(ROOT)}
+    return subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_check.py"), *args],
+                          capture_output=True, text=True, timeout=timeout, env=env, cwd=ROOT)
+
+
+def test_gpu_check_smoke_writes_a_complete_report(tmp_path):
+    result = run_script("--smoke", "--out", str(tmp_path))
+    assert result.returncode == 0, result.stderr[-3000:]
+    results = json.loads((tmp_path / "gpu_check.json").read_text())
+    assert results["smoke"] and results["interpret"]
+    parity = results["parity"]
+    assert parity["ok"], parity
+    assert parity["kernels"] and parity["sparse"] and parity["models"]
+    assert results["roofline"]["copy_GBps"] > 0 and results["roofline"]["bf16_matmul_TFLOPs"] > 0
+    for row in results["kernels"]:
+        assert row["pallas_us"] > 0 and row["xla_us"] > 0
+    assert "value_sparse_us" in results["kernels"][-1]
+    assert results["measured_sparse_max_rows"] in (0, 1)
+    models = results["models"]
+    assert {(r["B"], r["T"]) for r in models} == {(1, 1), (1, 8)}
+    for row in models:
+        assert row["tok_s"] > 0 and math.isfinite(row["roofline_fraction"])
+    assert set(results["goals"]) and results["serving"]["status"] in ("absent", "skipped in --smoke")
+    markdown = (tmp_path / "gpu_check.md").read_text()
+    assert "## Parity: all ok" in markdown and "## Models" in markdown
+
+
+def test_gpu_check_refuses_a_full_run_without_gpu(tmp_path):
+    result = run_script("--out", str(tmp_path), timeout=300)
+    assert result.returncode != 0 and "needs a GPU" in result.stderr

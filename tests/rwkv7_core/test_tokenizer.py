@@ -1,0 +1,74 @@
+"""The World tokenizer wrapper: round trips, end-of-text, ids the vocabulary file lacks,
+invalid UTF-8, which models get a tokenizer, and a numpy-only scheduler import."""
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from rwkv7_core.tokenizer import END_OF_TEXT, WORLD_VOCAB_SIZE, tokenizer_for
+
+ALPHABET = list("abcXYZ019 .,;!?\n\t'\"") + ["é", "ß", "Ж", "你", "好", "🙂", "𝄞", "  ", "\u00a0"]
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return tokenizer_for(WORLD_VOCAB_SIZE)
+
+
+def test_tokenizer_only_for_world_vocabulary(tok):
+    assert tok is not None and tokenizer_for(WORLD_VOCAB_SIZE) is tok
+    assert tokenizer_for(512) is None and tokenizer_for(65530) is None
+
+
+@pytest.mark.parametrize("text", ["", "Hello, world!", "  leading and trailing  \n",
+                                  "Привет, 你好, مرحبا, 🙂🙃 𝄞", "User: 1+1=?\n\nAssistant: 2"])
+def test_round_trip_fixed(tok, text):
+    ids = tok.encode(text)
+    assert all(0 < i < WORLD_VOCAB_SIZE for i in ids)
+    assert tok.decode(ids) == text
+    assert tok.decode_bytes(ids) == text.encode("utf-8")
+
+
+def test_round_trip_random(tok):
+    rng = np.random.default_rng(0)
+    for _ in range(50):
+        text = "".join(rng.choice(ALPHABET, size=int(rng.integers(1, 40))))
+        assert tok.decode(tok.encode(text)) == text
+
+
+def test_encoding_is_not_byte_level(tok):
+    ids = tok.encode("Hello, world! " * 4)
+    assert len(ids) < len("Hello, world! " * 4) / 2
+
+
+def test_end_of_text_and_unassigned_ids_give_no_text(tok):
+    hello = tok.encode("Hello")
+    assert END_OF_TEXT == 0
+    assert tok.decode([END_OF_TEXT]) == ""
+    assert tok.decode(hello + [END_OF_TEXT, WORLD_VOCAB_SIZE - 1]) == "Hello"
+
+
+def test_invalid_utf8_is_replaced_not_fatal(tok):
+    ids = tok.encode("𝄞")  # a 4-byte character split over several tokens
+    partial = tok.decode_bytes(ids[:-1])
+    assert len(ids) > 1 and 0 < len(partial) < 4 and "𝄞".encode("utf-8").startswith(partial)
+    assert tok.decode(ids[:-1]) == "\ufffd"
+
+
+def test_bad_ids_and_inputs(tok):
+    with pytest.raises(ValueError, match="token id 65536"):
+        tok.decode([1, WORLD_VOCAB_SIZE])
+    with pytest.raises(ValueError, match="token id -1"):
+        tok.decode([-1])
+    with pytest.raises(TypeError, match="str"):
+        tok.encode(b"bytes")
+
+
+def test_scheduler_tokenizer_imports_no_framework():
+    code = ("import sys, rwkv7_core.tokenizer as t; t.tokenizer_for(65536).encode('hi'); "
+            "bad = [m for m in ('torch', 'jax', 'flax') if m in sys.modules]; "
+            "assert not bad, bad")
+    subprocess.run([sys.executable, "-c", code], check=True)

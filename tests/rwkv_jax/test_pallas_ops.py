@@ -1,0 +1,74 @@
+"""rwkv_jax.pallas_ops wires each path to the intended kernels (checked on the traced
+program: which Pallas kernels each op calls), with XLA fallbacks where a kernel cannot serve."""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+from pallas_kernels.small_m_linear import MAX_M
+from rwkv_jax.ops import XLA_OPS
+from rwkv_jax.pallas_ops import SPARSE_MAX_ROWS, pallas_ops
+from rwkv_jax.paths import Path
+
+C, F, H, N = 128, 512, 2, 64
+
+
+def kernels_called(fn, *args) -> list[str]:
+    """Names of the Pallas kernels in fn's traced program, in call order."""
+    eqns = jax.make_jaxpr(fn)(*args).jaxpr.eqns
+    return [e.params["name"] for e in eqns if e.primitive.name == "pallas_call"]
+
+
+def _ffn(M):
+    return jnp.zeros((M, C)), jnp.zeros((F, C)), jnp.zeros((F, C))
+
+
+def test_b1t1_uses_split_k_mixes_wkv_step_and_sparse_channel_mix():
+    ops = pallas_ops(Path.B1T1, interpret=True)
+    assert kernels_called(ops.linear, jnp.zeros((1, C)), jnp.zeros((F, C))) == ["rwkv7_small_m_linear"]
+    assert kernels_called(ops.channel_mix, *_ffn(1)) == ["rwkv7_small_m_linear", "rwkv7_sparse_value_product"]
+    rows = jnp.zeros((1, C))
+    assert kernels_called(ops.shift_mix, rows, rows, rows, jnp.zeros(C), jnp.zeros(C),
+                          jnp.zeros((6, C))) == ["rwkv7_shift_mix"]
+    vec = jnp.zeros((1, H, N))
+    assert kernels_called(ops.wkv_step, *[vec] * 6, jnp.zeros((1, H, N, N))) == ["rwkv7_wkv_step"]
+
+
+def test_batched_decode_switches_from_sparse_to_small_m_to_xla_with_rows():
+    ops = pallas_ops(Path.BATCHED_DECODE, interpret=True)
+    assert kernels_called(ops.channel_mix, *_ffn(SPARSE_MAX_ROWS)) == [
+        "rwkv7_small_m_linear", "rwkv7_sparse_value_product"]
+    # past SPARSE_MAX_ROWS the same row-walking product runs dense (skip off)
+    assert kernels_called(ops.channel_mix, *_ffn(SPARSE_MAX_ROWS + 1)) == [
+        "rwkv7_small_m_linear", "rwkv7_sparse_value_product"]
+    assert kernels_called(ops.channel_mix, *_ffn(MAX_M + 1)) == []
+    assert kernels_called(ops.linear, jnp.zeros((MAX_M, C)), jnp.zeros((C, C))) == ["rwkv7_small_m_linear"]
+    assert kernels_called(ops.linear, jnp.zeros((MAX_M + 1, C)), jnp.zeros((C, C))) == []
+
+
+def test_unsupported_shapes_fall_back_to_xla():
+    ops = pallas_ops(Path.B1T1, interpret=True)
+    assert kernels_called(ops.linear, jnp.zeros((1, C)), jnp.zeros((300, C))) == []  # N=300: no 16-block
+    assert kernels_called(ops.linear, jnp.zeros((1, 24)), jnp.zeros((C, 24))) == []   # K=24
+
+
+def test_dense_uses_the_sequence_kernel_and_xla_products():
+    ops = pallas_ops(Path.DENSE, interpret=True)
+    seq = jnp.zeros((2, 5, H, N))
+    assert kernels_called(ops.wkv_seq, *[seq] * 6, jnp.zeros((2, H, N, N))) == ["rwkv7_wkv_seq"]
+    assert ops.linear is XLA_OPS.linear and ops.channel_mix is XLA_OPS.channel_mix
+
+
+def test_pallas_ops_rejects_a_non_path():
+    with pytest.raises(ValueError, match="rwkv_jax.Path"):
+        pallas_ops("b1t1", interpret=True)
+
+
+def test_sparse_threshold_is_the_largest_winning_row_count():
+    from rwkv_jax.pallas_ops import sparse_rows_threshold
+    rows = [{"case": f"channel_mix M={m}", "value_sparse_us": s, "value_dense_xla_us": 10.0}
+            for m, s in ((1, 5.0), (2, 9.0), (4, 12.0), (8, 30.0))] + [{"case": "linear M=1"}]
+    assert sparse_rows_threshold(rows) == 2
+    assert sparse_rows_threshold(rows[2:]) == 0
+    assert sparse_rows_threshold([]) is None
