@@ -28,12 +28,16 @@ TARGET_PROGRAMS = 1024  # aim for this many programs (>= ~8 per SM on an H200) w
 def matmul_f32(x, w, w_in_axis: int = 1):
     """x [M, K] @ w -> [M, N] float32 (operands in x.dtype); w is [N, K] (w_in_axis=1) or
     [K, N] (w_in_axis=0)."""
-    if x.shape[0] == 1 and x.dtype == jnp.bfloat16 and jax.default_backend() == "cpu":
+    def dot(x):
+        return jax.lax.dot_general(x, w.astype(x.dtype), (((1,), (w_in_axis,)), ((), ())),
+                                   preferred_element_type=jnp.float32)
+
+    if x.shape[0] == 1 and x.dtype == jnp.bfloat16:
         # XLA:CPU's bfloat16 matrix-vector product runs ~8x slower than its 2-row product
-        # (measured on [1, 768] x [12288, 768]); compute two identical rows, keep one.
-        return matmul_f32(jnp.concatenate([x, x]), w, w_in_axis)[:1]
-    return jax.lax.dot_general(x, w.astype(x.dtype), (((1,), (w_in_axis,)), ((), ())),
-                               preferred_element_type=jnp.float32)
+        # (measured on [1, 768] x [12288, 768]): on the CPU, compute two identical rows and
+        # keep one. Chosen by the platform the program is lowered for, not the default one.
+        return jax.lax.platform_dependent(x, cpu=lambda x: dot(jnp.concatenate([x, x]))[:1], default=dot)
+    return dot(x)
 
 
 def linear_reference(x, w, out_dtype=None):
