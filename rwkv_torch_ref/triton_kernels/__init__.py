@@ -16,7 +16,7 @@ __all__ = ["interpreted", "time_mix_core_triton", "wkv7_seq", "wkv7_step"]
 def interpreted() -> bool:
     """Whether the kernels were built for the Triton interpreter (the only way to run
     them on CPU tensors)."""
-    return type(wkv7_seq._wkv7_seq_kernel).__name__ == "InterpretedFunction"
+    return wkv7_seq.INTERPRETED
 
 
 def time_mix_core_triton(r, w_raw, k, v, a, p: CoreParams, S):

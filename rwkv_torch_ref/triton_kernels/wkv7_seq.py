@@ -40,6 +40,10 @@ def _wkv7_seq_kernel(r_ptr, w_ptr, k_ptr, v_ptr, kk_ptr, a_ptr, s_in_ptr, y_ptr,
     tl.store(s_out_ptr + s_off, S)
 
 
+INTERPRETED = type(_wkv7_seq_kernel).__name__ == "InterpretedFunction"
+"""Whether the kernels were built for the Triton interpreter (TRITON_INTERPRET=1 at import)."""
+
+
 def wkv7_seq(r, w, k, v, kk, a, S):
     """Same contract as the reference: r, w, k, v, kk, a float32 [B, T, H, N];
     S float32 [B, H, N, N]. Returns (y [B, T, H, N], S_new); the input S is untouched."""
