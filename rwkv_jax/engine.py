@@ -75,12 +75,14 @@ class JaxEngine:
     Rows (``prefill``/``extract`` results) are ``(State with B=1, logits float32 [V] | None)``;
     host rows are the numpy copies of the same leaves. ``executables`` is the one cache of
     compiled executables, keyed (kind, shape); ``lower(key)`` gives a key's jax.stages.Lowered.
+    ``device``: the model's device (None = JAX's default), where the batch lives.
     """
 
     def __init__(self, model, prefill_pieces: Sequence[int] = tuple(1 << i for i in range(9))):
         if 1 not in prefill_pieces:
             raise ValueError(f"prefill_pieces={tuple(prefill_pieces)} must include 1")
         self.model = model
+        self.device = model.device
         self.config = model.config
         self.vocab_size = model.config.vocab_size
         self.pieces = tuple(sorted(set(int(p) for p in prefill_pieces), reverse=True))
@@ -110,7 +112,12 @@ class JaxEngine:
 
     # -- executables ---------------------------------------------------------------------
     def lower(self, key: tuple):
-        """The jax.stages.Lowered executable for key = (kind, shape) (see the module doc)."""
+        """The jax.stages.Lowered executable for key = (kind, shape) (see the module doc),
+        placed on the model's device."""
+        with self.model.on_device():
+            return self._lower(key)
+
+    def _lower(self, key: tuple):
         kind, shape = key
         jit, params, i32 = self._jit[kind], self.model.params, jnp.int32
         vec = lambda n: jax.ShapeDtypeStruct((n,), i32)  # noqa: E731
@@ -263,7 +270,8 @@ class JaxEngine:
 
     def from_host(self, host_row):
         *state, logits = host_row
-        return State(*(jnp.asarray(a) for a in state)), (None if logits is None else jnp.asarray(logits))
+        with self.model.on_device():
+            return State(*(jnp.asarray(a) for a in state)), (None if logits is None else jnp.asarray(logits))
 
     # -- VarlenPrefill and MixedStep capabilities ----------------------------------------
     def compile_varlen(self, token_rows: int) -> float:

@@ -30,14 +30,18 @@ def abstract(tree):
 class Model:
     """A loaded RWKV-7 model. `forward` consumes (donates) the state passed to it.
 
-    Attributes: config (ModelConfig), dtype, kernels (a resolved Kernels), params (pure dict
-    of per-layer weights), last_path (Path of the last forward), path_counts (Counter of
+    Attributes: config (ModelConfig), dtype, kernels (a resolved Kernels), device (the
+    jax.Device the weights live on and every executable runs on; None = JAX's default),
+    params (pure dict of per-layer weights), last_path (Path of the last forward), path_counts (Counter of
     Path -> calls), executables (ExecutableCache: one compiled executable per (B, T,
     full_output)).
     """
 
-    def __init__(self, params: dict, config: ModelConfig, dtype, kernels: str | Kernels):
-        self.params, self.config, self.dtype = params, config, dtype
+    def __init__(self, params: dict, config: ModelConfig, dtype, kernels: str | Kernels,
+                 device: jax.Device | None = None):
+        self.device = device
+        self.params = params if device is None else jax.device_put(params, device)
+        self.config, self.dtype = config, dtype
         self.kernels = resolve(kernels)
         self.last_path: Path | None = None
         self.path_counts: Counter = Counter()
@@ -45,17 +49,23 @@ class Model:
                                donate_argnames=("state",))
         self.executables = ExecutableCache(self.lower)
 
+    def on_device(self):
+        """Context in which new arrays and lowered executables land on ``device``."""
+        return jax.default_device(self.device)
+
     def lower(self, key: tuple[int, int, bool]):
         """The jax.stages.Lowered forward for key = (B, T, full_output)."""
         B, T, full_output = key
         tokens = jax.ShapeDtypeStruct((B, T), jnp.int32)
         state = abstract(jax.eval_shape(lambda: self.init_state(B)))
-        return self._jitted.lower(self.params, tokens, state, config=self.config,
-                                  path=select_path(B, T), kernels=self.kernels, full_output=full_output)
+        with self.on_device():
+            return self._jitted.lower(self.params, tokens, state, config=self.config,
+                                      path=select_path(B, T), kernels=self.kernels, full_output=full_output)
 
     def init_state(self, batch_size: int) -> State:
-        """Fresh zero State for `batch_size` sequences (see rwkv_jax.state.State)."""
-        return init_state(self.config, batch_size, self.dtype)
+        """Fresh zero State for `batch_size` sequences on ``device`` (see rwkv_jax.state.State)."""
+        with self.on_device():
+            return init_state(self.config, batch_size, self.dtype)
 
     def compile(self, buckets, full_output: bool = False) -> dict:
         """AOT-compile each (B, T) bucket; returns {(B, T): compile seconds} (0 if cached)."""
@@ -80,17 +90,33 @@ class Model:
         return logits, state
 
 
-def load(path: str | os.PathLike, dtype: str = "float32", kernels: str | Kernels = "xla") -> Model:
+def load(path: str | os.PathLike, dtype: str = "float32", kernels: str | Kernels = "xla",
+         device: jax.Device | int | None = None) -> Model:
     """Load a .pth or .safetensors RWKV-7 checkpoint (.safetensors needs no torch).
 
     dtype: float32 | bfloat16 | float16 weights and activations (wkv state, decay, kk and
     relu^2 stay float32). kernels: xla | pallas | pallas-interpret | auto (pallas on a GPU,
-    xla elsewhere; resolved here).
+    xla elsewhere; resolved here). device: where the weights are put once and every
+    executable runs: a jax.Device, an index into ``jax.local_devices()``, or None (JAX's
+    default device).
     """
     if dtype not in DTYPES:
         raise ValueError(f"dtype {dtype!r} not supported; choose one of {sorted(DTYPES)}")
+    device = local_device(device)
     kernels = resolve(kernels)
     ops_for(Path.B1T1, kernels)  # fail now, not at the first call, if the kernels are missing
     tensors, config = read_checkpoint(path)
     _, params = nnx.split(RWKV7(config, tensors, DTYPES[dtype]))
-    return Model(nnx.to_pure_dict(params), config, DTYPES[dtype], kernels)
+    return Model(nnx.to_pure_dict(params), config, DTYPES[dtype], kernels, device)
+
+
+def local_device(device: jax.Device | int | None) -> jax.Device | None:
+    """A jax.Device for ``device`` (an index into ``jax.local_devices()`` or a Device);
+    ValueError naming the devices there are for an index out of range."""
+    if device is None or isinstance(device, jax.Device):
+        return device
+    devices = jax.local_devices()
+    if not isinstance(device, int) or not 0 <= device < len(devices):
+        raise ValueError(f"device {device!r}: choose an index below {len(devices)} "
+                         f"(local devices: {', '.join(str(d) for d in devices)})")
+    return devices[device]
