@@ -57,21 +57,79 @@ def kernel_choices(backend: str) -> list[str]:
     return [k.value for k in Kernels]
 
 
-def load_engine(backend: str, path: str | os.PathLike, dtype: str = "float32", kernels: str = "auto"):
+def load_engine(backend: str, path: str | os.PathLike, dtype: str = "float32", kernels: str = "auto",
+                device=None):
     """The backend's engine for a checkpoint; ValueError for a bad backend, dtype or kernels
-    (each backend's ``load`` checks its own kernels and resolves ``auto``)."""
+    (each backend's ``load`` checks its own kernels and resolves ``auto``). device: jax, an
+    index into ``jax.local_devices()``; torch, a device string ("cuda:1", "cpu"); None =
+    the backend's default."""
+    return load_engines(backend, path, dtype, kernels, [device])[0]
+
+
+def load_engines(backend: str, path: str | os.PathLike, dtype: str, kernels: str, devices: list) -> list:
+    """One engine per entry of ``devices`` (see ``load_engine``; ``replica_devices`` gives
+    them). JAX reads the checkpoint once and puts a copy of the weights on each device."""
     if backend == "jax":
         import rwkv_jax
         from rwkv_jax.engine import JaxEngine
 
         rwkv_jax.enable_compilation_cache(cache_dir() / "jax")  # reruns and resumed runs skip compiling
-        return JaxEngine(rwkv_jax.load(path, dtype=dtype, kernels=kernels))
+        first = rwkv_jax.load(path, dtype=dtype, kernels=kernels, device=devices[0])
+        models = [first] + [rwkv_jax.Model(first.params, first.config, first.dtype, first.kernels,
+                                           rwkv_jax.local_device(d)) for d in devices[1:]]
+        return [JaxEngine(m) for m in models]
     if backend == "torch":
         try:
             import rwkv_torch_ref
             from rwkv_torch_ref.engine import TorchEngine
-            model = rwkv_torch_ref.load(path, dtype=dtype, kernels=kernels)
+            return [TorchEngine(rwkv_torch_ref.load(path, dtype=dtype, kernels=kernels, device=d)) for d in devices]
         except ModuleNotFoundError as e:
             raise ValueError(f"--backend torch needs {e.name}: pip install 'rwkv7-engine[torch]'") from None
-        return TorchEngine(model)
     raise ValueError(f"unknown backend {backend!r}; choose one of {BACKENDS}")
+
+
+def replica_devices(backend: str, data_parallel: str | int) -> list:
+    """The device of each replica for ``--data-parallel N|auto`` (``load_engines`` takes
+    them): every local accelerator for ``auto`` (one replica on a CPU-only machine); on the
+    CPU, N above the JAX device count shares the devices among replicas (one thread each).
+    ValueError when N is not a positive integer or exceeds the accelerators there are."""
+    if data_parallel != "auto":
+        try:
+            n = int(data_parallel)
+        except ValueError:
+            n = 0
+        if n < 1:
+            raise ValueError(f"--data-parallel {data_parallel}: expected a positive integer or 'auto'")
+    if backend == "jax":
+        import jax
+
+        devices = jax.local_devices()
+        accelerator = devices[0].platform != "cpu"
+        labels = list(range(len(devices)))
+        if data_parallel == "auto":
+            return labels if accelerator else [None]
+        if n == 1:
+            return [None]
+    elif backend == "torch":
+        try:
+            import torch
+        except ModuleNotFoundError as e:
+            raise ValueError(f"--backend torch needs {e.name}: pip install 'rwkv7-engine[torch]'") from None
+        accelerator = torch.cuda.is_available()
+        labels = [f"cuda:{i}" for i in range(torch.cuda.device_count())] if accelerator else ["cpu"]
+        if data_parallel == "auto":
+            return labels if accelerator else [None]
+        if n == 1:
+            return [None]
+    else:
+        raise ValueError(f"unknown backend {backend!r}; choose one of {BACKENDS}")
+    if accelerator and n > len(labels):
+        raise ValueError(f"--data-parallel {n}: this machine has {len(labels)} {backend} accelerator(s)")
+    return [labels[i % len(labels)] for i in range(n)]
+
+
+def engine_device(engine) -> str:
+    """A readable name of the device an engine runs on ("cpu:0", "cuda:1", ...; "default"
+    for an engine on its framework's default device)."""
+    device = getattr(engine, "device", None)
+    return "default" if device is None else str(device)

@@ -20,7 +20,8 @@ from typing import Any
 
 from rwkv7_core.tokenizer import WORLD_VOCAB_SIZE, tokenizer_for
 
-from .engines import BACKENDS, kernel_choices, load_engine, random_model_names, random_model_path
+from .engines import (BACKENDS, engine_device, kernel_choices, load_engine, load_engines, random_model_names,
+                      random_model_path, replica_devices)
 from .jsonl_io import InputError, InputRequest, ResultWriter, error_record, item_key, read_requests
 
 SAMPLING_OPTIONS = ("max_tokens", "temperature", "top_p", "top_k", "presence_penalty",
@@ -64,6 +65,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--prefill", default="serial", choices=("serial", "varlen", "mixed"),
                    help="prefill policy (see README)")
     p.add_argument("--chunk", type=int, default=256, metavar="K", help="prompt tokens per varlen/mixed call")
+    p.add_argument("--data-parallel", default="auto", metavar="N|auto",
+                   help="replicas, one engine + scheduler per device, requests routed to the least loaded "
+                        "(auto: every local accelerator, 1 on the CPU; see README)")
+    p.add_argument("--ray", metavar="ADDRESS|local",
+                   help="run the --data-parallel replicas as Ray actors on this cluster ('local': start one "
+                        "here); needs the [ray] extra")
     p.add_argument("--metrics", metavar="METRICS.json", help="write run metrics as JSON")
     p.add_argument("--plot", metavar="RUN.png", help="write a PNG of batch size, bucket and tok/s over time")
     p.add_argument("--seed", type=int, default=0, metavar="S",
@@ -246,16 +253,40 @@ def _main(argv: list[str] | None) -> int:
         if writer.records_before:
             _say(f"resuming: {writer.records_before} results already in {args.output}")
         model_path = Path(args.model) if args.model else random_model_path(args.random_model)
-        try:
-            engine = load_engine(args.backend, model_path, args.dtype, args.kernels)
-        except (OSError, ValueError) as e:
-            parser.exit(EXIT_BAD_ARGS, f"rwkv7-generate: error: cannot load model {model_path}: {e}\n")
-        tokenizer = tokenizer_for(engine.vocab_size)
-        try:
-            sched = Scheduler(engine, scheduler_config(args), tokenizer=tokenizer)
-        except ValueError as e:  # e.g. a prefill policy this backend does not support
-            parser.exit(EXIT_BAD_ARGS, f"rwkv7-generate: error: {e}\n")
+        sched = _schedulers(parser, args, model_path)
+        tokenizer = sched.tokenizer
         return _run(args, sched, tokenizer, writer)
+
+
+def _schedulers(parser, args, model_path: Path):
+    """One Scheduler, a ReplicaSet over the local devices, or Ray actors (``--data-parallel``,
+    ``--ray``); exits 2 with a clear message when the model or an option does not work."""
+    from scheduler import Scheduler
+
+    from .replicas import build_replica_set
+
+    if args.ray:
+        from .ray_replicas import ray_replica_set
+        try:
+            return ray_replica_set(args, model_path, scheduler_config(args))
+        except (OSError, ValueError) as e:
+            parser.exit(EXIT_BAD_ARGS, f"rwkv7-generate: error: --ray {args.ray}: {e}\n")
+    try:
+        devices = replica_devices(args.backend, args.data_parallel)
+    except ValueError as e:
+        parser.error(str(e))
+    try:
+        engines = ([load_engine(args.backend, model_path, args.dtype, args.kernels)] if len(devices) == 1
+                   else load_engines(args.backend, model_path, args.dtype, args.kernels, devices))
+    except (OSError, ValueError) as e:
+        parser.exit(EXIT_BAD_ARGS, f"rwkv7-generate: error: cannot load model {model_path}: {e}\n")
+    tokenizer = tokenizer_for(engines[0].vocab_size)
+    try:  # ValueError: e.g. a prefill policy this backend does not support
+        if len(engines) == 1:
+            return Scheduler(engines[0], scheduler_config(args), tokenizer=tokenizer)
+        return build_replica_set(engines, [engine_device(e) for e in engines], scheduler_config(args), tokenizer)
+    except ValueError as e:
+        parser.exit(EXIT_BAD_ARGS, f"rwkv7-generate: error: {e}\n")
 
 
 def _run(args, sched, tokenizer, writer: ResultWriter) -> int:
@@ -265,6 +296,7 @@ def _run(args, sched, tokenizer, writer: ResultWriter) -> int:
     from tqdm import tqdm
 
     from .metrics import build_metrics, plot_run, summary_table
+    from .replicas import AllReplicasFailed, replica_reports
 
     n_lines = n_todo = 0
     for item in read_requests(args.input):  # a quick first pass, for the progress bar's total
@@ -333,16 +365,22 @@ def _run(args, sched, tokenizer, writer: ResultWriter) -> int:
         _say(f"stopped at once: {len(results)} results written this run; in-flight requests were dropped "
              "and will be redone when you rerun the same command")
         os._exit(128 + (stop.signum or signal.SIGINT))
+    except AllReplicasFailed as e:
+        bar.close()
+        writer.sync()
+        _say(f"{e}: {len(results)} results written this run; rerun the same command to do the rest")
+        return 1
     bar.close()
     writer.sync()
     wall = time.perf_counter() - t0
     stats = sched.stats.to_dict()
-    metrics = build_metrics(stats, results, itl, wall, t0, n_lines - n_todo)
+    replicas = replica_reports(sched)
+    metrics = build_metrics(stats, results, itl, wall, t0, n_lines - n_todo, replicas)
     print(summary_table(metrics), flush=True)
     if args.metrics:
         Path(args.metrics).write_text(json.dumps(metrics, indent=1) + "\n")
     if args.plot:
-        plot_run(stats, t0, args.plot)
+        plot_run(stats, t0, args.plot, replicas)
     if stop.signum is not None:
         _say(f"stopped by {signal.Signals(stop.signum).name}: results so far are in {args.output}; "
              f"rerun the same command to do the remaining requests")

@@ -9,6 +9,10 @@ Definitions (all times in seconds):
 - prefill share: prompt tokens / (prompt + generated tokens) over successful requests.
 - TTFT: first token time - arrival time, per request; inter-token latency: the gap between
   consecutive tokens of one request, over all requests' tokens.
+- replicas (data parallel): per replica its device, results, generated tokens, decode tok/s
+  (as above, over its own steps) and why it failed (null if it did not); with several
+  replicas the run's decode tok/s (average and peak) is the sum of theirs, since they
+  decode side by side.
 """
 from __future__ import annotations
 
@@ -70,13 +74,16 @@ def peak_rate(series: StepSeries, window: int = PEAK_WINDOW) -> float | None:
 
 
 def build_metrics(stats: dict[str, Any], results: Sequence[dict[str, Any]], itl: Sequence[float],
-                  wall_time: float, t0: float, skipped: int = 0) -> dict[str, Any]:
+                  wall_time: float, t0: float, skipped: int = 0,
+                  replicas: Sequence[dict[str, Any]] = ()) -> dict[str, Any]:
     """The ``--metrics`` JSON.
 
     stats: ``Scheduler.stats.to_dict()``; results: this run's output records, each with
     ``finish_reason``, ``prompt_tokens``, ``generated_tokens`` and (for requests that reached
     the scheduler) ``ttft``; itl: inter-token gaps; t0: the run's start (perf_counter);
-    skipped: input lines already present in the output file from an earlier run.
+    skipped: input lines already present in the output file from an earlier run;
+    replicas: ``rwkv7_apps.replicas.replica_reports`` (device, requests, generated_tokens,
+    failed, stats) of each replica.
     """
     ok = [r for r in results if r["finish_reason"] != "error"]
     prompt_tokens = sum(r["prompt_tokens"] for r in ok)
@@ -89,14 +96,19 @@ def build_metrics(stats: dict[str, Any], results: Sequence[dict[str, Any]], itl:
     prefill_time = sum(p["seconds"] for p in prefills)
     cache = stats.get("prefix_cache", {})
     lookups = cache.get("hits", 0) + cache.get("misses", 0)
+    rows = [replica_row(r, t0) for r in replicas]
+    decode_avg = decode_tokens / decode_time if decode_time > 0 else None
+    decode_peak = peak_rate(series)
+    if len(rows) > 1:
+        decode_avg = sum(r["decode_tok_s"] or 0.0 for r in rows)
+        decode_peak = sum(peak_rate(step_series(r["stats"], t0)) or 0.0 for r in replicas)
     return {
         "requests": {"total": len(results), "ok": len(ok), "failed": len(results) - len(ok),
                      "skipped_already_done": skipped},
         "tokens": {"prompt": prompt_tokens, "generated": generated, "prefilled": prefilled,
                    "decoded_in_steps": decode_tokens},
         "prefill_tok_s": prefilled / prefill_time if prefill_time > 0 else None,
-        "decode_tok_s": {"average": decode_tokens / decode_time if decode_time > 0 else None,
-                         "peak": peak_rate(series)},
+        "decode_tok_s": {"average": decode_avg, "peak": decode_peak},
         "prefill_share": prompt_tokens / (prompt_tokens + generated) if prompt_tokens + generated else None,
         "ttft_s": percentiles([r["ttft"] for r in results if r.get("ttft") is not None]),
         "inter_token_latency_s": percentiles(itl),
@@ -107,7 +119,17 @@ def build_metrics(stats: dict[str, Any], results: Sequence[dict[str, Any]], itl:
         "bucket_switches": [_relative(e, t0) for e in stats.get("switches", [])],
         "prefix_cache": {"hits": cache.get("hits", 0), "misses": cache.get("misses", 0),
                          "hit_rate": cache.get("hits", 0) / lookups if lookups else None},
+        "replicas": rows,
     }
+
+
+def replica_row(report: dict[str, Any], t0: float) -> dict[str, Any]:
+    """One replica's ``replicas`` entry: device, requests, generated_tokens, decode_tok_s, failed."""
+    series = step_series(report["stats"], t0)
+    busy = float(series.dt.sum())
+    return {"device": report["device"], "requests": report["requests"],
+            "generated_tokens": report["generated_tokens"],
+            "decode_tok_s": float(series.live.sum()) / busy if busy > 0 else None, "failed": report["failed"]}
 
 
 def _bucket_changes(series: StepSeries) -> list[tuple[float, int]]:
@@ -155,6 +177,9 @@ def summary_table(m: dict[str, Any]) -> str:
                                       else 100 * m["prefix_cache"]["hit_rate"], "%")),
         ("wall time", fmt(m["wall_time_s"], " s")),
     ]
+    if len(m.get("replicas", [])) > 1:
+        rows += [(f"replica {i} ({r['device']})", f"{r['requests']:,} req, {fmt(r['decode_tok_s'])} tok/s"
+                  + (f", FAILED: {r['failed']}" if r["failed"] else "")) for i, r in enumerate(m["replicas"])]
     width = max(len(k) for k, _ in rows)
     return "\n".join(f"  {k.ljust(width)}  {v}" for k, v in rows)
 
@@ -164,16 +189,23 @@ def _seconds(event: dict[str, Any]) -> float:
     return float(v) if isinstance(v, (int, float)) and math.isfinite(v) else 0.0
 
 
-def plot_run(stats: dict[str, Any], t0: float, path: str) -> None:
-    """Write a PNG: live batch size and bucket (steps) and decode tok/s over time."""
+def plot_run(stats: dict[str, Any], t0: float, path: str, replicas: Sequence[dict[str, Any]] = ()) -> None:
+    """Write a PNG: live batch size and bucket (steps) and decode tok/s over time; with
+    several ``replicas`` (reports as for ``build_metrics``) each one's live batch and bucket."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     series = step_series(stats, t0)
     fig, (ax_rows, ax_rate) = plt.subplots(2, 1, figsize=(9, 6), sharex=True)
-    ax_rows.step(series.t, series.bucket, where="post", label="bucket", color="tab:orange")
-    ax_rows.plot(series.t, series.live, ".", markersize=2, label="live rows", color="tab:blue")
+    if len(replicas) > 1:
+        for i, report in enumerate(replicas):
+            own = step_series(report["stats"], t0)
+            line, = ax_rows.plot(own.t, own.live, ".", markersize=2, label=f"replica {i} ({report['device']}) live")
+            ax_rows.step(own.t, own.bucket, where="post", color=line.get_color(), alpha=0.4, linewidth=1)
+    else:
+        ax_rows.step(series.t, series.bucket, where="post", label="bucket", color="tab:orange")
+        ax_rows.plot(series.t, series.live, ".", markersize=2, label="live rows", color="tab:blue")
     ax_rows.set_ylabel("batch rows")
     ax_rows.legend(loc="upper right")
     mid, rate = windowed_rates(series)

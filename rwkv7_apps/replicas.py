@@ -1,0 +1,390 @@
+"""Data-parallel replicas on one host: one engine + scheduler per device, driven as one.
+
+``ReplicaSet`` has the surface of ``scheduler.Scheduler`` that rwkv7-generate drives
+(``add``, ``cancel``, ``unstarted``, ``run``, ``config.max_batch``, ``engine.vocab_size``,
+``stats.to_dict()``), so the command's one writer, resume, locking and signal handling
+stay as they are.
+
+- Threads: each replica runs its ``Scheduler.run`` in its own thread ("replica-i"); every
+  callback (``on_token``, ``on_finish``) and every ``add`` happens in the thread that calls
+  ``ReplicaSet.run``, so the caller's state needs no locks.
+- Routing: a new request goes to the healthy replica with the least outstanding work
+  (prompt tokens not yet prefilled + tokens still to generate).
+- Failure: a replica whose engine raises ``MAX_FAILURES`` times in a row (per engine call
+  kind), or whose thread dies, is taken out; its queued and in-flight requests re-run on
+  the others from their prompts. A request that failed because its engine raised re-runs
+  elsewhere (at most once per replica); every id is reported exactly once. A retried
+  request streams its tokens again from the first.
+
+Fault injection (tests only): ``RWKV7_REPLICA_FAULT=R:KIND:N`` makes replica R fail after
+N successful decode steps; KIND ``engine``: every later step raises RuntimeError; KIND
+``thread``: the replica's thread dies (an exception the scheduler does not catch).
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import queue
+import sys
+import threading
+from typing import Any, Callable, NamedTuple
+
+MAX_FAILURES = 3
+"""Consecutive engine exceptions (of one call kind) that take a replica out."""
+FAULT_ENV = "RWKV7_REPLICA_FAULT"
+GUARDED_CALLS = ("step", "prefill", "prefill_varlen", "mixed_step", "insert", "resize", "sample")
+
+
+class Fault(NamedTuple):
+    """An injected failure (see the module docstring)."""
+    replica: int
+    kind: str   # "engine" | "thread"
+    after_steps: int
+
+    @classmethod
+    def from_env(cls) -> "Fault | None":
+        text = os.environ.get(FAULT_ENV)
+        if not text:
+            return None
+        try:
+            replica, kind, steps = text.split(":")
+            fault = cls(int(replica), kind, int(steps))
+        except ValueError:
+            fault = None
+        if fault is None or fault.kind not in ("engine", "thread"):
+            raise ValueError(f"{FAULT_ENV}={text!r}: expected REPLICA:engine|thread:STEPS")
+        return fault
+
+
+class InjectedThreadDeath(BaseException):
+    """Raised by an injected ``thread`` fault: not an Exception, so nothing catches it."""
+
+
+class EngineGuard:
+    """An engine seen through the replica layer: forwards everything, and counts the
+    exceptions of each guarded call kind (``raised``: total; ``consecutive``: since that
+    kind last succeeded). Optionally injects a ``Fault``."""
+
+    def __init__(self, engine, fault: Fault | None = None):
+        self.engine = engine
+        self.raised = 0
+        self.consecutive: dict[str, int] = {}
+        self._fault = fault
+        self._steps = 0
+
+    def __getattr__(self, name: str):
+        attr = getattr(self.engine, name)  # AttributeError for a capability the engine lacks
+        if name not in GUARDED_CALLS:
+            return attr
+
+        def guarded(*args, **kwargs):
+            try:
+                if name == "step":
+                    self._maybe_fail()
+                result = attr(*args, **kwargs)
+            except Exception:
+                self.raised += 1
+                self.consecutive[name] = self.consecutive.get(name, 0) + 1
+                raise
+            self.consecutive[name] = 0
+            return result
+        return guarded
+
+    def _maybe_fail(self) -> None:
+        if self._fault is None:
+            return
+        self._steps += 1
+        if self._steps > self._fault.after_steps:
+            if self._fault.kind == "thread":
+                raise InjectedThreadDeath(f"injected thread death after {self._fault.after_steps} steps")
+            raise RuntimeError(f"injected engine fault after {self._fault.after_steps} steps")
+
+    @property
+    def worst_streak(self) -> int:
+        return max(self.consecutive.values(), default=0)
+
+
+class Replica:
+    """One replica: its scheduler (on a guarded engine), device name, thread and counters."""
+
+    def __init__(self, index: int, scheduler, guard: EngineGuard, device: str):
+        self.index, self.scheduler, self.guard, self.device = index, scheduler, guard, device
+        self.failed: str | None = None
+        self.requests = 0           # results delivered from this replica
+        self.generated_tokens = 0
+        self.work = 0               # outstanding prompt + generation tokens routed here
+        self.wake = threading.Event()
+        self.thread: threading.Thread | None = None
+
+    def report(self) -> dict[str, Any]:
+        """{device, requests, generated_tokens, failed, stats} (stats: Stats.to_dict())."""
+        return {"device": self.device, "requests": self.requests, "generated_tokens": self.generated_tokens,
+                "failed": self.failed, "stats": self.scheduler.stats.to_dict()}
+
+
+class _Track:
+    """A request the set owns until its result is delivered."""
+    __slots__ = ("request", "replica", "internal_id", "attempts", "prompt_left", "tokens_left", "raised_at")
+
+    def __init__(self, request):
+        self.request = request
+        self.replica: Replica | None = None
+        self.internal_id = request.id
+        self.attempts = 0
+        self.prompt_left = len(request.prompt_tokens)
+        self.tokens_left = int(_max_tokens(request.params))
+        self.raised_at = 0
+
+    @property
+    def work(self) -> int:
+        return self.prompt_left + self.tokens_left
+
+
+def _max_tokens(params) -> int:
+    return params["max_tokens"] if isinstance(params, dict) else params.max_tokens
+
+
+class AllReplicasFailed(RuntimeError):
+    """Every replica was taken out while requests remained (the next run does them)."""
+
+
+class MergedStats:
+    """``to_dict()`` of every replica's Stats together: records concatenated (by time),
+    prefix-cache counters summed."""
+
+    def __init__(self, replicas: list[Replica]):
+        self._replicas = replicas
+
+    def to_dict(self) -> dict:
+        dicts = [r.scheduler.stats.to_dict() for r in self._replicas]
+        merged: dict = {}
+        for key, value in dicts[0].items():
+            if isinstance(value, list):
+                rows = [row for d in dicts for row in d[key]]
+                merged[key] = sorted(rows, key=lambda row: row.get("time", 0.0)) if rows and "time" in rows[0] \
+                    else rows
+        hits = sum(d["prefix_cache"]["hits"] for d in dicts)
+        misses = sum(d["prefix_cache"]["misses"] for d in dicts)
+        merged["prefix_cache"] = {"hits": hits, "misses": misses,
+                                  "hit_rate": hits / (hits + misses) if hits + misses else None}
+        return merged
+
+
+class ReplicaSet:
+    """Several schedulers driven as one (see the module docstring).
+
+    schedulers: one ``Scheduler`` per replica, each built on ``EngineGuard(engine)``;
+    devices: their device names. ``config``: the first replica's config with ``max_batch``
+    the set's total rows; ``engine``: the first replica's engine (for model facts such as
+    ``vocab_size``); ``tokenizer``: the schedulers' tokenizer; ``replicas``: the Replica records; ``notify(message)`` reports
+    failures (default: stderr).
+    """
+
+    def __init__(self, schedulers: list, devices: list[str], notify: Callable[[str], None] | None = None):
+        self.replicas = [Replica(i, s, s.engine, d) for i, (s, d) in enumerate(zip(schedulers, devices))]
+        first = schedulers[0]
+        self.engine = first.engine.engine
+        self.tokenizer = first.tokenizer
+        self.config = first.config._replace(max_batch=sum(s.config.max_batch for s in schedulers))
+        self.stats = MergedStats(self.replicas)
+        self.notify = notify or (lambda m: print(f"rwkv7-generate: {m}", file=sys.stderr, flush=True))
+        self._tracks: dict[str, _Track] = {}       # request id -> track
+        self._internal: dict[str, _Track] = {}     # scheduler-side id -> track
+        self._events: queue.SimpleQueue = queue.SimpleQueue()
+        self._stopping = False
+        self._closing = False
+
+    # ---- Scheduler surface -------------------------------------------------------------
+    def add(self, request) -> None:
+        """Route a request to the healthy replica with the least outstanding work."""
+        if request.id in self._tracks:
+            raise ValueError(f"duplicate request id {request.id!r}")
+        track = _Track(request)
+        self._tracks[request.id] = track
+        self._route(track)
+
+    def cancel(self, request_id: str) -> None:
+        track = self._tracks.get(request_id)
+        if track is not None and track.replica is not None:
+            track.replica.scheduler.cancel(track.internal_id)
+
+    def unstarted(self) -> list[str]:
+        """Ids still waiting on a healthy replica."""
+        out = []
+        for r in self._healthy():
+            out += [self._internal[i].request.id for i in r.scheduler.unstarted() if i in self._internal]
+        return out
+
+    def run(self, on_token: Callable[[str, int], None] | None = None,
+            on_finish: Callable[[Any], None] | None = None,
+            should_stop: Callable[[], bool] | None = None) -> None:
+        """Drive every replica until each added request is reported (``Scheduler.run``'s
+        contract, callbacks in this thread). Raises AllReplicasFailed when none is left."""
+        self._stopping = False
+        for r in self.replicas:
+            if r.thread is None and r.failed is None:
+                r.thread = threading.Thread(target=self._serve, args=(r,), name=f"replica-{r.index}", daemon=True)
+                r.thread.start()
+        try:
+            while True:
+                if not self._stopping and should_stop is not None and should_stop():
+                    self._stopping = True
+                self._check_threads()
+                try:
+                    event = self._events.get(timeout=0.05)
+                except queue.Empty:
+                    if self._finished():
+                        return
+                    continue
+                self._dispatch(event, on_token, on_finish)
+        finally:
+            if not self._tracks or self._stopping:
+                self._close()
+
+    # ---- routing -----------------------------------------------------------------------
+    def _healthy(self) -> list[Replica]:
+        return [r for r in self.replicas if r.failed is None]
+
+    def _route(self, track: _Track, avoid: Replica | None = None) -> None:
+        healthy = self._healthy()
+        if not healthy:
+            raise AllReplicasFailed(self._failure_summary())
+        candidates = [r for r in healthy if r is not avoid] or healthy
+        replica = min(candidates, key=lambda r: (r.work, r.index))
+        if track.attempts:
+            track.internal_id = f"{track.request.id}~retry{track.attempts}"
+        track.prompt_left = len(track.request.prompt_tokens)
+        track.tokens_left = int(_max_tokens(track.request.params))
+        track.replica, track.raised_at = replica, replica.guard.raised
+        replica.work += track.work
+        self._internal[track.internal_id] = track
+        request = track.request if track.internal_id == track.request.id \
+            else dataclasses.replace(track.request, id=track.internal_id)
+        replica.scheduler.add(request)
+        replica.wake.set()
+
+    def _release(self, track: _Track) -> None:
+        track.replica.work -= track.work
+        self._internal.pop(track.internal_id, None)
+
+    # ---- replica threads ---------------------------------------------------------------
+    def _serve(self, replica: Replica) -> None:
+        """A replica's thread: run its scheduler whenever it has work, until the set closes."""
+        put = self._events.put
+        index = replica.index
+        try:
+            while True:
+                replica.wake.wait()
+                replica.wake.clear()
+                if self._closing or replica.failed is not None:
+                    return
+                replica.scheduler.run(on_token=lambda rid, tok: put(("token", index, rid, tok)),
+                                      on_finish=lambda out: put(("finish", index, out.id, out)),
+                                      should_stop=lambda: self._stopping or replica.failed is not None)
+        except BaseException as e:  # noqa: BLE001 - a dying replica is reported, not raised
+            put(("died", index, None, e))
+
+    def _check_threads(self) -> None:
+        for r in self._healthy():
+            if r.thread is not None and not r.thread.is_alive() and not self._closing:
+                self._take_out(r, "its thread ended")
+
+    def _close(self) -> None:
+        self._closing = True
+        for r in self.replicas:
+            r.wake.set()
+
+    # ---- events ------------------------------------------------------------------------
+    def _dispatch(self, event, on_token, on_finish) -> None:
+        kind, index, internal_id, payload = event
+        replica = self.replicas[index]
+        if kind == "died":
+            if replica.failed is None:
+                self._take_out(replica, f"its thread died: {type(payload).__name__}: {payload}")
+            return
+        track = self._internal.get(internal_id)
+        if track is None or track.replica is not replica or replica.failed is not None:
+            return  # from a replica taken out, or a superseded attempt
+        if kind == "token":
+            if track.prompt_left:
+                replica.work -= track.prompt_left
+                track.prompt_left = 0
+            track.tokens_left -= 1
+            replica.work -= 1
+            if on_token is not None:
+                on_token(track.request.id, payload)
+            return
+        out = payload
+        if out.finish_reason == "error" and replica.guard.raised > track.raised_at:
+            if replica.guard.worst_streak >= MAX_FAILURES:
+                self._take_out(replica, f"its engine raised {replica.guard.worst_streak} times in a row "
+                                        f"({out.error})")
+                return
+            if track.attempts < len(self.replicas):
+                self._release(track)
+                track.attempts += 1
+                self._route(track, avoid=replica)
+                return
+        self._release(track)
+        del self._tracks[track.request.id]
+        replica.requests += 1
+        replica.generated_tokens += out.generated_tokens
+        if on_finish is not None:
+            on_finish(out if out.id == track.request.id else dataclasses.replace(out, id=track.request.id))
+
+    def _take_out(self, replica: Replica, reason: str) -> None:
+        """Mark a replica failed and re-run its requests on the others from their prompts."""
+        replica.failed = reason
+        replica.wake.set()
+        moved = [t for t in self._tracks.values() if t.replica is replica]
+        self.notify(f"replica {replica.index} ({replica.device}) taken out: {reason}; "
+                    f"re-running its {len(moved)} requests on the other replicas")
+        for track in moved:
+            self._release(track)
+            try:
+                replica.scheduler.cancel(track.internal_id)
+            except Exception:  # noqa: BLE001 - a broken replica's scheduler may refuse anything
+                pass
+        for track in moved:
+            track.attempts += 1
+            self._route(track)
+
+    def _finished(self) -> bool:
+        """No more results can come: all delivered, or (after a stop) only unstarted ones left."""
+        if not self._tracks:
+            return True
+        if not self._healthy():
+            raise AllReplicasFailed(self._failure_summary())
+        if not self._stopping:
+            return False
+        waiting = set()
+        for r in self._healthy():
+            waiting.update(r.scheduler.unstarted())
+        return all(t.internal_id in waiting for t in self._tracks.values())
+
+    def _failure_summary(self) -> str:
+        reasons = "; ".join(f"replica {r.index} ({r.device}): {r.failed}" for r in self.replicas)
+        return f"every replica failed ({reasons}); {len(self._tracks)} requests not done"
+
+
+def build_replica_set(engines: list, devices: list[str], config, tokenizer=None, fault: Fault | None = None):
+    """A ReplicaSet of one Scheduler per engine (each on an EngineGuard; ``fault`` defaults
+    to ``Fault.from_env()``). ValueError as Scheduler raises it (e.g. an unsupported policy)."""
+    from scheduler import Scheduler
+
+    fault = Fault.from_env() if fault is None else fault
+    schedulers = [Scheduler(EngineGuard(e, fault if fault is not None and fault.replica == i else None),
+                            config, tokenizer=tokenizer) for i, e in enumerate(engines)]
+    return ReplicaSet(schedulers, devices)
+
+
+def replica_reports(sched) -> list[dict[str, Any]]:
+    """Per-replica reports for the metrics: a ReplicaSet's replicas, or a plain Scheduler as one."""
+    if isinstance(sched, ReplicaSet):
+        return [r.report() for r in sched.replicas]
+    from .engines import engine_device
+
+    stats = sched.stats.to_dict()
+    return [{"device": engine_device(sched.engine), "requests": len(stats["requests"]),
+             "generated_tokens": sum(r["generated_tokens"] for r in stats["requests"]),
+             "failed": None, "stats": stats}]
