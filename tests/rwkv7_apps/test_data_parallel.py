@@ -1,0 +1,117 @@
+"""ReplicaSet in-process on the scheduler's numpy FakeEngine: replicas give the same results
+as one scheduler, every id exactly once, whether a replica's engine keeps raising, its
+thread dies, or one step fails once; new requests go to the least loaded replica."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from rwkv7_apps.replicas import AllReplicasFailed, EngineGuard, Fault, ReplicaSet, build_replica_set
+from scheduler import Request, SamplingParams, Scheduler, SchedulerConfig
+from scheduler.testing import FakeEngine
+
+CONFIG = SchedulerConfig(max_batch=4)
+
+
+def _requests(seed: int, n: int = 40) -> list[Request]:
+    rng = np.random.default_rng(seed)
+    return [Request(f"q{i}", rng.integers(1, 64, size=int(rng.integers(1, 9))).tolist(),
+                    SamplingParams(max_tokens=int(rng.integers(1, 20)), temperature=1.0, seed=int(rng.integers(2**31))))
+            for i in range(n)]
+
+
+def _engine(**kwargs) -> FakeEngine:
+    return FakeEngine(vocab_size=64, seed=5, step_seconds=0.001, **kwargs)
+
+
+def _single(requests) -> dict[str, list[int]]:
+    sched = Scheduler(_engine(), CONFIG)
+    for r in requests:
+        sched.add(r)
+    sched.run()
+    return {i: out.tokens for i, out in sched.results.items()}
+
+
+def _drive(rset: ReplicaSet, requests, window: int = 8) -> list:
+    """Stream requests through a bounded window, as rwkv7-generate does; returns the outputs."""
+    todo, outputs = iter(requests), []
+
+    def admit():
+        while len(rset.unstarted()) < window:
+            r = next(todo, None)
+            if r is None:
+                return
+            rset.add(r)
+
+    def on_finish(out):
+        outputs.append(out)
+        admit()
+
+    admit()
+    rset.run(on_finish=on_finish)
+    return outputs
+
+
+def _check_exactly_once(outputs, requests, expected) -> None:
+    ids = [o.id for o in outputs]
+    assert sorted(ids) == sorted(r.id for r in requests) and len(set(ids)) == len(ids)
+    for o in outputs:
+        assert o.finish_reason in ("length", "stop") and o.tokens == expected[o.id], o
+
+
+def test_replicas_match_one_scheduler_and_all_serve():
+    requests = _requests(1)
+    rset = build_replica_set([_engine() for _ in range(3)], ["a", "b", "c"], CONFIG, fault=Fault(-1, "engine", 0))
+    outputs = _drive(rset, requests)
+    _check_exactly_once(outputs, requests, _single(requests))
+    served = [r.requests for r in rset.replicas]
+    assert sum(served) == len(requests) and min(served) > 0
+    assert all(r.failed is None for r in rset.replicas)
+
+
+@pytest.mark.parametrize("kind", ["engine", "thread"])
+def test_a_failing_replica_is_taken_out_and_its_requests_rerun(kind):
+    requests = _requests(2)
+    messages = []
+    rset = build_replica_set([_engine(), _engine()], ["a", "b"], CONFIG, fault=Fault(1, kind, 5))
+    rset.notify = messages.append
+    outputs = _drive(rset, requests)
+    _check_exactly_once(outputs, requests, _single(requests))
+    good, bad = rset.replicas
+    assert bad.failed is not None and good.failed is None
+    assert ("raised 3 times" if kind == "engine" else "thread died") in bad.failed
+    assert good.requests + bad.requests == len(requests) and good.requests > bad.requests
+    assert any("replica 1 (b) taken out" in m for m in messages)
+
+
+def test_one_failed_step_is_retried_without_taking_the_replica_out():
+    requests = _requests(3, n=24)
+    engines = [_engine(), _engine(fail_steps=[4])]
+    rset = ReplicaSet([Scheduler(EngineGuard(e), CONFIG) for e in engines], ["a", "b"])
+    outputs = _drive(rset, requests)
+    _check_exactly_once(outputs, requests, _single(requests))
+    assert rset.replicas[1].guard.raised == 1 and all(r.failed is None for r in rset.replicas)
+
+
+def test_every_replica_failing_raises_with_the_reasons():
+    rset = build_replica_set([_engine(), _engine()], ["a", "b"], CONFIG, fault=Fault(0, "thread", 0))
+    rset.replicas[1].failed = "marked failed by the test"
+    rset.notify = lambda m: None
+    for r in _requests(4, n=6):
+        rset.add(r)
+    with pytest.raises(AllReplicasFailed, match="replica 1 \\(b\\): marked failed by the test"):
+        rset.run()
+
+
+def test_new_requests_go_to_the_least_loaded_replica():
+    rset = build_replica_set([_engine(), _engine()], ["a", "b"], CONFIG, fault=Fault(-1, "engine", 0))
+    big = Request("big", list(range(1, 41)), SamplingParams(max_tokens=60))  # 100 tokens of work
+    rset.add(big)
+    for i in range(4):  # 10 tokens each: all four fit beside the big one on the other replica
+        rset.add(Request(f"s{i}", [1, 2, 3, 4], SamplingParams(max_tokens=6)))
+    assert [r.work for r in rset.replicas] == [100, 40]
+    rset.add(Request("s4", [1, 2, 3, 4], SamplingParams(max_tokens=6)))
+    rset.add(Request("big2", list(range(1, 41)), SamplingParams(max_tokens=60)))
+    assert [r.work for r in rset.replicas] == [100, 150]
+    rset.run()
+    assert [r.work for r in rset.replicas] == [0, 0] and [r.requests for r in rset.replicas] == [1, 6]
