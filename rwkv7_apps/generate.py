@@ -263,7 +263,7 @@ def _schedulers(parser, args, model_path: Path):
     ``--ray``); exits 2 with a clear message when the model or an option does not work."""
     from scheduler import Scheduler
 
-    from .replicas import build_replica_set
+    from .replicas import Fault, build_replica_set
 
     if args.ray:
         from .ray_replicas import ray_replica_set
@@ -284,7 +284,8 @@ def _schedulers(parser, args, model_path: Path):
     try:  # ValueError: e.g. a prefill policy this backend does not support
         if len(engines) == 1:
             return Scheduler(engines[0], scheduler_config(args), tokenizer=tokenizer)
-        return build_replica_set(engines, [engine_device(e) for e in engines], scheduler_config(args), tokenizer)
+        return build_replica_set(engines, [engine_device(e) for e in engines], scheduler_config(args), tokenizer,
+                                 Fault.from_env())
     except ValueError as e:
         parser.exit(EXIT_BAD_ARGS, f"rwkv7-generate: error: {e}\n")
 

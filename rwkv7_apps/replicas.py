@@ -173,19 +173,17 @@ class MergedStats:
 class ReplicaSet:
     """Several schedulers driven as one (see the module docstring).
 
-    schedulers: one ``Scheduler`` per replica, each built on ``EngineGuard(engine)``;
-    devices: their device names. ``config``: the first replica's config with ``max_batch``
-    the set's total rows; ``engine``: the first replica's engine (for model facts such as
-    ``vocab_size``); ``tokenizer``: the schedulers' tokenizer; ``replicas``: the Replica records; ``notify(message)`` reports
-    failures (default: stderr).
+    replicas: Replica records (``build_replica_set`` makes them); engine: one replica's
+    engine, for model facts such as ``vocab_size``; tokenizer: the schedulers' tokenizer.
+    ``config``: the first replica's config with ``max_batch`` the set's total rows;
+    ``notify(message)`` reports failures (default: stderr).
     """
 
-    def __init__(self, schedulers: list, devices: list[str], notify: Callable[[str], None] | None = None):
-        self.replicas = [Replica(i, s, s.engine, d) for i, (s, d) in enumerate(zip(schedulers, devices))]
-        first = schedulers[0]
-        self.engine = first.engine.engine
-        self.tokenizer = first.tokenizer
-        self.config = first.config._replace(max_batch=sum(s.config.max_batch for s in schedulers))
+    def __init__(self, replicas: list[Replica], engine, tokenizer=None, notify: Callable[[str], None] | None = None):
+        self.replicas = replicas
+        self.engine, self.tokenizer = engine, tokenizer
+        config = replicas[0].scheduler.config
+        self.config = config._replace(max_batch=sum(r.scheduler.config.max_batch for r in replicas))
         self.stats = MergedStats(self.replicas)
         self.notify = notify or (lambda m: print(f"rwkv7-generate: {m}", file=sys.stderr, flush=True))
         self._tracks: dict[str, _Track] = {}       # request id -> track
@@ -367,15 +365,18 @@ class ReplicaSet:
         return f"every replica failed ({reasons}); {len(self._tracks)} requests not done"
 
 
-def build_replica_set(engines: list, devices: list[str], config, tokenizer=None, fault: Fault | None = None):
-    """A ReplicaSet of one Scheduler per engine (each on an EngineGuard; ``fault`` defaults
-    to ``Fault.from_env()``). ValueError as Scheduler raises it (e.g. an unsupported policy)."""
+def build_replica_set(engines: list, devices: list[str], config, tokenizer=None,
+                      fault: Fault | None = None) -> ReplicaSet:
+    """A ReplicaSet of one Scheduler per engine, each on an EngineGuard (``fault``, e.g.
+    ``Fault.from_env()``, injected into its replica). ValueError as Scheduler raises it
+    (e.g. a prefill policy the engine does not support)."""
     from scheduler import Scheduler
 
-    fault = Fault.from_env() if fault is None else fault
-    schedulers = [Scheduler(EngineGuard(e, fault if fault is not None and fault.replica == i else None),
-                            config, tokenizer=tokenizer) for i, e in enumerate(engines)]
-    return ReplicaSet(schedulers, devices)
+    replicas = []
+    for i, (engine, device) in enumerate(zip(engines, devices)):
+        guard = EngineGuard(engine, fault if fault is not None and fault.replica == i else None)
+        replicas.append(Replica(i, Scheduler(guard, config, tokenizer=tokenizer), guard, device))
+    return ReplicaSet(replicas, engines[0], tokenizer)
 
 
 def replica_reports(sched) -> list[dict[str, Any]]:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from rwkv7_apps.replicas import AllReplicasFailed, EngineGuard, Fault, ReplicaSet, build_replica_set
+from rwkv7_apps.replicas import AllReplicasFailed, Fault, ReplicaSet, build_replica_set
 from scheduler import Request, SamplingParams, Scheduler, SchedulerConfig
 from scheduler.testing import FakeEngine
 
@@ -61,7 +61,7 @@ def _check_exactly_once(outputs, requests, expected) -> None:
 
 def test_replicas_match_one_scheduler_and_all_serve():
     requests = _requests(1)
-    rset = build_replica_set([_engine() for _ in range(3)], ["a", "b", "c"], CONFIG, fault=Fault(-1, "engine", 0))
+    rset = build_replica_set([_engine() for _ in range(3)], ["a", "b", "c"], CONFIG)
     outputs = _drive(rset, requests)
     _check_exactly_once(outputs, requests, _single(requests))
     served = [r.requests for r in rset.replicas]
@@ -87,7 +87,7 @@ def test_a_failing_replica_is_taken_out_and_its_requests_rerun(kind):
 def test_one_failed_step_is_retried_without_taking_the_replica_out():
     requests = _requests(3, n=24)
     engines = [_engine(), _engine(fail_steps=[4])]
-    rset = ReplicaSet([Scheduler(EngineGuard(e), CONFIG) for e in engines], ["a", "b"])
+    rset = build_replica_set(engines, ["a", "b"], CONFIG)
     outputs = _drive(rset, requests)
     _check_exactly_once(outputs, requests, _single(requests))
     assert rset.replicas[1].guard.raised == 1 and all(r.failed is None for r in rset.replicas)
@@ -104,7 +104,7 @@ def test_every_replica_failing_raises_with_the_reasons():
 
 
 def test_new_requests_go_to_the_least_loaded_replica():
-    rset = build_replica_set([_engine(), _engine()], ["a", "b"], CONFIG, fault=Fault(-1, "engine", 0))
+    rset = build_replica_set([_engine(), _engine()], ["a", "b"], CONFIG)
     big = Request("big", list(range(1, 41)), SamplingParams(max_tokens=60))  # 100 tokens of work
     rset.add(big)
     for i in range(4):  # 10 tokens each: all four fit beside the big one on the other replica
