@@ -1,0 +1,122 @@
+"""rwkv7-generate --ray with two CPU actors on the tiny model (torch backend: no compiles):
+`--ray local` reproduces one process's greedy tokens; on one module-wide local cluster,
+SIGKILL of one actor mid-run and SIGKILL of the driver then a rerun each end with every id
+exactly once and every result equal to the request decoded alone.
+
+Cost on 2 cores: two cluster start-ups (the `local` run's own, then the module's), about
+10 s each."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from tests.rwkv7_apps.cli_harness import cli_env, greedy_reference, random_token_requests, read_results, write_jsonl
+
+ray = pytest.importorskip("ray")
+
+
+def _cli(args, tmp_path) -> list[str]:
+    return [sys.executable, "-m", "rwkv7_apps.generate", "--backend", "torch", *map(str, args)]
+
+
+def _run(args, tmp_path) -> subprocess.CompletedProcess:
+    proc = subprocess.run(_cli(args, tmp_path), capture_output=True, text=True, timeout=300, env=cli_env(tmp_path))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc
+
+
+def _start(args, tmp_path) -> subprocess.Popen:
+    return subprocess.Popen(_cli(args, tmp_path), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=cli_env(tmp_path))
+
+
+def _wait_for_lines(path, n: int, proc, timeout: float = 180) -> None:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if path.exists() and path.read_bytes().count(b"\n") >= n:
+            return
+        assert proc.poll() is None, proc.communicate()[1][-3000:]
+        time.sleep(0.02)
+    raise AssertionError(f"no {n} results within {timeout} s")
+
+
+def _check(out, reqs, model) -> list[dict]:
+    results = read_results(out)
+    ids = [r["id"] for r in results]
+    assert sorted(ids) == sorted(r["id"] for r in reqs) and len(set(ids)) == len(ids)
+    by_id = {r["id"]: r for r in results}
+    for r in reqs:
+        assert by_id[r["id"]]["tokens"] == greedy_reference(model, r["tokens"], r["max_tokens"], as_torch=True)
+    return results
+
+
+def _requests(seed: int, n: int, max_tokens=(6, 12)):
+    return random_token_requests(np.random.default_rng(seed), n, 512, lengths=(2, 5, 9), max_tokens=max_tokens)
+
+
+@pytest.fixture(scope="module")
+def model(tiny_ckpt):
+    import rwkv_torch_ref
+    return rwkv_torch_ref.load(tiny_ckpt)
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    """A local 2-CPU Ray cluster for the module; yields its address (the CLI's --ray)."""
+    from rwkv7_apps.ray_replicas import connect
+
+    connect("local")
+    try:
+        yield ray.get_runtime_context().gcs_address
+    finally:
+        ray.shutdown()
+
+
+def test_ray_local_matches_one_process(tiny_ckpt, model, tmp_path):
+    reqs = _requests(11, 16)
+    inp, out, metrics = write_jsonl(tmp_path / "in.jsonl", reqs), tmp_path / "out.jsonl", tmp_path / "m.json"
+    _run(["--model", tiny_ckpt, "--input", inp, "--output", out, "--max-batch", 4, "--ray", "local",
+          "--data-parallel", 2, "--metrics", metrics], tmp_path)
+    _check(out, reqs, model)
+    replicas = json.loads(metrics.read_text())["replicas"]
+    assert len(replicas) == 2 and all(r["requests"] > 0 and r["failed"] is None for r in replicas)
+
+
+def test_a_killed_actor_has_its_requests_rerun(cluster, tiny_ckpt, model, tmp_path):
+    reqs = _requests(12, 24, max_tokens=(16, 24))
+    inp, out, metrics = write_jsonl(tmp_path / "in.jsonl", reqs), tmp_path / "out.jsonl", tmp_path / "m.json"
+    proc = _start(["--model", tiny_ckpt, "--input", inp, "--output", out, "--max-batch", 2, "--ray", cluster,
+                   "--data-parallel", 2, "--metrics", metrics], tmp_path)
+    _wait_for_lines(out, 2, proc)
+    actor = ray.get_actor(f"rwkv7-generate-{proc.pid}-1", namespace="rwkv7")
+    os.kill(ray.get(actor.pid.remote()), signal.SIGKILL)
+    _, stderr = proc.communicate(timeout=300)
+    assert proc.returncode == 0, stderr[-3000:]
+    assert "replica 1" in stderr and "taken out: its actor died" in stderr
+    _check(out, reqs, model)
+    replicas = json.loads(metrics.read_text())["replicas"]
+    assert replicas[0]["failed"] is None and "actor died" in replicas[1]["failed"]
+
+
+def test_driver_sigkill_then_rerun_resumes(cluster, tiny_ckpt, model, tmp_path):
+    reqs = _requests(13, 20, max_tokens=(16, 24))
+    inp, out = write_jsonl(tmp_path / "in.jsonl", reqs), tmp_path / "out.jsonl"
+    args = ["--model", tiny_ckpt, "--input", inp, "--output", out, "--max-batch", 2, "--ray", cluster,
+            "--data-parallel", 2]
+    proc = _start(args, tmp_path)
+    _wait_for_lines(out, 3, proc)
+    proc.send_signal(signal.SIGKILL)
+    proc.communicate(timeout=60)
+    before = read_results(out)
+    assert 3 <= len(before) < len(reqs)
+    rerun = _run(args, tmp_path)  # the dead driver's actors are reaped by Ray, freeing the CPUs
+    assert f"resuming: {len(before)} results" in rerun.stderr
+    results = _check(out, reqs, model)
+    assert results[:len(before)] == before
