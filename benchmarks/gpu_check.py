@@ -462,6 +462,42 @@ def markdown(results: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def run_data_parallel(smoke: bool) -> dict:
+    """Batch-generation throughput (0.1b shape, bf16) on one GPU vs a replica on every local
+    GPU (rwkv7_apps.replicas), same workload per GPU; skipped unless several devices."""
+    devices = jax.local_devices()
+    if smoke or len(devices) < 2:
+        return {"status": "skipped", "reason": f"{len(devices)} local device(s); needs 2 or more"}
+    import tempfile
+
+    from rwkv7_apps.engines import load_engines
+    from rwkv7_apps.replicas import build_replica_set
+    from rwkv7_core.random_weights import write_random_checkpoint
+    from scheduler import Request, SamplingParams, Scheduler, SchedulerConfig
+
+    with tempfile.TemporaryDirectory() as d:
+        path = FsPath(d) / "model.safetensors"
+        write_random_checkpoint(path, named_config("0.1b"), seed=0)
+        engines = load_engines("jax", path, "bfloat16", "auto", list(range(len(devices))))
+    config = SchedulerConfig(max_batch=128, precompile=True)
+    rng = np.random.default_rng(0)
+    rows = {}
+    for label, n in (("1 device", 1), (f"{len(devices)} devices", len(devices))):
+        sched = Scheduler(engines[0], config) if n == 1 else build_replica_set(engines, [str(x) for x in devices], config)
+        for measured in (False, True):  # the first pass compiles
+            reqs = [Request(f"{measured}-{i}", rng.integers(1, 65536, size=128).tolist(),
+                            SamplingParams(max_tokens=256 if measured else 8)) for i in range(128 * n)]
+            for r in reqs:
+                sched.add(r)
+            start = time.perf_counter()
+            tokens = []
+            sched.run(on_finish=lambda out: tokens.append(out.generated_tokens))
+            seconds = time.perf_counter() - start
+        rows[label] = {"replicas": n, "seconds": seconds, "tok_s": sum(tokens) / seconds}
+    one, every = rows["1 device"]["tok_s"], rows[f"{len(devices)} devices"]["tok_s"]
+    return {"status": "ok", "runs": rows, "scaling_efficiency": every / (len(devices) * one)}
+
+
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description="Pallas kernel GPU check (issue 4)")
     ap.add_argument("--out", default="benchmarks/results/", help="directory for gpu_check.json/.md")
@@ -504,6 +540,7 @@ def main(argv=None) -> dict:
                                      budget_s=min(SERVING_BUDGET_S, max(budget.left(), 0)))
     else:
         results["serving"] = {"status": "skipped in --smoke" if hook else "absent", "reason": why_not}
+    results["data_parallel"] = attempt({}, run_data_parallel, args.smoke)
     results["elapsed_s"] = time.perf_counter() - budget.start
     save()
     print(markdown(results))

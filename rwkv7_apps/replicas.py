@@ -218,9 +218,9 @@ class ReplicaSet:
             should_stop: Callable[[], bool] | None = None) -> None:
         """Drive every replica until each added request is reported (``Scheduler.run``'s
         contract, callbacks in this thread). Raises AllReplicasFailed when none is left."""
-        self._stopping = False
+        self._stopping = self._closing = False
         for r in self.replicas:
-            if r.thread is None and r.failed is None:
+            if r.failed is None and (r.thread is None or not r.thread.is_alive()):
                 r.thread = threading.Thread(target=self._serve, args=(r,), name=f"replica-{r.index}", daemon=True)
                 r.thread.start()
         try:
