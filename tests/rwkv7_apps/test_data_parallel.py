@@ -115,3 +115,20 @@ def test_new_requests_go_to_the_least_loaded_replica():
     assert [r.work for r in rset.replicas] == [100, 150]
     rset.run()
     assert [r.work for r in rset.replicas] == [0, 0] and [r.requests for r in rset.replicas] == [1, 6]
+
+
+def test_a_set_runs_again_after_a_stop():
+    requests = _requests(5, n=20)
+    rset = build_replica_set([_engine(), _engine()], ["a", "b"], CONFIG)
+    for r in requests:
+        rset.add(r)
+    outputs = []
+
+    def on_finish(out):
+        outputs.append(out)
+
+    rset.run(on_finish=on_finish, should_stop=lambda: len(outputs) >= 3)
+    left = rset.unstarted()
+    assert 3 <= len(outputs) < len(requests) and len(outputs) + len(left) == len(requests)
+    rset.run(on_finish=on_finish)
+    _check_exactly_once(outputs, requests, _single(requests))
