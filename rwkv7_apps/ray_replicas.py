@@ -102,7 +102,6 @@ class RayReplicaSet(ReplicaSet):
 
         from rwkv7_core.tokenizer import tokenizer_for
 
-        self.actors = actors
         replicas = [Replica(i, ActorScheduler(a, config), _RemoteGuard(), d)
                     for i, (a, d) in enumerate(zip(actors, devices))]
         super().__init__(replicas, SimpleNamespace(vocab_size=vocab_size), tokenizer_for(vocab_size), notify)
@@ -196,11 +195,11 @@ def ray_replica_set(args, model_path, config) -> RayReplicaSet:
     """Start ``--data-parallel`` actors on the ``--ray`` cluster and wait until each has
     loaded the model; ValueError (a clear message) when the cluster lacks the resources or
     an actor cannot load the model."""
+    connect(args.ray)  # before Ray is imported: it reads its settings once
     import ray
 
     from .ray_actor import ReplicaActor
 
-    connect(args.ray)
     resources = ray.cluster_resources()
     gpus = int(resources.get("GPU", 0))
     if args.data_parallel == "auto":

@@ -84,3 +84,29 @@ def test_bad_data_parallel_values_are_refused(tiny_ckpt, tmp_path, cache_home):
         proc = run_cli(["--model", tiny_ckpt, "--input", tmp_path / "in.jsonl", "--output", tmp_path / "o.jsonl",
                         "--data-parallel", value], tmp_path)
         assert proc.returncode == 2 and why in proc.stderr and "Traceback" not in proc.stderr
+
+
+PINNING_CHECK = """
+import sys, jax, numpy as np, rwkv_jax
+from rwkv_jax.engine import JaxEngine
+from rwkv7_core.sampling import SamplingParams
+drawn = []
+for device in (0, 1):
+    engine = JaxEngine(rwkv_jax.load(sys.argv[1], device=device))
+    want = {jax.local_devices()[device]}
+    engine.resize([], 2)
+    row = engine.prefill(np.array([3]))
+    engine.insert(1, row, SamplingParams())
+    out = engine.step(np.array([0, engine.sample(row, SamplingParams())]), np.array([0, 1]))
+    leaves = jax.tree.leaves((engine.model.params, engine.slots, row, engine.from_host(engine.to_host(row))))
+    assert all(leaf.devices() == want for leaf in leaves), device
+    drawn.append(out.tolist())
+assert drawn[0] == drawn[1], drawn
+print("pinned")
+"""
+
+
+def test_jax_device_option_keeps_weights_batch_and_rows_on_that_device(tiny_ckpt, tmp_path):
+    proc = subprocess.run([sys.executable, "-c", PINNING_CHECK, str(tiny_ckpt)], capture_output=True, text=True,
+                          timeout=300, env={**cli_env(tmp_path), "XLA_FLAGS": TWO_DEVICES})
+    assert proc.returncode == 0 and "pinned" in proc.stdout, proc.stderr[-3000:]

@@ -1,10 +1,11 @@
 """rwkv7-generate --ray with two CPU actors on the tiny model (torch backend: no compiles):
-`--ray local` reproduces one process's greedy tokens; on one module-wide local cluster,
-SIGKILL of one actor mid-run and SIGKILL of the driver then a rerun each end with every id
-exactly once and every result equal to the request decoded alone.
+`--ray local` reproduces one process's greedy tokens; on one local cluster (one test, so
+pytest-xdist never starts two), SIGKILL of one actor mid-run, then SIGKILL of the driver
+and a rerun, each end with every id exactly once and every result equal to the request
+decoded alone.
 
-Cost on 2 cores: two cluster start-ups (the `local` run's own, then the module's), about
-10 s each."""
+Cost on 2 cores: two cluster start-ups (the `local` run's own, then the test's), about
+10 s each, and five driver runs of 10-30 s."""
 from __future__ import annotations
 
 import json
@@ -67,9 +68,9 @@ def model(tiny_ckpt):
     return rwkv_torch_ref.load(tiny_ckpt)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def cluster():
-    """A local 2-CPU Ray cluster for the module; yields its address (the CLI's --ray)."""
+    """A local 2-CPU Ray cluster; yields its address (the CLI's --ray)."""
     from rwkv7_apps.ray_replicas import connect
 
     connect("local")
@@ -89,7 +90,13 @@ def test_ray_local_matches_one_process(tiny_ckpt, model, tmp_path):
     assert len(replicas) == 2 and all(r["requests"] > 0 and r["failed"] is None for r in replicas)
 
 
-def test_a_killed_actor_has_its_requests_rerun(cluster, tiny_ckpt, model, tmp_path):
+def test_killed_actor_and_killed_driver_lose_nothing(cluster, tiny_ckpt, model, tmp_path):
+    _a_killed_actor_has_its_requests_rerun(cluster, tiny_ckpt, model, tmp_path / "actor")
+    _driver_sigkill_then_rerun_resumes(cluster, tiny_ckpt, model, tmp_path / "driver")
+
+
+def _a_killed_actor_has_its_requests_rerun(cluster, tiny_ckpt, model, tmp_path):
+    tmp_path.mkdir()
     reqs = _requests(12, 24, max_tokens=(16, 24))
     inp, out, metrics = write_jsonl(tmp_path / "in.jsonl", reqs), tmp_path / "out.jsonl", tmp_path / "m.json"
     proc = _start(["--model", tiny_ckpt, "--input", inp, "--output", out, "--max-batch", 2, "--ray", cluster,
@@ -105,7 +112,8 @@ def test_a_killed_actor_has_its_requests_rerun(cluster, tiny_ckpt, model, tmp_pa
     assert replicas[0]["failed"] is None and "actor died" in replicas[1]["failed"]
 
 
-def test_driver_sigkill_then_rerun_resumes(cluster, tiny_ckpt, model, tmp_path):
+def _driver_sigkill_then_rerun_resumes(cluster, tiny_ckpt, model, tmp_path):
+    tmp_path.mkdir()
     reqs = _requests(13, 20, max_tokens=(16, 24))
     inp, out = write_jsonl(tmp_path / "in.jsonl", reqs), tmp_path / "out.jsonl"
     args = ["--model", tiny_ckpt, "--input", inp, "--output", out, "--max-batch", 2, "--ray", cluster,
