@@ -24,14 +24,18 @@ NAMESPACE = "rwkv7"
 READY_TIMEOUT_S = 600.0
 POLL_S = 0.05
 LOCAL_OBJECT_STORE_BYTES = 128 * 2**20
+LOCAL_ENV = {"RAY_USAGE_STATS_ENABLED": "0", "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
+"""Set before Ray is first imported for a local cluster: no usage reporting, and Ray keeps
+127.0.0.1 (instead of turning it into the machine's routable address) for every process."""
 
 
 def connect(address: str) -> None:
-    """Join the cluster at ``address``, or start one here for ``local``."""
+    """Join the cluster at ``address``, or start one here for ``local`` (a loopback address
+    gets the local settings too: a cluster started on 127.0.0.1 is joined there)."""
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    if address == "local":
-        # Ray turns 127.0.0.1 into the machine's routable address unless told it is not a cluster.
-        os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+    if address == "local" or address.split(":")[0] in ("127.0.0.1", "localhost"):
+        for key, value in LOCAL_ENV.items():
+            os.environ.setdefault(key, value)
     try:
         import ray
     except ModuleNotFoundError:

@@ -18,8 +18,10 @@ import time
 import numpy as np
 import pytest
 
+from rwkv7_apps.ray_replicas import LOCAL_ENV
 from tests.rwkv7_apps.cli_harness import cli_env, greedy_reference, random_token_requests, read_results, write_jsonl
 
+os.environ.update(LOCAL_ENV)  # before Ray is imported: the test's cluster stays on 127.0.0.1
 ray = pytest.importorskip("ray")
 
 
@@ -93,6 +95,18 @@ def test_ray_local_matches_one_process(tiny_ckpt, model, tmp_path):
 def test_killed_actor_and_killed_driver_lose_nothing(cluster, tiny_ckpt, model, tmp_path):
     _a_killed_actor_has_its_requests_rerun(cluster, tiny_ckpt, model, tmp_path / "actor")
     _driver_sigkill_then_rerun_resumes(cluster, tiny_ckpt, model, tmp_path / "driver")
+    _a_model_that_fails_to_load_is_a_clear_error(cluster, tmp_path / "bad")
+
+
+def _a_model_that_fails_to_load_is_a_clear_error(cluster, tmp_path):
+    tmp_path.mkdir()
+    bad = tmp_path / "broken.safetensors"
+    bad.write_bytes(b"not a checkpoint")
+    inp = write_jsonl(tmp_path / "in.jsonl", _requests(14, 2))
+    proc = subprocess.run(_cli(["--model", bad, "--input", inp, "--output", tmp_path / "out.jsonl", "--ray", cluster,
+                                "--data-parallel", 2], tmp_path), capture_output=True, text=True, timeout=180,
+                          env=cli_env(tmp_path))
+    assert proc.returncode == 2 and "an actor could not load the model" in proc.stderr, proc.stderr[-3000:]
 
 
 def _a_killed_actor_has_its_requests_rerun(cluster, tiny_ckpt, model, tmp_path):
