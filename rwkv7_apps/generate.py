@@ -238,8 +238,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _main(argv: list[str] | None) -> int:
-    from scheduler import Scheduler
-
     parser = build_parser()
     args = parser.parse_args(argv)
     check_args(parser, args)
@@ -254,8 +252,7 @@ def _main(argv: list[str] | None) -> int:
             _say(f"resuming: {writer.records_before} results already in {args.output}")
         model_path = Path(args.model) if args.model else random_model_path(args.random_model)
         sched = _schedulers(parser, args, model_path)
-        tokenizer = sched.tokenizer
-        return _run(args, sched, tokenizer, writer)
+        return _run(args, sched, sched.tokenizer, writer)
 
 
 def _schedulers(parser, args, model_path: Path):
