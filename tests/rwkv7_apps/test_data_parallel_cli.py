@@ -6,6 +6,7 @@ per thread on the CPU."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 
@@ -63,7 +64,7 @@ def test_two_jax_devices_match_one_and_survive_a_fault(tiny_ckpt, tmp_path, cach
     if fault is None:
         assert all(r["requests"] > 0 and r["failed"] is None for r in replicas)
     else:
-        assert replicas[0]["failed"] is None and "raised 3 times" in replicas[1]["failed"]
+        assert replicas[0]["failed"] is None and re.search(r"raised [3-9] times in a row", replicas[1]["failed"])
         assert "replica 1 (cpu:1) taken out" in stderr
 
 
