@@ -20,9 +20,10 @@ from typing import Any
 
 from rwkv7_core.tokenizer import WORLD_VOCAB_SIZE, tokenizer_for
 
-from .engines import (BACKENDS, engine_device, kernel_choices, load_engine, load_engines, random_model_names,
-                      random_model_path, replica_devices)
+from .engines import (BACKENDS, cache_dir, engine_device, kernel_choices, load_engine, load_engines,
+                      random_model_names, random_model_path, replica_devices)
 from .jsonl_io import InputError, InputRequest, ResultWriter, error_record, item_key, read_requests
+from .states import RunStates, model_fingerprint, register_states, state_option
 
 SAMPLING_OPTIONS = ("max_tokens", "temperature", "top_p", "top_k", "presence_penalty",
                     "frequency_penalty", "penalty_decay", "stop", "stop_tokens")
@@ -61,6 +62,15 @@ def build_parser() -> argparse.ArgumentParser:
                    help="decode batch sizes to compile (default: powers of two up to --max-batch)")
     p.add_argument("--prefix-cache-mb", type=float, default=0.0, metavar="N",
                    help="host memory for cached prompt-prefix states (0 = off)")
+    p.add_argument("--prefix-cache-dir", metavar="DIR",
+                   help="persistent prefix cache: entries also go to DIR and survive restarts")
+    p.add_argument("--prefix-cache-disk-mb", type=float, default=1024.0, metavar="N",
+                   help="most megabytes of entry files in --prefix-cache-dir (default 1024)")
+    p.add_argument("--state", action="append", type=state_option, default=None, metavar="NAME=FILE",
+                   help="register an initial state (state file or tuned-state .pth/.safetensors); a "
+                        "request with \"state\": \"NAME\" starts from it (repeatable)")
+    p.add_argument("--save-states", metavar="DIR",
+                   help="write each successful request's final state as DIR/<id>.safetensors")
     p.add_argument("--precompile", action="store_true", help="compile every bucket before the first step")
     p.add_argument("--prefill", default="serial", choices=("serial", "varlen", "mixed"),
                    help="prefill policy (see README)")
@@ -108,6 +118,15 @@ def check_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     for flag, path in (("--metrics", args.metrics), ("--plot", args.plot)):
         if path is not None:
             _check_writable(p, path, flag)
+    for _, path in args.state or []:
+        _check_readable(p, path, "--state")
+    for flag, path in (("--save-states", args.save_states), ("--prefix-cache-dir", args.prefix_cache_dir)):
+        if path is not None:
+            _check_directory(p, path, flag)
+    if args.prefix_cache_disk_mb <= 0:
+        p.error(f"--prefix-cache-disk-mb {args.prefix_cache_disk_mb:g}: must be > 0")
+    if args.ray and (args.state or args.save_states or args.prefix_cache_dir):
+        p.error("--state, --save-states and --prefix-cache-dir do not work with --ray yet")
     try:
         scheduler_config(args).validated()
     except ValueError as e:
@@ -144,6 +163,16 @@ def _check_writable(p: argparse.ArgumentParser, path: str, flag: str) -> None:
         p.error(f"{flag} {path}: directory {parent} is not writable")
 
 
+def _check_directory(p: argparse.ArgumentParser, path: str, flag: str) -> None:
+    """A writable directory, created if missing."""
+    try:
+        os.makedirs(path, exist_ok=True)
+    except OSError as e:
+        p.error(f"{flag} {path}: cannot create the directory ({e.strerror})")
+    if not os.access(path, os.W_OK | os.X_OK):
+        p.error(f"{flag} {path}: directory is not writable")
+
+
 def scheduler_config(args: argparse.Namespace):
     from scheduler import SchedulerConfig
 
@@ -169,7 +198,8 @@ def request_seed(run_seed: int, request_id: Any) -> int:
     return zlib.crc32(json.dumps([run_seed, request_id]).encode()) & 0xFFFFFFFF
 
 
-def make_request(item: InputRequest, defaults: dict[str, Any], args, vocab_size: int, tokenizer):
+def make_request(item: InputRequest, defaults: dict[str, Any], args, vocab_size: int, tokenizer,
+                 states: RunStates | None = None):
     """An InputRequest -> scheduler Request (internal id = its line number), or an InputError."""
     from rwkv7_core.sampling import SamplingParams
     from scheduler import Request
@@ -190,8 +220,13 @@ def make_request(item: InputRequest, defaults: dict[str, Any], args, vocab_size:
     if tokenizer is None and params.stop:
         return fail(f"'stop' strings need the World tokenizer (vocabulary {WORLD_VOCAB_SIZE}), but this "
                     f"model's vocabulary has {vocab_size} tokens: use 'stop_tokens' instead")
+    try:
+        initial = (states or RunStates({}, None, None, "")).initial(item.state)
+    except ValueError as e:
+        return fail(str(e))
     tokens = tokenizer.encode(item.prompt) if item.prompt is not None else item.tokens
-    return Request(str(item.line), list(tokens), params)
+    return Request(str(item.line), list(tokens), params, initial_state=initial,
+                   return_state=states is not None and states.save_dir is not None)
 
 
 class StopSignal:
@@ -252,7 +287,11 @@ def _main(argv: list[str] | None) -> int:
             _say(f"resuming: {writer.records_before} results already in {args.output}")
         model_path = Path(args.model) if args.model else random_model_path(args.random_model)
         sched = _schedulers(parser, args, model_path)
-        return _run(args, sched, sched.tokenizer, writer)
+        try:
+            states = _run_states(args, sched.engine)
+        except ValueError as e:  # an unreadable state file, or one of another model shape
+            parser.exit(EXIT_BAD_ARGS, f"rwkv7-generate: error: {e}\n")
+        return _run(args, sched, sched.tokenizer, writer, states)
 
 
 def _schedulers(parser, args, model_path: Path):
@@ -278,16 +317,35 @@ def _schedulers(parser, args, model_path: Path):
     except (OSError, ValueError) as e:
         parser.exit(EXIT_BAD_ARGS, f"rwkv7-generate: error: cannot load model {model_path}: {e}\n")
     tokenizer = tokenizer_for(engines[0].vocab_size)
+    store = _prefix_store(args, model_path, engines[0])
     try:  # ValueError: e.g. a prefill policy this backend does not support
         if len(engines) == 1:
-            return Scheduler(engines[0], scheduler_config(args), tokenizer=tokenizer)
+            return Scheduler(engines[0], scheduler_config(args), tokenizer=tokenizer, prefix_store=store)
         return build_replica_set(engines, [engine_device(e) for e in engines], scheduler_config(args), tokenizer,
-                                 Fault.from_env())
+                                 Fault.from_env(), prefix_store=store)
     except ValueError as e:
         parser.exit(EXIT_BAD_ARGS, f"rwkv7-generate: error: {e}\n")
 
 
-def _run(args, sched, tokenizer, writer: ResultWriter) -> int:
+def _run_states(args, engine) -> RunStates:
+    """The --state / --save-states options (the model's shape is read only when they are given)."""
+    if not args.state and args.save_states is None:
+        return RunStates({}, None, None, args.dtype)
+    config = engine.model.config
+    return RunStates(register_states(args.state or [], config), args.save_states, config, args.dtype)
+
+
+def _prefix_store(args, model_path: Path, engine):
+    """The persistent prefix-cache tier of --prefix-cache-dir (None without it)."""
+    if args.prefix_cache_dir is None:
+        return None
+    from scheduler.prefix_disk import DiskPrefixStore
+
+    fingerprint = model_fingerprint(model_path, args.backend, engine, args.dtype, cache_dir())
+    return DiskPrefixStore(args.prefix_cache_dir, int(args.prefix_cache_disk_mb * 2**20), fingerprint)
+
+
+def _run(args, sched, tokenizer, writer: ResultWriter, states: RunStates | None = None) -> int:
     """Stream the input into the scheduler (at most ``2 * max_batch`` requests queued or in
     flight, so memory stays flat and TTFT measures service, not the file's length), write each
     result as it finishes, then report."""
@@ -326,7 +384,7 @@ def _run(args, sched, tokenizer, writer: ResultWriter) -> int:
             if item is None:
                 return
             if isinstance(item, InputRequest):
-                request = make_request(item, defaults, args, sched.engine.vocab_size, tokenizer)
+                request = make_request(item, defaults, args, sched.engine.vocab_size, tokenizer, states)
                 if not isinstance(request, InputError):
                     in_scheduler[request.id] = item
                     sched.add(request)
@@ -350,7 +408,13 @@ def _run(args, sched, tokenizer, writer: ResultWriter) -> int:
         last_token.pop(out.id, None)
         item = in_scheduler.pop(out.id)
         if out.finish_reason != "cancelled":  # cancelled = never started: the next run does it
-            write(_result_record(item, out, tokenizer), out.ttft)
+            record = _result_record(item, out, tokenizer)
+            if out.final_state is not None:  # written before its record, so a resume never misses it
+                try:
+                    record["state_file"] = str(states.save(item.id, item.state, out))
+                except (OSError, ValueError) as e:
+                    record.update(finish_reason="error", error=f"line {item.line}: could not save the state: {e}")
+            write(record, out.ttft)
         admit()
 
     try:

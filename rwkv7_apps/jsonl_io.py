@@ -1,7 +1,7 @@
 """JSONL request input and crash-safe, resumable JSONL result output (standard library only).
 
 Input lines are ``{"id": ..., "prompt": "text"}`` or ``{"id": ..., "tokens": [int, ...]}``
-plus optional per-request sampling fields. Output lines are whole JSON objects appended
+plus optional per-request sampling fields and ``"state": NAME`` (a registered initial state). Output lines are whole JSON objects appended
 with one ``write`` each and fsynced in small groups, so a crash leaves at most one torn
 last line, which the next run detects and cuts off before it appends.
 
@@ -19,7 +19,7 @@ from typing import Any, Iterator, NamedTuple
 
 ResultKey = tuple[str, Any]  # ("id", id) or ("line", line number)
 
-PROMPT_FIELDS = ("id", "prompt", "tokens")
+PROMPT_FIELDS = ("id", "prompt", "tokens", "state")
 
 
 class InputRequest(NamedTuple):
@@ -30,6 +30,7 @@ class InputRequest(NamedTuple):
     prompt: str | None
     tokens: list[int] | None
     overrides: dict[str, Any]  # the line's sampling fields, not yet validated
+    state: str | None = None   # the name of the initial state to start from (None = zeros)
 
 
 class InputError(NamedTuple):
@@ -73,8 +74,11 @@ def parse_line(line_no: int, text: str) -> InputRequest | InputError:
     if has_tokens and not (isinstance(tokens, list)
                            and all(isinstance(t, int) and not isinstance(t, bool) for t in tokens)):
         return InputError(line_no, rid, f"line {line_no}: 'tokens' must be a list of integers")
+    state = obj.get("state")
+    if state is not None and not (isinstance(state, str) and state):
+        return InputError(line_no, rid, f"line {line_no}: 'state' must be a non-empty string (a --state NAME)")
     overrides = {k: v for k, v in obj.items() if k not in PROMPT_FIELDS}
-    return InputRequest(line_no, rid, prompt, tokens, overrides)
+    return InputRequest(line_no, rid, prompt, tokens, overrides, state)
 
 
 def item_key(item: InputRequest | InputError) -> ResultKey:

@@ -366,16 +366,18 @@ class ReplicaSet:
 
 
 def build_replica_set(engines: list, devices: list[str], config, tokenizer=None,
-                      fault: Fault | None = None) -> ReplicaSet:
+                      fault: Fault | None = None, prefix_store=None) -> ReplicaSet:
     """A ReplicaSet of one Scheduler per engine, each on an EngineGuard (``fault``, e.g.
-    ``Fault.from_env()``, injected into its replica). ValueError as Scheduler raises it
-    (e.g. a prefill policy the engine does not support)."""
+    ``Fault.from_env()``, injected into its replica), all sharing ``prefix_store`` (the
+    prefix cache's disk tier, or None). ValueError as Scheduler raises it (e.g. a prefill
+    policy the engine does not support)."""
     from scheduler import Scheduler
 
     replicas = []
     for i, (engine, device) in enumerate(zip(engines, devices)):
         guard = EngineGuard(engine, fault if fault is not None and fault.replica == i else None)
-        replicas.append(Replica(i, Scheduler(guard, config, tokenizer=tokenizer), guard, device))
+        replicas.append(Replica(i, Scheduler(guard, config, tokenizer=tokenizer, prefix_store=prefix_store),
+                                guard, device))
     return ReplicaSet(replicas, engines[0], tokenizer)
 
 

@@ -90,17 +90,22 @@ def read_checkpoint(path: str | os.PathLike) -> tuple[Tensors, ModelConfig]:
     Returns (tensors, config); tensors keep the file's dtype (memory-mapped where
     the format allows).
     """
+    tensors = read_tensors(path)
+    return tensors, validate(tensors)
+
+
+def read_tensors(path: str | os.PathLike, what: str = "checkpoint") -> Tensors:
+    """The tensors of a ``.pth`` (code-carrying pickles refused) or ``.safetensors`` file,
+    not validated as a model; ``what`` names the kind of file in error messages."""
     path = Path(path)
     if not path.is_file():
-        raise CheckpointError(f"checkpoint {str(path)!r} does not exist or is not a file")
+        raise CheckpointError(f"{what} {str(path)!r} does not exist or is not a file")
     if path.suffix == ".safetensors":
-        tensors = _read_safetensors(path)
-    elif path.suffix in (".pth", ".pt"):
-        tensors = _read_pth(path)
-    else:
-        raise CheckpointError(f"checkpoint {str(path)!r}: unknown extension {path.suffix!r} "
-                              "(expected .pth or .safetensors)")
-    return tensors, validate(tensors)
+        return read_safetensors(path)[0]
+    if path.suffix in (".pth", ".pt"):
+        return _read_pth(path)
+    raise CheckpointError(f"{what} {str(path)!r}: unknown extension {path.suffix!r} "
+                          "(expected .pth or .safetensors)")
 
 
 def _read_pth(path: Path) -> Tensors:
@@ -184,7 +189,11 @@ _ST_DTYPES = {"F64": np.float64, "F32": np.float32, "F16": np.float16,
 _ST_NAMES = {np.dtype(v): k for k, v in _ST_DTYPES.items()}
 
 
-def _read_safetensors(path: Path) -> Tensors:
+def read_safetensors(path: str | os.PathLike) -> tuple[Tensors, dict[str, str]]:
+    """(tensors, the header's ``__metadata__`` {str: str}) of a ``.safetensors`` file; the
+    tensors are read-only views of a memory map. CheckpointError names what is malformed
+    (short file, bad header, a data range outside the file, unsupported dtype)."""
+    path = Path(path)
     size = path.stat().st_size
     with open(path, "rb") as f:
         head = f.read(8)
@@ -200,7 +209,9 @@ def _read_safetensors(path: Path) -> Tensors:
         buf = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if size else b""
     if not isinstance(header, dict):
         raise CheckpointError(f"{str(path)!r}: safetensors header is not a JSON object")
-    header.pop("__metadata__", None)
+    metadata = header.pop("__metadata__", None) or {}
+    if not isinstance(metadata, dict) or not all(isinstance(v, str) for v in metadata.values()):
+        raise CheckpointError(f"{str(path)!r}: safetensors __metadata__ must map strings to strings")
     out = {}
     for key, info in header.items():
         try:
@@ -218,7 +229,7 @@ def _read_safetensors(path: Path) -> Tensors:
                                   f"fit the file (truncated?) or shape {shape}")
         out[key] = np.frombuffer(buf, dtype=dtype, count=int(np.prod(shape)),
                                  offset=8 + n + start).reshape(shape)
-    return out
+    return out, metadata
 
 
 # ----------------------------------------------------------------------------- writing
@@ -226,7 +237,7 @@ def write_checkpoint(path: str | os.PathLike, tensors: Tensors) -> None:
     """Write tensors as ``.pth`` (needs torch) or ``.safetensors`` (numpy only)."""
     path = Path(path)
     if path.suffix == ".safetensors":
-        _write_safetensors(path, tensors)
+        write_safetensors(path, tensors)
     elif path.suffix in (".pth", ".pt"):
         import torch
 
@@ -240,8 +251,11 @@ def write_checkpoint(path: str | os.PathLike, tensors: Tensors) -> None:
         raise ValueError(f"cannot write {str(path)!r}: use a .pth or .safetensors extension")
 
 
-def _write_safetensors(path: Path, tensors: Tensors) -> None:
-    header, offset = {}, 0
+def write_safetensors(path: str | os.PathLike, tensors: Tensors,
+                      metadata: dict[str, str] | None = None) -> None:
+    """Write tensors (dtypes of ``_ST_DTYPES``) and optional string metadata as ``.safetensors``."""
+    header: dict = {"__metadata__": dict(metadata)} if metadata else {}
+    offset = 0
     for key, a in tensors.items():
         nbytes = a.size * a.dtype.itemsize
         header[key] = {"dtype": _ST_NAMES[a.dtype], "shape": list(a.shape),

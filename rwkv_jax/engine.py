@@ -269,9 +269,13 @@ class JaxEngine:
         return tuple(jax.device_get(row[0])) + (None if row[1] is None else np.asarray(row[1]),)
 
     def from_host(self, host_row):
+        """Inverse of ``to_host``; the state leaves are cast to the model's state dtypes (so a
+        row whose bfloat16 shifts were widened to float32 loads too)."""
         *state, logits = host_row
+        dtypes = (self.model.dtype, jnp.float32, self.model.dtype)
         with self.model.on_device():
-            return State(*(jnp.asarray(a) for a in state)), (None if logits is None else jnp.asarray(logits))
+            return (State(*(jnp.asarray(a, dt) for a, dt in zip(state, dtypes))),
+                    None if logits is None else jnp.asarray(logits))
 
     # -- VarlenPrefill and MixedStep capabilities ----------------------------------------
     def compile_varlen(self, token_rows: int) -> float:

@@ -27,6 +27,7 @@ from rwkv7_core.sampling import NONFINITE_TOKEN, SamplingParams
 from .config import PrefillPolicy, SchedulerConfig, bucket_for
 from .prefill import Prefill, check_engine_supports
 from .prefix_cache import PrefixCache
+from .prefix_disk import DiskPrefixStore
 from .request import Request, RequestOutput, RequestState, final_state
 from .stats import BucketSwitch, CompileEvent, RequestRecord, Stats, StepRecord
 
@@ -41,6 +42,7 @@ class _Entry:
         self.request = request
         self.params: SamplingParams | None = None
         self.prompt: list[int] = []
+        self.initial = request.initial_state
         self.state = RequestState.WAITING
         self.times = {RequestState.WAITING: arrival}
         self.arrival = arrival
@@ -63,18 +65,22 @@ class Scheduler:
     """Schedules requests on an ``Engine``; see the module docstring.
 
     ``tokenizer``: any object with ``decode(list[int]) -> str``; needed for stop strings.
+    ``prefix_store``: a persistent tier for the prefix cache (on even when
+    ``config.prefix_cache_bytes`` is 0, which then keeps nothing in memory).
     ``results``: {id: RequestOutput} of every request that reached a final state.
     ``stats``: a ``Stats`` record of the runs so far.
     """
 
-    def __init__(self, engine: Engine, config: SchedulerConfig | None = None, tokenizer=None):
+    def __init__(self, engine: Engine, config: SchedulerConfig | None = None, tokenizer=None,
+                 prefix_store: DiskPrefixStore | None = None):
         self.engine = engine
         self.config = (config or SchedulerConfig()).validated()
         self.tokenizer = tokenizer
         self.stats = Stats()
         self.results: dict[str, RequestOutput] = {}
         self.prefill_lock = threading.Lock()
-        self._prefix = PrefixCache(self.config.prefix_cache_bytes) if self.config.prefix_cache_bytes else None
+        self._prefix = (PrefixCache(self.config.prefix_cache_bytes, prefix_store)
+                        if self.config.prefix_cache_bytes or prefix_store is not None else None)
         self._seed_rng = np.random.default_rng()
         self._cond = threading.Condition()
         self._entries: dict[str, _Entry] = {}
@@ -107,7 +113,7 @@ class Scheduler:
         except (ValueError, TypeError) as e:
             entry.error = f"invalid request: {e}"
         with self._cond:
-            if entry.error is not None or entry.params.max_tokens == 0:
+            if entry.error is not None or (entry.params.max_tokens == 0 and not request.return_state):
                 self._finals.append(entry)
             else:
                 self._waiting.append(entry)
@@ -302,8 +308,10 @@ class Scheduler:
         if token == NONFINITE_TOKEN:
             entry.error = "non-finite logits"
             return self._finish(entry, "error")
+        if entry.params.max_tokens == 0:  # prefilled only for its final state
+            return self._finish(entry, "length")
         if token in entry.params.stop_tokens:
-            return self._finish(entry, "stop")
+            return self._finish(entry, "stop", stop_token=True)
         self._emit(entry, token)
         if len(entry.tokens) >= entry.params.max_tokens:
             return self._finish(entry, "length")
@@ -326,7 +334,15 @@ class Scheduler:
             return False
         return any(s in text for s in stops)
 
-    def _finish(self, entry: _Entry, reason: str) -> str:
+    def _finish(self, entry: _Entry, reason: str, stop_token: bool = False) -> str:
+        """Make a request final (``stop_token``: it ended on a stop token, which the state
+        has not consumed and never will)."""
+        final = None
+        if entry.request.return_state and reason in ("length", "stop"):
+            try:
+                final = self._final_state(entry, pending=bool(entry.tokens) and not stop_token)
+            except Exception as e:
+                entry.error, reason = f"reading the final state failed: {type(e).__name__}: {e}", "error"
         slot = entry.slot
         if slot >= 0:
             self._slot_entry[slot] = None
@@ -339,7 +355,8 @@ class Scheduler:
         out = RequestOutput(id=entry.id, tokens=entry.tokens, finish_reason=reason, error=entry.error,
                             prompt_tokens=len(entry.prompt) or len(entry.request.prompt_tokens),
                             generated_tokens=len(entry.tokens), arrival_time=entry.arrival,
-                            first_token_time=entry.first_token_time, finish_time=entry.times[state])
+                            first_token_time=entry.first_token_time, finish_time=entry.times[state],
+                            final_state=final)
         self.results[entry.id] = out
         self.stats.requests.append(RequestRecord(
             entry.id, out.prompt_tokens, entry.cached_tokens, entry.prefill_seconds, out.ttft,
@@ -347,6 +364,16 @@ class Scheduler:
         if self._on_finish is not None:
             self._on_finish(out)
         return reason
+
+    def _final_state(self, entry: _Entry, pending: bool):
+        """Host row after the prompt and every emitted token: the slot's (or, before the batch,
+        the prefill row's) state, run through the last emitted token when it is ``pending``
+        (drawn but not yet fed: every finish but a stop token's)."""
+        row = self.engine.extract(entry.slot) if entry.slot >= 0 else entry.row
+        if pending:
+            with self.prefill_lock:
+                row = self.engine.prefill(np.array(entry.tokens[-1:], np.int32), row)
+        return self.engine.to_host(row)
 
     # ---- batch ------------------------------------------------------------------------
     def _resize_slots(self, bucket: int, keep: list[int]) -> None:
@@ -466,7 +493,7 @@ class Scheduler:
                 entry.error = "non-finite logits"
                 self._finish(entry, "error")
             else:
-                self._finish(entry, "stop" if stopped[slot] else "length")
+                self._finish(entry, "stop" if stopped[slot] else "length", stop_token=bool(stop_hit[slot]))
         with self._cond:
             self._live_count = len(self._live)
             self._cond.notify_all()

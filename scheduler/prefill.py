@@ -15,7 +15,8 @@ runs:
 
 With a prefix cache every policy looks a prompt's longest cached prefix up when its first
 piece is planned, cuts a piece at the last multiple of ``prefix_block`` tokens and caches
-the state there, and caches the whole prompt's state.
+the state there, and caches the whole prompt's state. A request with an initial state runs
+from it (``Engine.from_host``); its cache keys live in that state's namespace.
 """
 from __future__ import annotations
 
@@ -61,6 +62,11 @@ def check_engine_supports(engine, policy: PrefillPolicy) -> None:
                          f"capability; {type(engine).__name__} supports only 'serial'")
 
 
+def _namespace(entry) -> str:
+    """The prefix-cache namespace of an entry: its initial state's key ("" = zeros)."""
+    return "" if entry.initial is None else entry.initial.key
+
+
 class _Progress:
     """One prompt being prefilled in pieces: its first `done` tokens are in `row`."""
     __slots__ = ("entry", "done", "row", "start_time", "looked_up")
@@ -74,9 +80,9 @@ class Prefill:
     """The prompts in progress and the calls that advance them (see the module docstring).
 
     Entries are the scheduler's request records: read ``id``, ``prompt`` (list of ints),
-    ``params``; written: ``row``, ``first_token``, ``first_token_time``, ``cached_tokens``,
-    ``prefill_seconds``, ``error``. Finished (or failed) entries collect in ``completed`` for
-    the scheduler to take. Stats get one PrefillRecord per piece; a call's seconds are shared
+    ``params``, ``initial`` (an InitialState or None); written: ``row``, ``first_token``,
+    ``first_token_time``, ``cached_tokens``, ``prefill_seconds``, ``error``. Finished (or
+    failed) entries collect in ``completed`` for the scheduler to take. Stats get one PrefillRecord per piece; a call's seconds are shared
     among its pieces by token count (in a mixed step the decode rows count as one token
     each, so only the pieces' share counts as prefill).
     """
@@ -104,8 +110,17 @@ class Prefill:
         return sum(len(p.entry.prompt) - p.done for p in self.queue) < self.budget
 
     def add(self, entry) -> None:
-        """Queue an entry (its prompt runs from the longest cached prefix)."""
-        self.queue.append(_Progress(entry))
+        """Queue an entry (its prompt runs from the longest cached prefix, else from its
+        initial state)."""
+        progress = _Progress(entry)
+        if entry.initial is not None:
+            try:
+                progress.row = self.engine.from_host(entry.initial.row)
+            except Exception as e:
+                entry.error, entry.row = f"bad initial state: {type(e).__name__}: {e}", None
+                self.completed.append(entry)
+                return
+        self.queue.append(progress)
 
     def run(self) -> None:
         """One prefill call (SERIAL or VARLEN) over the head of the queue."""
@@ -142,7 +157,7 @@ class Prefill:
     def _look_up(self, progress: _Progress) -> None:
         entry = progress.entry
         progress.looked_up = True
-        progress.done, host = self.cache.longest_prefix(entry.prompt)
+        progress.done, host = self.cache.longest_prefix(entry.prompt, _namespace(entry))
         if progress.done:
             self.stats.prefix_hits += 1
             progress.row = self.engine.from_host(host)
@@ -182,11 +197,11 @@ class Prefill:
             progress.row = row
             self.stats.prefills.append(PrefillRecord(start, entry.id, n, seconds * n / total))
             if progress.done == self._boundary(progress) > 0:
-                self.cache.put(entry.prompt[:progress.done], self.engine.to_host(row))
+                self.cache.put(entry.prompt[:progress.done], self.engine.to_host(row), _namespace(entry))
             if progress.done == len(entry.prompt):
                 self.queue.remove(progress)
                 if self.cache is not None:
-                    self.cache.put(entry.prompt, self.engine.to_host(row))
+                    self.cache.put(entry.prompt, self.engine.to_host(row), _namespace(entry))
                 self._complete(progress)
 
     def _complete(self, progress: _Progress) -> None:

@@ -1,4 +1,5 @@
-"""Host-side LRU cache of prefill states keyed by exact token prefix, bounded in bytes."""
+"""Host-side LRU cache of prefill states keyed by (initial state, exact token prefix),
+bounded in bytes, optionally backed by a persistent disk tier (scheduler/prefix_disk.py)."""
 from __future__ import annotations
 
 import threading
@@ -7,51 +8,76 @@ from typing import Sequence
 
 from rwkv7_core.engine import HostRow, host_row_bytes
 
+from .prefix_disk import DiskPrefixStore
+
 
 class PrefixCache:
-    """Maps a token tuple to the host row (state + last logits) after those tokens.
+    """Maps (namespace, token tuple) to the host row (state + last logits) after those tokens.
 
-    ``longest_prefix(tokens)`` finds the longest cached key that is a prefix of ``tokens``
-    (it may equal ``tokens``). Least recently used entries are evicted past ``max_bytes``;
-    an entry larger than ``max_bytes`` is not stored. Thread-safe.
+    The namespace names the state the tokens ran from ("" = zeros; else an
+    ``InitialState.key``). ``longest_prefix(tokens, namespace)`` finds the longest cached key
+    of that namespace that is a prefix of ``tokens`` (it may equal ``tokens``). Least recently
+    used entries are evicted past ``max_bytes``; an entry larger than ``max_bytes`` is not
+    kept in memory. With ``disk``, every entry is also written there (so it survives the
+    process), lookups the memory misses go on to the disk, and disk hits come back into
+    memory. Thread-safe.
     """
 
-    def __init__(self, max_bytes: int):
+    def __init__(self, max_bytes: int, disk: DiskPrefixStore | None = None):
         self.max_bytes = max_bytes
         self.bytes = 0
-        self._entries: OrderedDict[tuple[int, ...], tuple[HostRow, int]] = OrderedDict()
-        self._lengths: dict[int, int] = {}  # key length -> number of keys of that length
+        self.disk = disk
+        self._entries: OrderedDict[tuple[str, tuple[int, ...]], tuple[HostRow, int]] = OrderedDict()
+        self._lengths: dict[tuple[str, int], int] = {}  # (namespace, key length) -> number of keys
         self._lock = threading.Lock()
 
     def __len__(self) -> int:
         return len(self._entries)
 
-    def longest_prefix(self, tokens: Sequence[int]) -> tuple[int, HostRow | None]:
+    def longest_prefix(self, tokens: Sequence[int], namespace: str = "") -> tuple[int, HostRow | None]:
         """(length, host row) of the longest cached prefix of tokens; (0, None) on a miss."""
         key = tuple(tokens)
+        n, row = self._memory_prefix(key, namespace)
+        if self.disk is not None and n < len(key):
+            m, disk_row = self.disk.longest_prefix(key, namespace, longer_than=n)
+            if m > n:
+                self._remember(namespace, key[:m], disk_row)
+                return m, disk_row
+        return n, row
+
+    def put(self, tokens: Sequence[int], row: HostRow, namespace: str = "") -> None:
+        key = tuple(tokens)
+        if not key:
+            return
+        if self._remember(namespace, key, row) and self.disk is not None:
+            self.disk.put(key, row, namespace)
+
+    def _memory_prefix(self, key: tuple[int, ...], namespace: str) -> tuple[int, HostRow | None]:
         with self._lock:
-            for n in sorted((n for n in self._lengths if n <= len(key)), reverse=True):
-                hit = self._entries.get(key[:n])
+            lengths = sorted((n for ns, n in self._lengths if ns == namespace and n <= len(key)), reverse=True)
+            for n in lengths:
+                hit = self._entries.get((namespace, key[:n]))
                 if hit is not None:
-                    self._entries.move_to_end(key[:n])
+                    self._entries.move_to_end((namespace, key[:n]))
                     return n, hit[0]
         return 0, None
 
-    def put(self, tokens: Sequence[int], row: HostRow) -> None:
-        key = tuple(tokens)
+    def _remember(self, namespace: str, key: tuple[int, ...], row: HostRow) -> bool:
+        """Keep an entry in memory (LRU); False when it was there already."""
         size = host_row_bytes(row)
-        if size > self.max_bytes or not key:
-            return
         with self._lock:
-            if key in self._entries:
-                self._entries.move_to_end(key)
-                return
-            self._entries[key] = (row, size)
-            self._lengths[len(key)] = self._lengths.get(len(key), 0) + 1
+            if (namespace, key) in self._entries:
+                self._entries.move_to_end((namespace, key))
+                return False
+            if size > self.max_bytes:
+                return True
+            self._entries[(namespace, key)] = (row, size)
+            self._lengths[(namespace, len(key))] = self._lengths.get((namespace, len(key)), 0) + 1
             self.bytes += size
             while self.bytes > self.max_bytes:
-                old, (_, old_size) = self._entries.popitem(last=False)
+                (ns, old), (_, old_size) = self._entries.popitem(last=False)
                 self.bytes -= old_size
-                self._lengths[len(old)] -= 1
-                if not self._lengths[len(old)]:
-                    del self._lengths[len(old)]
+                self._lengths[(ns, len(old))] -= 1
+                if not self._lengths[(ns, len(old))]:
+                    del self._lengths[(ns, len(old))]
+        return True

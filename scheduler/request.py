@@ -2,17 +2,46 @@
 from __future__ import annotations
 
 import enum
+import hashlib
 from dataclasses import dataclass, field
 from typing import Sequence
 
+import numpy as np
+
+from rwkv7_core.engine import HostRow
 from rwkv7_core.sampling import SamplingParams
+
+
+@dataclass(frozen=True)
+class InitialState:
+    """A state a request starts from instead of zeros: ``row`` an engine host row (its
+    logits, if any, are unused); ``key`` names its content in prefix-cache keys (``of``
+    derives it from the bytes, so equal states share cache entries and different ones never)."""
+    row: HostRow
+    key: str
+
+    @classmethod
+    def of(cls, row: HostRow) -> "InitialState":
+        digest = hashlib.sha256()
+        for a in row:
+            if a is not None:
+                a = np.ascontiguousarray(a)
+                digest.update(f"{a.dtype.str}{a.shape}".encode())
+                digest.update(a.tobytes())
+        return cls(tuple(row), digest.hexdigest())
+
 
 @dataclass(frozen=True)
 class Request:
-    """One prompt to complete. ``prompt_tokens``: token ids (non-empty, each < vocab_size)."""
+    """One prompt to complete. ``prompt_tokens``: token ids (non-empty, each < vocab_size).
+    ``initial_state``: start from this state (None = zeros). ``return_state``: put the state
+    after the prompt and every emitted token in ``RequestOutput.final_state`` (a stop token,
+    never emitted, is not consumed); with ``max_tokens=0`` the prompt is still prefilled."""
     id: str
     prompt_tokens: Sequence[int]
     params: SamplingParams = field(default_factory=SamplingParams)
+    initial_state: InitialState | None = None
+    return_state: bool = False
 
 
 class RequestState(enum.Enum):
@@ -54,6 +83,7 @@ class RequestOutput:
     arrival_time: float
     first_token_time: float | None
     finish_time: float
+    final_state: HostRow | None = None  # with Request.return_state, when finished "length" / "stop"
 
     @property
     def ttft(self) -> float | None:

@@ -1,0 +1,152 @@
+"""The prefix cache's persistent tier: one ``.safetensors`` file per entry in a directory
+shared by runs (numpy and rwkv7_core only).
+
+An entry is the engine host row after some tokens, run from the zero state or from a named
+initial state (the namespace). Its file name is
+``<model 16 hex>-<namespace 12 hex>-<length>-<sha256 of fingerprint, namespace, tokens>.safetensors``;
+the file holds the row's arrays (``row.{i}``), the tokens (int32) and metadata (format,
+the full model fingerprint, the namespace, the row's length and which leaves are None).
+A load checks all of it, so a file of another model, another state or other tokens is never
+used; a corrupt or truncated file is skipped with a warning and removed.
+
+Concurrent runs on one directory are safe: files are written to a temporary name and
+renamed into place (never edited), readers copy what they read, and a file removed under a
+reader is a miss. The directory is bounded by ``max_bytes`` (entry files only): after each
+write the least recently used files (by modification time, refreshed on every hit) go.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import re
+import time
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from rwkv7_core.checkpoint import CheckpointError, read_safetensors
+from rwkv7_core.engine import HostRow, host_row_bytes
+from rwkv7_core.state_files import write_atomic
+
+log = logging.getLogger(__name__)
+
+FORMAT = "rwkv7-prefix-cache/1"
+_ENTRY = re.compile(r"([0-9a-f]{16})-([0-9a-f]{12})-(\d+)-([0-9a-f]{32})\.safetensors")
+_STALE_TMP_SECONDS = 3600  # temporary files older than this are left-overs of killed runs
+
+
+def _hex(*parts: bytes) -> str:
+    digest = hashlib.sha256()
+    for p in parts:
+        digest.update(len(p).to_bytes(8, "little") + p)
+    return digest.hexdigest()
+
+
+class DiskPrefixStore:
+    """Entries of one model (``fingerprint``: any string naming the weights, dtype, kernels
+    and device that made the rows) in ``directory``, at most ``max_bytes`` of entry files."""
+
+    def __init__(self, directory: str | os.PathLike, max_bytes: int, fingerprint: str):
+        if not fingerprint:
+            raise ValueError("DiskPrefixStore needs a non-empty model fingerprint")
+        if max_bytes < 1:
+            raise ValueError(f"DiskPrefixStore.max_bytes={max_bytes!r}: must be >= 1")
+        self.directory = Path(directory)
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self.max_bytes, self.fingerprint = max_bytes, fingerprint
+        self._model = _hex(fingerprint.encode())[:16]
+
+    def _name(self, tokens: Sequence[int], namespace: str) -> str:
+        body = _hex(self.fingerprint.encode(), namespace.encode(), np.asarray(tokens, np.int32).tobytes())
+        return f"{self._model}-{_hex(namespace.encode())[:12]}-{len(tokens)}-{body[:32]}.safetensors"
+
+    def lengths(self, namespace: str = "") -> set[int]:
+        """Token lengths of this model's entries in ``namespace`` on disk now."""
+        head = (self._model, _hex(namespace.encode())[:12])
+        out = set()
+        for name in os.listdir(self.directory):
+            m = _ENTRY.fullmatch(name)
+            if m and m.group(1, 2) == head:
+                out.add(int(m.group(3)))
+        return out
+
+    def longest_prefix(self, tokens: Sequence[int], namespace: str = "",
+                       longer_than: int = 0) -> tuple[int, HostRow | None]:
+        """(length, host row) of the longest stored prefix of tokens longer than
+        ``longer_than``; (0, None) when there is none."""
+        key = tuple(tokens)
+        for n in sorted((n for n in self.lengths(namespace) if longer_than < n <= len(key)), reverse=True):
+            row = self._load(self.directory / self._name(key[:n], namespace), key[:n], namespace)
+            if row is not None:
+                return n, row
+        return 0, None
+
+    def _load(self, path: Path, tokens: tuple[int, ...], namespace: str) -> HostRow | None:
+        try:
+            tensors, meta = read_safetensors(path)
+            leaves, nones = int(meta["leaves"]), json.loads(meta["none"])
+            if meta.get("format") != FORMAT:
+                raise ValueError(f"format {meta.get('format')!r}, expected {FORMAT!r}")
+            stored = np.asarray(tensors["tokens"])
+            row = tuple(None if i in nones else np.array(tensors[f"row.{i}"]) for i in range(leaves))
+        except FileNotFoundError:  # removed by another run since the listing
+            return None
+        except (CheckpointError, KeyError, TypeError, ValueError, OSError) as e:
+            log.warning("prefix cache: skipped and removed %s: unreadable (%s)", path, e)
+            path.unlink(missing_ok=True)
+            return None
+        if meta.get("fingerprint") != self.fingerprint or meta.get("namespace") != namespace:
+            log.warning("prefix cache: skipped %s: made by another model or from another state", path)
+            return None
+        if stored.shape != (len(tokens),) or stored.tolist() != list(tokens):
+            log.warning("prefix cache: skipped %s: its tokens are not the ones it is named for", path)
+            return None
+        try:
+            os.utime(path)  # most recently used
+        except OSError:
+            pass
+        return row
+
+    def put(self, tokens: Sequence[int], row: HostRow, namespace: str = "") -> None:
+        """Store an entry (a no-op when it is there, or larger than the whole budget). Write
+        errors (a full disk, no permission) are warned about, never raised."""
+        key = tuple(tokens)
+        if not key or host_row_bytes(row) > self.max_bytes:
+            return
+        path = self.directory / self._name(key, namespace)
+        if path.exists():
+            return
+        tensors = {f"row.{i}": np.ascontiguousarray(a) for i, a in enumerate(row) if a is not None}
+        tensors["tokens"] = np.asarray(key, np.int32)
+        meta = {"format": FORMAT, "fingerprint": self.fingerprint, "namespace": namespace,
+                "leaves": str(len(row)), "none": json.dumps([i for i, a in enumerate(row) if a is None])}
+        try:
+            write_atomic(path, tensors, meta)
+        except (OSError, KeyError) as e:
+            log.warning("prefix cache: could not write %s: %s", path, e)
+            return
+        self._evict()
+
+    def _evict(self) -> None:
+        """Remove least recently used entry files until they fit in max_bytes, and stale
+        temporary files of killed runs."""
+        entries, now = [], time.time()
+        with os.scandir(self.directory) as it:
+            for e in it:
+                try:
+                    st = e.stat()
+                except FileNotFoundError:
+                    continue
+                if _ENTRY.fullmatch(e.name):
+                    entries.append((st.st_mtime, st.st_size, e.path))
+                elif e.name.startswith(".") and e.name.endswith(".tmp") and now - st.st_mtime > _STALE_TMP_SECONDS:
+                    Path(e.path).unlink(missing_ok=True)
+        total = sum(size for _, size, _ in entries)
+        for _, size, path in sorted(entries):
+            if total <= self.max_bytes:
+                break
+            Path(path).unlink(missing_ok=True)
+            total -= size
