@@ -59,9 +59,10 @@ class DiskPrefixStore:
         self.max_bytes, self.fingerprint = max_bytes, fingerprint
         self._model = _hex(fingerprint.encode())[:16]
 
-    def _name(self, tokens: Sequence[int], namespace: str) -> str:
+    def path(self, tokens: Sequence[int], namespace: str = "") -> Path:
+        """Where the entry of (namespace, tokens) lives."""
         body = _hex(self.fingerprint.encode(), namespace.encode(), np.asarray(tokens, np.int32).tobytes())
-        return f"{self._model}-{_hex(namespace.encode())[:12]}-{len(tokens)}-{body[:32]}.safetensors"
+        return self.directory / f"{self._model}-{_hex(namespace.encode())[:12]}-{len(tokens)}-{body[:32]}.safetensors"
 
     def lengths(self, namespace: str = "") -> set[int]:
         """Token lengths of this model's entries in ``namespace`` on disk now."""
@@ -79,7 +80,7 @@ class DiskPrefixStore:
         ``longer_than``; (0, None) when there is none."""
         key = tuple(tokens)
         for n in sorted((n for n in self.lengths(namespace) if longer_than < n <= len(key)), reverse=True):
-            row = self._load(self.directory / self._name(key[:n], namespace), key[:n], namespace)
+            row = self._load(self.path(key[:n], namespace), key[:n], namespace)
             if row is not None:
                 return n, row
         return 0, None
@@ -116,7 +117,7 @@ class DiskPrefixStore:
         key = tuple(tokens)
         if not key or host_row_bytes(row) > self.max_bytes:
             return
-        path = self.directory / self._name(key, namespace)
+        path = self.path(key, namespace)
         if path.exists():
             return
         tensors = {f"row.{i}": np.ascontiguousarray(a) for i, a in enumerate(row) if a is not None}
