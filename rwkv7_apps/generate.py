@@ -220,13 +220,14 @@ def make_request(item: InputRequest, defaults: dict[str, Any], args, vocab_size:
     if tokenizer is None and params.stop:
         return fail(f"'stop' strings need the World tokenizer (vocabulary {WORLD_VOCAB_SIZE}), but this "
                     f"model's vocabulary has {vocab_size} tokens: use 'stop_tokens' instead")
+    states = states or RunStates({}, None, None, "float32")  # no states registered, none saved
     try:
-        initial = (states or RunStates({}, None, None, "")).initial(item.state)
+        initial = states.initial(item.state)
     except ValueError as e:
         return fail(str(e))
     tokens = tokenizer.encode(item.prompt) if item.prompt is not None else item.tokens
     return Request(str(item.line), list(tokens), params, initial_state=initial,
-                   return_state=states is not None and states.save_dir is not None)
+                   return_state=states.save_dir is not None)
 
 
 class StopSignal:

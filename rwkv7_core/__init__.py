@@ -3,8 +3,8 @@
 Model configuration and named shapes (``config``), checkpoint I/O (``checkpoint``) and
 seeded random weights (``random_weights``), the model's constants (``constants``), the
 World tokenizer (``tokenizer``), sampling parameters with the numpy sampling reference
-(``sampling``), the recurrent state's layout (``state``) and the engine contract
-(``engine``). It imports no other project package.
+(``sampling``), the recurrent state's layout (``state``), sequence states as files and
+tuned-state files (``state_files``) and the engine contract (``engine``). It imports no other project package.
 """
 from .checkpoint import CheckpointError, read_checkpoint, write_checkpoint
 from .config import NAMED_CONFIGS, ModelConfig, named_config
