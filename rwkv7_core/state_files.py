@@ -96,18 +96,20 @@ def _dtype_name(dtype) -> str | None:
 
 
 # ----------------------------------------------------------------------------- writing
-def write_atomic(path: str | os.PathLike, tensors: Tensors, metadata: dict[str, str] | None = None) -> None:
+def write_atomic(path: str | os.PathLike, tensors: Tensors, metadata: dict[str, str] | None = None,
+                 durable: bool = True) -> None:
     """Write a ``.safetensors`` file so that readers see the old file or the whole new one:
-    a temporary file in the same directory, fsynced, then renamed over ``path``."""
+    a temporary file in the same directory (fsynced when ``durable``), renamed over ``path``."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
     try:
         write_safetensors(tmp, tensors, metadata)
-        fd = os.open(tmp, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        if durable:
+            fd = os.open(tmp, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
         os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)

@@ -125,7 +125,7 @@ class DiskPrefixStore:
         meta = {"format": FORMAT, "fingerprint": self.fingerprint, "namespace": namespace,
                 "leaves": str(len(row)), "none": json.dumps([i for i, a in enumerate(row) if a is None])}
         try:
-            write_atomic(path, tensors, meta)
+            write_atomic(path, tensors, meta, durable=False)  # a cache: a file cut by a power loss is skipped
         except (OSError, KeyError) as e:
             log.warning("prefix cache: could not write %s: %s", path, e)
             return

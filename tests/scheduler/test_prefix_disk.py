@@ -129,7 +129,7 @@ def _writer(directory, seed, budget):
 
 def test_concurrent_writers_do_not_corrupt_the_directory(tmp_path, caplog):
     budget = 12 * (512 * 8 + V * 4 + 1024)
-    ctx = multiprocessing.get_context("fork")
+    ctx = multiprocessing.get_context("spawn")  # no fork of a process that may run JAX threads
     procs = [ctx.Process(target=_writer, args=(tmp_path, s, budget)) for s in range(3)]
     for p in procs:
         p.start()
