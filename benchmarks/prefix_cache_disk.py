@@ -99,7 +99,9 @@ def main() -> None:
     p.add_argument("--requests", type=int, default=16)
     p.add_argument("--out", default=str(RESULTS / "prefix_cache_disk.json"))
     args = p.parse_args()
+    load_before = os.getloadavg()  # the host is shared: the load says how much CPU the run had
     results = [bench_model(m, args.backend, args.requests) for m in args.models.split(",") if m]
+    load_after = os.getloadavg()
     print(f"{'model':6} {'scenario':12} {'prefill s':>9} {'wall s':>7} {'prefilled':>9} {'hits':>5} {'TTFT p50':>9}")
     for r in results:
         for name, s in r["scenarios"].items():
@@ -109,7 +111,9 @@ def main() -> None:
               f"({r['wall_s_saved_on_rerun']:.3f} s wall); same tokens: {r['same_tokens']}; "
               f"{r['disk_bytes'] / 2**20:.1f} MiB on disk; checkpoint hash {r['checkpoint_digest_s']:.2f} s (once)")
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps({"machine": {"cpus": os.cpu_count(), "platform": platform.platform()},
+    print(f"load average (1 min) before / after: {load_before[0]:.1f} / {load_after[0]:.1f} on {os.cpu_count()} CPUs")
+    Path(args.out).write_text(json.dumps({"machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
+                                                      "load_average_before_after": [load_before[0], load_after[0]]},
                                           "results": results}, indent=1) + "\n")
 
 

@@ -1,9 +1,10 @@
 """JSONL request input and crash-safe, resumable JSONL result output (standard library only).
 
 Input lines are ``{"id": ..., "prompt": "text"}`` or ``{"id": ..., "tokens": [int, ...]}``
-plus optional per-request sampling fields and ``"state": NAME`` (a registered initial state). Output lines are whole JSON objects appended
-with one ``write`` each and fsynced in small groups, so a crash leaves at most one torn
-last line, which the next run detects and cuts off before it appends.
+plus optional per-request sampling fields and ``"state": NAME`` (a registered initial
+state). Output lines are whole JSON objects appended with one ``write`` each and fsynced in
+small groups, so a crash leaves at most one torn last line, which the next run detects and
+cuts off before it appends.
 
 Every output record is keyed for resumption: by its ``id``, or — for records of input
 lines that have no usable id of their own (malformed JSON, a duplicate id) — by the

@@ -82,9 +82,10 @@ class Prefill:
     Entries are the scheduler's request records: read ``id``, ``prompt`` (list of ints),
     ``params``, ``initial`` (an InitialState or None); written: ``row``, ``first_token``,
     ``first_token_time``, ``cached_tokens``, ``prefill_seconds``, ``error``. Finished (or
-    failed) entries collect in ``completed`` for the scheduler to take. Stats get one PrefillRecord per piece; a call's seconds are shared
-    among its pieces by token count (in a mixed step the decode rows count as one token
-    each, so only the pieces' share counts as prefill).
+    failed) entries collect in ``completed`` for the scheduler to take. Stats get one
+    PrefillRecord per piece; a call's seconds are shared among its pieces by token count (in
+    a mixed step the decode rows count as one token each, so only the pieces' share counts
+    as prefill).
     """
 
     def __init__(self, engine, policy: PrefillPolicy, chunk: int, stats, prefix_cache=None,
