@@ -220,7 +220,7 @@ def make_request(item: InputRequest, defaults: dict[str, Any], args, vocab_size:
     if tokenizer is None and params.stop:
         return fail(f"'stop' strings need the World tokenizer (vocabulary {WORLD_VOCAB_SIZE}), but this "
                     f"model's vocabulary has {vocab_size} tokens: use 'stop_tokens' instead")
-    states = states or RunStates({}, None, None, "float32")  # no states registered, none saved
+    states = states or RunStates({}, None, None, "float32")  # none registered, none saved
     try:
         initial = states.initial(item.state)
     except ValueError as e:
@@ -326,6 +326,14 @@ def _schedulers(parser, args, model_path: Path):
                                  Fault.from_env(), prefix_store=store)
     except ValueError as e:
         parser.exit(EXIT_BAD_ARGS, f"rwkv7-generate: error: {e}\n")
+
+
+def _run_states(args, engine) -> RunStates:
+    """The --state / --save-states options (the model's shape is read only when they are given)."""
+    if not args.state and args.save_states is None:
+        return RunStates({}, None, None, args.dtype)
+    config = engine.model.config
+    return RunStates(register_states(args.state or [], config), args.save_states, config, args.dtype)
 
 
 def _run_states(args, engine) -> RunStates:
