@@ -336,14 +336,6 @@ def _run_states(args, engine) -> RunStates:
     return RunStates(register_states(args.state or [], config), args.save_states, config, args.dtype)
 
 
-def _run_states(args, engine) -> RunStates:
-    """The --state / --save-states options (the model's shape is read only when they are given)."""
-    if not args.state and args.save_states is None:
-        return RunStates({}, None, None, args.dtype)
-    config = engine.model.config
-    return RunStates(register_states(args.state or [], config), args.save_states, config, args.dtype)
-
-
 def _prefix_store(args, model_path: Path, engine):
     """The persistent prefix-cache tier of --prefix-cache-dir (None without it)."""
     if args.prefix_cache_dir is None:
