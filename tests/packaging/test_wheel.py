@@ -42,14 +42,16 @@ def test_plain_install_runs_generate(wheel, tmp_path):
     env_dir = tmp_path / "venv"
     venv.create(env_dir, with_pip=True)
     bin_dir = env_dir / "bin"
+    # nothing of the checkout may be visible: a source tree on PYTHONPATH (with its build's
+    # egg-info) would make pip think the package is installed already
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
     install = subprocess.run([str(bin_dir / "python"), "-m", "pip", "install", "-q", str(wheel)],
-                             capture_output=True, text=True, timeout=1200)
+                             capture_output=True, text=True, timeout=1200, env=env, cwd=tmp_path)
     assert install.returncode == 0, install.stderr[-3000:]
     prompts = tmp_path / "in.jsonl"
     prompts.write_text(json.dumps({"id": "a", "prompt": "Hello, world"}) + "\n"
                        + json.dumps({"id": "b", "tokens": [1, 2, 3], "max_tokens": 3}) + "\n")
     out = tmp_path / "out.jsonl"
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
     env.update(JAX_PLATFORMS="cpu", XDG_CACHE_HOME=str(tmp_path / "cache"))
     run = subprocess.run([str(bin_dir / "rwkv7-generate"), "--random-model", "tiny-world", "--input", str(prompts),
                           "--output", str(out), "--max-tokens", "4", "--metrics", str(tmp_path / "m.json"),
