@@ -20,48 +20,24 @@ from typing import Any
 
 from rwkv7_core.tokenizer import WORLD_VOCAB_SIZE, tokenizer_for
 
-from .engines import (BACKENDS, cache_dir, engine_device, kernel_choices, load_engine, load_engines,
-                      random_model_names, random_model_path, replica_devices)
+from .engines import cache_dir, engine_device, load_engine, load_engines, random_model_path, replica_devices
 from .jsonl_io import InputError, InputRequest, ResultWriter, error_record, item_key, read_requests
+from .options import (add_engine_options, add_model_options, add_sampling_options, check_engine_args,
+                      sampling_defaults, scheduler_config)
 from .states import RunStates, model_fingerprint, register_states, state_option
 
-SAMPLING_OPTIONS = ("max_tokens", "temperature", "top_p", "top_k", "presence_penalty",
-                    "frequency_penalty", "penalty_decay", "stop", "stop_tokens")
 EXIT_BAD_ARGS = 2
-DEFAULT_MAX_BATCH = 256
 
 
 # ----------------------------------------------------------------------------- options
-def _int_list(text: str) -> list[int]:
-    try:
-        return [int(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
-
-
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="rwkv7-generate", description="Generate completions for every prompt of a JSONL file "
         "with an RWKV-7 model; rerun the same command to resume an interrupted run.")
-    src = p.add_mutually_exclusive_group(required=True)
-    src.add_argument("--model", metavar="PATH", help="checkpoint (.pth or .safetensors, official layout)")
-    src.add_argument("--random-model", metavar="NAME", choices=random_model_names(),
-                     help=f"a seeded random-weight model of this shape ({', '.join(random_model_names())}; "
-                          "NAME-world: that shape with the World vocabulary, so text prompts work), "
-                          "written once under $XDG_CACHE_HOME/rwkv7 (default ~/.cache/rwkv7)")
+    add_model_options(p)
     p.add_argument("--input", required=True, metavar="IN.jsonl", help="one request per line")
     p.add_argument("--output", required=True, metavar="OUT.jsonl", help="results, appended; resumed if present")
-    p.add_argument("--backend", default="jax", choices=BACKENDS)
-    p.add_argument("--kernels", default="auto",
-                   help="jax: auto|xla|pallas|pallas-interpret; torch: auto|torch|triton "
-                        "(auto = the fastest available on this machine; checked by the backend)")
-    p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
-    p.add_argument("--max-batch", type=int, default=None,
-                   help="most sequences decoded together (default 256, or the largest of --buckets)")
-    p.add_argument("--buckets", type=_int_list, default=None, metavar="1,2,4,...",
-                   help="decode batch sizes to compile (default: powers of two up to --max-batch)")
-    p.add_argument("--prefix-cache-mb", type=float, default=0.0, metavar="N",
-                   help="host memory for cached prompt-prefix states (0 = off)")
+    add_engine_options(p)
     p.add_argument("--prefix-cache-dir", metavar="DIR",
                    help="persistent prefix cache: entries also go to DIR and survive restarts")
     p.add_argument("--prefix-cache-disk-mb", type=float, default=1024.0, metavar="N",
@@ -71,10 +47,6 @@ def build_parser() -> argparse.ArgumentParser:
                         "request with \"state\": \"NAME\" starts from it (repeatable)")
     p.add_argument("--save-states", metavar="DIR",
                    help="write each successful request's final state as DIR/<id>.safetensors")
-    p.add_argument("--precompile", action="store_true", help="compile every bucket before the first step")
-    p.add_argument("--prefill", default="serial", choices=("serial", "varlen", "mixed"),
-                   help="prefill policy (see README)")
-    p.add_argument("--chunk", type=int, default=256, metavar="K", help="prompt tokens per varlen/mixed call")
     p.add_argument("--data-parallel", default="auto", metavar="N|auto",
                    help="replicas, one engine + scheduler per device, requests routed to the least loaded "
                         "(auto: every local accelerator, 1 on the CPU; see README)")
@@ -85,30 +57,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--plot", metavar="RUN.png", help="write a PNG of batch size, bucket and tok/s over time")
     p.add_argument("--seed", type=int, default=0, metavar="S",
                    help="run seed: a request without its own 'seed' gets one derived from S and its id")
-    s = p.add_argument_group("sampling defaults (each overridable per request in the input)")
-    s.add_argument("--max-tokens", type=int, default=128)
-    s.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
-    s.add_argument("--top-p", type=float, default=1.0)
-    s.add_argument("--top-k", type=int, default=0, help="0 = off")
-    s.add_argument("--presence-penalty", type=float, default=0.0)
-    s.add_argument("--frequency-penalty", type=float, default=0.0)
-    s.add_argument("--penalty-decay", type=float, default=1.0)
-    s.add_argument("--stop", action="append", default=None, metavar="TEXT",
-                   help="stop string (repeatable; needs the World tokenizer)")
-    s.add_argument("--stop-tokens", type=_int_list, default=None, metavar="0,...",
-                   help="stop token ids (default 0, end of text)")
+    add_sampling_options(p, "the input")
     return p
 
 
 def check_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     """Fail at once (exit 2, clear message) on unusable paths or option values."""
-    try:
-        choices = kernel_choices(args.backend)
-    except ValueError as e:
-        p.error(str(e))
-    if args.kernels not in choices:
-        p.error(f"--kernels {args.kernels} is not available with --backend {args.backend} "
-                f"(choose from {', '.join(choices)})")
+    check_engine_args(p, args)
     if args.model is not None:
         _check_readable(p, args.model, "--model")
     _check_readable(p, args.input, "--input")
@@ -127,14 +82,6 @@ def check_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
         p.error(f"--prefix-cache-disk-mb {args.prefix_cache_disk_mb:g}: must be > 0")
     if args.ray and (args.state or args.save_states or args.prefix_cache_dir):
         p.error("--state, --save-states and --prefix-cache-dir do not work with --ray yet")
-    try:
-        scheduler_config(args).validated()
-    except ValueError as e:
-        p.error(f"bad scheduler option: {e}")
-    try:
-        sampling_defaults(args)  # validates the sampling defaults
-    except ValueError as e:
-        p.error(f"bad sampling default: {e}")
 
 
 def _check_readable(p: argparse.ArgumentParser, path: str, flag: str) -> None:
@@ -171,25 +118,6 @@ def _check_directory(p: argparse.ArgumentParser, path: str, flag: str) -> None:
         p.error(f"{flag} {path}: cannot create the directory ({e.strerror})")
     if not os.access(path, os.W_OK | os.X_OK):
         p.error(f"{flag} {path}: directory is not writable")
-
-
-def scheduler_config(args: argparse.Namespace):
-    from scheduler import SchedulerConfig
-
-    max_batch = args.max_batch if args.max_batch is not None else (
-        max(args.buckets) if args.buckets else DEFAULT_MAX_BATCH)
-    return SchedulerConfig(max_batch=max_batch, buckets=args.buckets,
-                           prefix_cache_bytes=int(args.prefix_cache_mb * 2**20), precompile=args.precompile,
-                           prefill_policy=args.prefill, chunk=args.chunk)
-
-
-def sampling_defaults(args: argparse.Namespace) -> dict[str, Any]:
-    """The command line's sampling fields (validated), as a SamplingParams dict."""
-    from rwkv7_core.sampling import SamplingParams
-
-    d = {k: getattr(args, k) for k in SAMPLING_OPTIONS if getattr(args, k) is not None}
-    SamplingParams.from_dict(d)
-    return d
 
 
 # ----------------------------------------------------------------------------- requests

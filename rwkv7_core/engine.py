@@ -10,10 +10,16 @@ sits in which slot; the engine never sees request ids. Two kinds of handle cross
 - ``HostRow``: the same as a tuple of numpy arrays (for the host-side prefix cache); its
   size is ``host_row_bytes(row)``.
 
-Every engine implements ``Engine``. Two optional capabilities are declared protocols of
-their own, checked with ``isinstance``: ``VarlenPrefill`` (several prompt pieces flattened
-into one call) and ``MixedStep`` (a decode step that also carries prompt pieces). Both take
-at most ``MAX_PIECES`` pieces padded to ``token_rows`` flat tokens (``varlen_shape``).
+Every engine implements ``Engine``. Optional capabilities are declared protocols of their
+own, checked with ``isinstance``: ``VarlenPrefill`` (several prompt pieces flattened into
+one call) and ``MixedStep`` (a decode step that also carries prompt pieces), both taking at
+most ``MAX_PIECES`` pieces padded to ``token_rows`` flat tokens (``varlen_shape``); and
+``Logprobs`` (log-probabilities of drawn tokens and of a given prompt, sampling.py's
+``TokenLogprobs``).
+
+Rows are values: ``insert`` copies a row into its slot and never consumes or aliases it, so
+one prefilled row may be inserted into several slots (``n`` choices of one prompt), each
+slot then evolving on its own buffers.
 
 Token draws are a pure function of (logits, penalty counts, params, seed, position), so a
 request's tokens do not depend on its slot, its neighbours or the bucket (see sampling.py).
@@ -24,10 +30,10 @@ from typing import Any, NamedTuple, Protocol, Sequence, runtime_checkable
 
 import numpy as np
 
-from .sampling import NONFINITE_TOKEN, SamplingParams, SamplingRows
+from .sampling import NONFINITE_TOKEN, SamplingParams, SamplingRows, TokenLogprobs
 
-__all__ = ["Engine", "HostRow", "MAX_PIECES", "MixedStep", "NONFINITE_TOKEN", "Row", "Slots",
-           "VarlenPrefill", "host_row_bytes", "varlen_shape"]
+__all__ = ["Engine", "HostRow", "Logprobs", "MAX_PIECES", "MixedStep", "NONFINITE_TOKEN", "Row", "Slots",
+           "TokenLogprobs", "VarlenPrefill", "host_row_bytes", "varlen_shape"]
 
 Row = Any
 HostRow = tuple
@@ -69,8 +75,9 @@ class Engine(Protocol):
         finite. ``params.seed`` must be an int."""
 
     def insert(self, slot: int, row: Row, params: SamplingParams) -> None:
-        """Put a row's state in ``slot`` (< bucket), set the slot's sampling parameters and
-        clear its penalty counts. ``params.seed`` must be an int."""
+        """Copy a row's state into ``slot`` (< bucket), set the slot's sampling parameters and
+        clear its penalty counts. ``params.seed`` must be an int. The row stays valid and
+        unchanged (it may be inserted again, into another slot)."""
 
     def extract(self, slot: int) -> Row:
         """A copy of the state in ``slot`` (no logits)."""
@@ -120,6 +127,23 @@ class MixedStep(Protocol):
 
     def compile_mixed(self, bucket: int, token_rows: int) -> float:
         """Compile ``mixed_step`` for (bucket, token_rows) ahead of time; seconds (0.0 if done)."""
+
+
+@runtime_checkable
+class Logprobs(Protocol):
+    """Capability: log-probabilities (``TokenLogprobs``, defined by sampling.py's
+    ``token_logprobs``) of drawn tokens and of prompts. The plain ``step`` computes none."""
+
+    def step_logprobs(self, tokens: np.ndarray, positions: np.ndarray) -> tuple[np.ndarray, TokenLogprobs]:
+        """``step`` that also returns the TokenLogprobs ([bucket] rows) of the drawn tokens
+        under each slot's logits; only the drawn tokens and these arrays reach the host."""
+
+    def row_logprobs(self, row: Row, token: int) -> TokenLogprobs:
+        """TokenLogprobs (N=1) of ``token`` under a prefilled row's logits."""
+
+    def prompt_logprobs(self, tokens: np.ndarray) -> TokenLogprobs:
+        """Score a prompt (int [T], T >= 2) from a fresh state: N = T-1 rows, row t for token
+        t+1 under the logits after tokens[:t+1]. Touches no slot (like ``prefill``)."""
 
 
 def varlen_shape(n_tokens: int, min_tokens: int = 16) -> int:

@@ -44,7 +44,9 @@ class SamplingParams:
     ``stop_tokens`` end the request and are not emitted (default: end-of-text 0; an explicit
     list replaces the default). ``stop`` strings are matched on decoded text when the
     scheduler has a tokenizer. ``seed`` fixes the draws; the same request and seed give the
-    same tokens whatever batch or bucket it runs in.
+    same tokens whatever batch or bucket it runs in. ``logprobs`` (None = off, else 0 to
+    TOP_LOGPROBS) asks for each emitted token's ``TokenLogprobs`` with that many alternatives
+    (needs an engine with the ``Logprobs`` capability; the draws do not change).
     """
     max_tokens: int = 16
     temperature: float = 0.0
@@ -57,6 +59,7 @@ class SamplingParams:
     stop_tokens: tuple[int, ...] = (END_OF_TEXT,)
     stop: tuple[str, ...] = ()
     seed: int | None = None
+    logprobs: int | None = None
 
     def __post_init__(self):
         for name in ("banned_tokens", "stop_tokens", "stop"):
@@ -112,7 +115,27 @@ class SamplingParams:
         for s in self.stop:
             if not isinstance(s, str) or not s:
                 bad("stop", "stop strings must be non-empty strings")
+        if self.logprobs is not None and (not is_int(self.logprobs) or not 0 <= self.logprobs <= TOP_LOGPROBS):
+            bad("logprobs", f"must be None or an integer in [0, {TOP_LOGPROBS}]")
         return self
+
+
+TOP_LOGPROBS = 20
+"""Alternatives an engine returns per scored token: the most a request may ask for."""
+
+
+class TokenLogprobs(NamedTuple):
+    """Log-probabilities of N scored tokens under the model's own distribution: log_softmax
+    of the float32 logits, before bans, penalties and temperature (what evaluation harnesses
+    score). ``top_ids`` are the TOP_LOGPROBS most likely tokens, most likely first (lower id
+    first on ties)."""
+    chosen: np.ndarray        # float32 [N]: the scored (drawn or given) token's logprob
+    top_ids: np.ndarray       # int32 [N, TOP_LOGPROBS]
+    top_logprobs: np.ndarray  # float32 [N, TOP_LOGPROBS]
+
+    def row(self, i: int) -> "TokenLogprobs":
+        """Row i as a TokenLogprobs of N=1 (numpy arrays)."""
+        return TokenLogprobs(*(np.asarray(a[i:i + 1]) for a in self))
 
 
 HASH_M1 = 0x7FEB352D
@@ -205,6 +228,23 @@ def sample_rows(logits: np.ndarray, counts: np.ndarray, rows: SamplingRows, bann
     tokens = np.where(rows.temperature > 0, np.argmax(noisy, axis=1), greedy)
     finite = np.isfinite(logits).all(axis=1)
     return np.where(finite, tokens, NONFINITE_TOKEN).astype(np.int32)
+
+
+def log_softmax(logits: np.ndarray) -> np.ndarray:
+    """float32 [..., V] log-probabilities of float32 logits [..., V]."""
+    x = logits.astype(np.float32)
+    m = x.max(axis=-1, keepdims=True)
+    return (x - m - np.log(np.exp(x - m).sum(axis=-1, keepdims=True))).astype(np.float32)
+
+
+def token_logprobs(logits: np.ndarray, tokens: np.ndarray, k: int = TOP_LOGPROBS) -> TokenLogprobs:
+    """TokenLogprobs of tokens int [N] (a negative id, e.g. NONFINITE_TOKEN, scores as id 0)
+    under float32 logits [N, V]; ``k`` alternatives per row."""
+    lp = log_softmax(logits)
+    ids = np.maximum(np.asarray(tokens), 0)
+    chosen = np.take_along_axis(lp, ids[:, None], axis=1)[:, 0]
+    top = np.argsort(-lp, axis=1, kind="stable")[:, :k]
+    return TokenLogprobs(chosen, top.astype(np.int32), np.take_along_axis(lp, top, axis=1))
 
 
 def update_counts(counts: np.ndarray, tokens: np.ndarray, decay: np.ndarray) -> np.ndarray:

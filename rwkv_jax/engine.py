@@ -12,10 +12,14 @@ slot extract; per pair of buckets the gather used by ``resize`` (so a shrink nev
 a compile); per prompt piece length the prefill: a prompt of T tokens runs as pieces of the
 allowed lengths ``prefill_pieces`` (default 1, 2, 4, ..., 256), largest first, so any T
 needs at most len(prefill_pieces) prefill executables; per flat size the varlen prefill
-and per (bucket, flat size) the mixed step (the two optional capabilities).
+and per (bucket, flat size) the mixed step (the two optional capabilities); for the
+``Logprobs`` capability, compiled on first use: per bucket the step that also scores the
+drawn tokens, the first-token scoring, and per piece length the full-output prompt scoring
+(the plain step stays as lean as before).
 """
 from __future__ import annotations
 
+import functools
 import time
 from typing import Sequence
 
@@ -24,22 +28,32 @@ import jax.numpy as jnp
 import numpy as np
 
 from rwkv7_core.engine import MAX_PIECES, Slots
-from rwkv7_core.sampling import SamplingParams, SamplingRows, banned_mask, sampling_rows
+from rwkv7_core.sampling import SamplingParams, SamplingRows, TokenLogprobs, banned_mask, sampling_rows
 
 from .compilation import ExecutableCache
 from .forward import forward_fn
 from .model import abstract
 from .paths import Path, select_path
-from .sampling import sample_rows, update_counts
+from .sampling import sample_rows, token_logprobs, update_counts
 from .state import State
 from .varlen_engine import mixed_step_fn, pack_pieces, varlen_prefill_fn
 
 
-def _decode_step(params, slots: Slots, tokens, positions, *, config, path, kernels):
+def _decode_step(params, slots: Slots, tokens, positions, *, config, path, kernels, with_logprobs=False):
+    """(drawn int32 [B], TokenLogprobs of them or None, new slots)."""
     counts = update_counts(slots.counts, tokens, slots.rows.decay)
     logits, state = forward_fn(params, tokens[:, None], slots.state, config=config, path=path, kernels=kernels)
     drawn = sample_rows(logits, counts, slots.rows, slots.banned, positions)
-    return drawn, slots._replace(state=state, counts=counts)
+    scored = token_logprobs(logits, drawn) if with_logprobs else None
+    return drawn, scored, slots._replace(state=state, counts=counts)
+
+
+def _score_piece(params, tokens, next_tokens, state, *, config, path, kernels):
+    """Full-output prefill of one piece: TokenLogprobs of next_tokens [T] under the logits
+    after each token of tokens [T], and the state after the piece."""
+    logits, state = forward_fn(params, tokens[None], state, config=config, path=path, kernels=kernels,
+                               full_output=True)
+    return token_logprobs(logits.reshape(tokens.shape[0], -1), next_tokens), state  # [1, V] when T = 1
 
 
 def _prefill(params, tokens, state, *, config, path, kernels):
@@ -69,7 +83,7 @@ def _gather(slots: Slots, index) -> Slots:
 
 
 class JaxEngine:
-    """Engine contract (with the VarlenPrefill and MixedStep capabilities) for a loaded
+    """Engine contract (with the VarlenPrefill, MixedStep and Logprobs capabilities) for a loaded
     ``rwkv_jax.Model``.
 
     Rows (``prefill``/``extract`` results) are ``(State with B=1, logits float32 [V] | None)``;
@@ -94,6 +108,10 @@ class JaxEngine:
         static_path = ("config", "path", "kernels")
         self._jit = {
             "step": jax.jit(_decode_step, static_argnames=static_path, donate_argnames=("slots",)),
+            "step_logprobs": jax.jit(functools.partial(_decode_step, with_logprobs=True),
+                                     static_argnames=static_path, donate_argnames=("slots",)),
+            "score_piece": jax.jit(_score_piece, static_argnames=static_path, donate_argnames=("state",)),
+            "row_logprobs": jax.jit(token_logprobs),
             "prefill": jax.jit(_prefill, static_argnames=static_path, donate_argnames=("state",)),
             "sample": jax.jit(_sample_one),
             "insert": jax.jit(_insert, donate_argnames=("slots",)),
@@ -123,9 +141,13 @@ class JaxEngine:
         vec = lambda n: jax.ShapeDtypeStruct((n,), i32)  # noqa: E731
         scalar = jax.ShapeDtypeStruct((), i32)
         one = self.abstract_slots(1)
-        if kind == "step":
+        if kind in ("step", "step_logprobs"):
             return jit.lower(params, self.abstract_slots(shape), vec(shape), vec(shape),
                              path=select_path(shape, 1), **self._static)
+        if kind == "score_piece":
+            return jit.lower(params, vec(shape), vec(shape), one.state, path=select_path(1, shape), **self._static)
+        if kind == "row_logprobs":
+            return jit.lower(jax.ShapeDtypeStruct((1, self.vocab_size), jnp.float32), vec(1))
         if kind == "empty":
             return jit.lower(shape)
         if kind == "insert":
@@ -260,10 +282,38 @@ class JaxEngine:
 
     def step(self, tokens: np.ndarray, positions: np.ndarray) -> np.ndarray:
         exe = self._exe("step", self.bucket)
-        drawn, self.slots = exe(self.model.params, self.slots, np.asarray(tokens, np.int32),
-                                np.asarray(positions, np.int32))
+        drawn, _, self.slots = exe(self.model.params, self.slots, np.asarray(tokens, np.int32),
+                                   np.asarray(positions, np.int32))
         self.last_path = select_path(self.bucket, 1).name
         return np.asarray(drawn)
+
+    # -- Logprobs capability -------------------------------------------------------------
+    def step_logprobs(self, tokens: np.ndarray, positions: np.ndarray) -> tuple[np.ndarray, TokenLogprobs]:
+        exe = self._exe("step_logprobs", self.bucket)
+        drawn, scored, self.slots = exe(self.model.params, self.slots, np.asarray(tokens, np.int32),
+                                        np.asarray(positions, np.int32))
+        self.last_path = select_path(self.bucket, 1).name
+        return np.asarray(drawn), TokenLogprobs(*jax.device_get(tuple(scored)))
+
+    def row_logprobs(self, row, token: int) -> TokenLogprobs:
+        scored = self._exe("row_logprobs", 1)(row[1][None], np.array([token], np.int32))
+        return TokenLogprobs(*jax.device_get(tuple(scored)))
+
+    def prompt_logprobs(self, tokens: np.ndarray) -> TokenLogprobs:
+        """Full-output prefill in the pieces ``prefill`` uses (so at most len(prefill_pieces)
+        executables); only the scores come back, [T-1] rows."""
+        tokens = np.asarray(tokens, np.int32)
+        if tokens.ndim != 1 or tokens.size < 2:
+            raise ValueError(f"prompt_logprobs needs a 1-D prompt of >= 2 tokens, got shape {tokens.shape}")
+        following = np.append(tokens[1:], np.int32(0))  # the last position predicts nothing
+        state, parts, offset = self.model.init_state(1), [], 0
+        for piece in self.prefill_pieces(tokens.size):
+            scored, state = self._exe("score_piece", piece)(
+                self.model.params, tokens[offset:offset + piece], following[offset:offset + piece], state)
+            parts.append(scored)
+            offset += piece
+        host = [jax.device_get(tuple(p)) for p in parts]
+        return TokenLogprobs(*(np.concatenate(leaf)[:-1] for leaf in zip(*host)))
 
     def to_host(self, row):
         return tuple(jax.device_get(row[0])) + (None if row[1] is None else np.asarray(row[1]),)

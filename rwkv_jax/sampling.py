@@ -11,7 +11,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from rwkv7_core.sampling import GOLDEN, HASH_M1, HASH_M2, NONFINITE_TOKEN, SamplingRows
+from rwkv7_core.sampling import GOLDEN, HASH_M1, HASH_M2, NONFINITE_TOKEN, TOP_LOGPROBS, SamplingRows, TokenLogprobs
 
 
 def lowbias32(x: jax.Array) -> jax.Array:
@@ -98,3 +98,12 @@ def update_counts(counts: jax.Array, tokens: jax.Array, decay: jax.Array) -> jax
     """Penalty counts [B, V] after emitting tokens [B]: counts * decay + onehot(tokens)."""
     rows = jnp.arange(tokens.shape[0])
     return (counts * decay[:, None]).at[rows, tokens].add(1.0)
+
+
+def token_logprobs(logits: jax.Array, tokens: jax.Array, k: int = TOP_LOGPROBS) -> TokenLogprobs:
+    """TokenLogprobs of tokens int [N] (negative ids score as 0) under float32 logits [N, V]:
+    log_softmax, the token's entry and the top k (lax.top_k: lower id first on ties)."""
+    lp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
+    chosen = jnp.take_along_axis(lp, jnp.maximum(tokens, 0)[:, None].astype(jnp.int32), axis=1)[:, 0]
+    top_lp, top_ids = jax.lax.top_k(lp, k)
+    return TokenLogprobs(chosen, top_ids.astype(jnp.int32), top_lp)

@@ -4,7 +4,8 @@ The batch ("slots") lives on the model's device: the recurrent State [bucket, ..
 counts float32 [bucket, V], banned mask bool [bucket, V] and per-slot sampling parameters
 (SamplingRows of [bucket] tensors; seeds held as int64). A step counts the fed tokens, runs
 ``model.forward`` (T=1) and samples every row with ``rwkv_torch_ref.sampling``. Eager torch:
-``compile`` has nothing to build and reports 0 s.
+``compile`` has nothing to build and reports 0 s. Implements the ``Logprobs`` capability
+(the scores computed only in the calls that ask for them).
 """
 from __future__ import annotations
 
@@ -14,9 +15,9 @@ import numpy as np
 import torch
 
 from rwkv7_core.engine import Slots
-from rwkv7_core.sampling import SamplingParams, SamplingRows, banned_mask, sampling_rows
+from rwkv7_core.sampling import SamplingParams, SamplingRows, TokenLogprobs, banned_mask, sampling_rows
 
-from .sampling import sample_rows, update_counts
+from .sampling import sample_rows, token_logprobs, update_counts
 from .state import State, select_rows
 
 
@@ -98,6 +99,9 @@ class TorchEngine:
 
     @torch.inference_mode()
     def step(self, tokens: np.ndarray, positions: np.ndarray) -> np.ndarray:
+        return self._step(tokens, positions, with_logprobs=False)[0]
+
+    def _step(self, tokens: np.ndarray, positions: np.ndarray, with_logprobs: bool):
         tokens = torch.from_numpy(np.asarray(tokens, np.int64)).to(self.device)
         positions = torch.from_numpy(np.asarray(positions, np.int64)).to(self.device)
         slots = self.slots
@@ -105,7 +109,24 @@ class TorchEngine:
         logits, state = self.model.forward(tokens[:, None], slots.state)
         drawn = sample_rows(logits, counts, slots.rows, slots.banned, positions)
         self.slots = slots._replace(state=state, counts=counts)
-        return drawn.cpu().numpy()
+        return drawn.cpu().numpy(), token_logprobs(logits, drawn) if with_logprobs else None
+
+    # -- Logprobs capability -------------------------------------------------------------
+    @torch.inference_mode()
+    def step_logprobs(self, tokens: np.ndarray, positions: np.ndarray) -> tuple[np.ndarray, TokenLogprobs]:
+        return self._step(tokens, positions, with_logprobs=True)
+
+    @torch.inference_mode()
+    def row_logprobs(self, row, token: int) -> TokenLogprobs:
+        return token_logprobs(row[1][None], torch.tensor([token], device=self.device))
+
+    @torch.inference_mode()
+    def prompt_logprobs(self, tokens: np.ndarray) -> TokenLogprobs:
+        tokens = np.asarray(tokens, np.int64)
+        if tokens.ndim != 1 or tokens.size < 2:
+            raise ValueError(f"prompt_logprobs needs a 1-D prompt of >= 2 tokens, got shape {tokens.shape}")
+        logits, _ = self.model.forward(tokens[None], self.model.init_state(1), full_output=True)
+        return token_logprobs(logits[0, :-1], torch.from_numpy(tokens[1:]).to(self.device))
 
     def to_host(self, row):
         """numpy copies; bfloat16 leaves (numpy has none) widen to float32, losslessly."""

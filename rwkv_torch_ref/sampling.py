@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from rwkv7_core.sampling import GOLDEN, HASH_M1, HASH_M2, NONFINITE_TOKEN, SamplingRows
+from rwkv7_core.sampling import GOLDEN, HASH_M1, HASH_M2, NONFINITE_TOKEN, TOP_LOGPROBS, SamplingRows, TokenLogprobs
 
 MASK32 = 0xFFFFFFFF
 
@@ -70,3 +70,13 @@ def update_counts(counts: torch.Tensor, tokens: torch.Tensor, decay: torch.Tenso
     counts = counts * decay[:, None]
     counts[torch.arange(tokens.shape[0], device=counts.device), tokens.long()] += 1.0
     return counts
+
+
+def token_logprobs(logits: torch.Tensor, tokens: torch.Tensor, k: int = TOP_LOGPROBS) -> TokenLogprobs:
+    """TokenLogprobs (numpy) of tokens [N] (negative ids score as 0) under float32 logits
+    [N, V]; a stable sort puts the lower id first on ties."""
+    lp = torch.log_softmax(logits.float(), dim=-1)
+    chosen = torch.gather(lp, 1, tokens.long().clamp(min=0)[:, None])[:, 0]
+    top_lp, top_ids = torch.sort(lp, dim=1, descending=True, stable=True)
+    return TokenLogprobs(chosen.cpu().numpy(), top_ids[:, :k].to(torch.int32).cpu().numpy(),
+                         top_lp[:, :k].cpu().numpy())

@@ -11,18 +11,23 @@ from the current one (compacting live slots to the front; compiling a new bucket
 unless precompiled), insert the admitted rows into free slots, run one engine step, and
 account the drawn tokens. MIXED has no worker and runs prompt chunks inside the decode
 step.
+Serving: ``run(serve_until=...)`` keeps waiting for new requests (added from any thread)
+instead of returning when idle; ``add_group`` prefills one prompt once for several
+requests (n choices), each then decoding its own copy of the row; requests with
+``params.logprobs`` get each token's TokenLogprobs through ``on_logprobs`` (engines with the
+``Logprobs`` capability); ``score`` gives a prompt's own token logprobs.
 """
 from __future__ import annotations
 
 import threading
 import time
 from collections import deque
-from typing import Callable, Mapping
+from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
-from rwkv7_core.engine import Engine
-from rwkv7_core.sampling import NONFINITE_TOKEN, SamplingParams
+from rwkv7_core.engine import Engine, Logprobs
+from rwkv7_core.sampling import NONFINITE_TOKEN, SamplingParams, TokenLogprobs
 
 from .config import PrefillPolicy, SchedulerConfig, bucket_for
 from .prefill import Prefill, check_engine_supports
@@ -55,6 +60,7 @@ class _Entry:
         self.error: str | None = None
         self.cancel_requested = False
         self.slot = -1
+        self.forks: list[_Entry] = []  # requests sharing this one's prefill (add_group)
 
     def set_state(self, state: RequestState) -> None:
         self.state = state
@@ -93,7 +99,7 @@ class Scheduler:
         self._admitting = True
         self._stop_worker = False
         self._compiled: set[int] = set()
-        self._on_token = self._on_finish = None
+        self._on_token = self._on_finish = self._on_logprobs = None
         self._resize_slots(0, [])
         self._policy = self.config.prefill_policy
         check_engine_supports(engine, self._policy)
@@ -104,6 +110,51 @@ class Scheduler:
     def add(self, request: Request) -> None:
         """Queue a request. An invalid one is not raised: it finishes FAILED with a message
         (reported by ``run``). A duplicate id of a known request raises ValueError."""
+        entry = self._new_entry(request)
+        with self._cond:
+            if not self._needs_prefill(entry):
+                self._finals.append(entry)
+            else:
+                self._waiting.append(entry)
+            self._cond.notify_all()
+
+    def add_group(self, requests: Sequence[Request]) -> None:
+        """Queue requests that share one prompt (e.g. the ``n`` choices of one completion):
+        the prompt is prefilled once and each request then draws from, and decodes, its own
+        copy of that row with its own params (seed). Invalid ones finish FAILED alone."""
+        if len({tuple(np.asarray(r.prompt_tokens).ravel().tolist()) for r in requests}) > 1:
+            raise ValueError("add_group needs requests with the same prompt_tokens")
+        entries = [self._new_entry(r) for r in requests]
+        runnable = [e for e in entries if self._needs_prefill(e)]
+        with self._cond:
+            self._finals.extend(e for e in entries if e not in runnable)
+            if runnable:
+                runnable[0].forks = runnable[1:]
+                self._waiting.append(runnable[0])
+            self._cond.notify_all()
+
+    def queue_sizes(self) -> dict[str, int]:
+        """{"waiting", "prefill", "ready", "running"}: requests in each state now (any thread)."""
+        with self._cond:
+            waiting = len(self._waiting) + sum(len(e.forks) for e in self._waiting)
+            return {"waiting": waiting, "prefill": self._prefilling, "ready": len(self._ready),
+                    "running": self._live_count}
+
+    def score(self, tokens: Sequence[int]) -> TokenLogprobs:
+        """The prompt's own token logprobs (``Logprobs.prompt_logprobs``: N = len(tokens) - 1),
+        run under ``prefill_lock`` beside decode; any thread. ValueError without the capability."""
+        if not isinstance(self.engine, Logprobs):
+            raise ValueError(f"{type(self.engine).__name__} has no Logprobs capability")
+        with self.prefill_lock:
+            return self.engine.prompt_logprobs(np.asarray(tokens, np.int32))
+
+    @staticmethod
+    def _needs_prefill(entry: _Entry) -> bool:
+        """Valid, and something to draw (or a final state to return)."""
+        return entry.error is None and (entry.params.max_tokens > 0 or entry.request.return_state)
+
+    def _new_entry(self, request: Request) -> _Entry:
+        """A registered, validated entry (``error`` set when invalid)."""
         if request.id in self._entries:
             raise ValueError(f"duplicate request id {request.id!r}")
         entry = _Entry(request, time.perf_counter())
@@ -112,12 +163,7 @@ class Scheduler:
             entry.params, entry.prompt = self._validated(request)
         except (ValueError, TypeError) as e:
             entry.error = f"invalid request: {e}"
-        with self._cond:
-            if entry.error is not None or (entry.params.max_tokens == 0 and not request.return_state):
-                self._finals.append(entry)
-            else:
-                self._waiting.append(entry)
-            self._cond.notify_all()
+        return entry
 
     def cancel(self, request_id: str) -> None:
         """Cancel a request (any thread). A waiting one is dropped at once; a running one
@@ -126,7 +172,7 @@ class Scheduler:
             entry = self._entries.get(request_id)
             if entry is None or entry.state.is_final:
                 return
-            if entry.state is RequestState.WAITING and entry in self._waiting:
+            if entry.state is RequestState.WAITING and entry in self._waiting and not entry.forks:
                 self._waiting.remove(entry)
                 entry.cancel_requested = True
                 self._finals.append(entry)
@@ -137,16 +183,22 @@ class Scheduler:
     def unstarted(self) -> list[str]:
         """Ids of requests still WAITING (e.g. after ``should_stop`` ended a run)."""
         with self._cond:
-            return [e.id for e in self._waiting]
+            return [f.id for e in self._waiting for f in [e, *e.forks]]
 
     def run(self, on_token: Callable[[str, int], None] | None = None,
             on_finish: Callable[[RequestOutput], None] | None = None,
-            should_stop: Callable[[], bool] | None = None) -> None:
+            should_stop: Callable[[], bool] | None = None,
+            on_logprobs: Callable[[str, TokenLogprobs], None] | None = None,
+            serve_until: Callable[[], bool] | None = None) -> None:
         """Drive until every added request is final. ``on_token(id, token)`` streams each
-        emitted token; ``on_finish(output)`` fires once per request. When ``should_stop()``
-        returns True no more requests start; those already started run to completion and
-        unstarted ones stay WAITING (not reported). Callbacks run in this thread."""
-        self._on_token, self._on_finish = on_token, on_finish
+        emitted token; ``on_logprobs(id, TokenLogprobs of N=1)`` comes just before it for
+        requests with ``params.logprobs``; ``on_finish(output)`` fires once per request. When
+        ``should_stop()`` returns True no more requests start; those already started run to
+        completion and unstarted ones stay WAITING (not reported). With ``serve_until`` the
+        run does not end when idle: it waits for new requests (``add`` from any thread) and
+        returns once idle with ``serve_until()`` True (checked every 50 ms). Callbacks run
+        in this thread."""
+        self._on_token, self._on_finish, self._on_logprobs = on_token, on_finish, on_logprobs
         self._admitting = True
         self._stop_worker = False
         if self.config.precompile:
@@ -166,7 +218,7 @@ class Scheduler:
                     self._start_pieces()
                 if not self._live and not admitted and not self._mixed_work():
                     with self._cond:
-                        if self._idle():
+                        if self._idle() and (serve_until is None or serve_until()):
                             break
                         self._cond.wait_for(lambda: self._ready or self._finals or self._cancels,
                                             timeout=0.05)
@@ -190,6 +242,10 @@ class Scheduler:
         params.validate(vocab)
         if params.stop and self.tokenizer is None:
             raise ValueError("stop strings need a tokenizer (Scheduler(tokenizer=...))")
+        if params.logprobs is not None and (not isinstance(self.engine, Logprobs)
+                                            or self._policy is PrefillPolicy.MIXED):
+            raise ValueError(f"logprobs need an engine with the Logprobs capability and a serial or varlen "
+                             f"prefill ({type(self.engine).__name__}, {self._policy.value})")
         prompt = np.asarray(request.prompt_tokens)
         if prompt.ndim != 1 or prompt.size == 0:
             raise ValueError("prompt_tokens is empty" if prompt.size == 0
@@ -243,14 +299,27 @@ class Scheduler:
         running the pieces calls this (``only_for`` names that policy)."""
         if (only_for is not None and self._policy is not only_for) or not self._pieces.completed:
             return
+        done, self._pieces.completed = self._pieces.completed, []
+        forks = [fork for entry in done for fork in self._forked(entry)]
         with self._cond:
-            done, self._pieces.completed = self._pieces.completed, []
-            for entry in done:
-                self._prefilling -= 1
+            self._prefilling -= len(done)
+            for entry in done + forks:
                 if entry.error is None:
                     entry.set_state(RequestState.READY)
                 self._ready.append(entry)
             self._cond.notify_all()
+
+    def _forked(self, entry: _Entry) -> list[_Entry]:
+        """The forks of a prefilled entry, each holding the shared row (engines copy a row on
+        insert, never alias it) and the first token drawn with its own params."""
+        forks, entry.forks = entry.forks, []
+        for fork in forks:
+            fork.cached_tokens, fork.prefill_seconds, fork.error = entry.cached_tokens, entry.prefill_seconds, entry.error
+            if entry.error is None:
+                fork.row = entry.row
+                fork.first_token = int(self.engine.sample(entry.row, fork.params, 0))
+                fork.first_token_time = time.perf_counter()
+        return forks
 
     # ---- main-thread bookkeeping ------------------------------------------------------
     def _idle(self) -> bool:
@@ -320,7 +389,10 @@ class Scheduler:
         return None
 
     def _emit(self, entry: _Entry, token: int) -> None:
+        """The first token (drawn after prefill, scored on the row's logits if asked)."""
         entry.tokens.append(token)
+        if entry.params.logprobs is not None and self._on_logprobs is not None:
+            self._on_logprobs(entry.id, self.engine.row_logprobs(entry.row, token))
         if self._on_token is not None:
             self._on_token(entry.id, token)
 
@@ -387,6 +459,7 @@ class Scheduler:
         self._remaining = np.zeros(bucket, np.int64)
         self._stops = np.full((bucket, 1), _NO_TOKEN, np.int32)
         self._has_stop_str = np.zeros(bucket, bool)
+        self._wants_logprobs = np.zeros(bucket, bool)
         self._live_mask = np.zeros(bucket, bool)
         self._live: dict[str, _Entry] = {}
         for i, s in enumerate(keep):
@@ -407,6 +480,7 @@ class Scheduler:
         self._stops[slot] = _NO_TOKEN
         self._stops[slot, :len(p.stop_tokens)] = p.stop_tokens
         self._has_stop_str[slot] = bool(p.stop)
+        self._wants_logprobs[slot] = p.logprobs is not None
 
     def _ensure_compiled(self, buckets) -> None:
         todo = [b for b in buckets if b not in self._compiled]
@@ -442,8 +516,11 @@ class Scheduler:
             with self._cond:
                 self._live_count = len(self._live)
             start = time.perf_counter()
+            scored = None
             if self._mixed_work():
                 out = np.asarray(self._pieces.mixed_step(self._tok, self._pos))
+            elif (self._wants_logprobs & self._live_mask).any():
+                out, scored = engine.step_logprobs(self._tok, self._pos)
             else:
                 out = np.asarray(engine.step(self._tok, self._pos))
             seconds = time.perf_counter() - start
@@ -453,7 +530,7 @@ class Scheduler:
             return
         self._hand_over_pieces(PrefillPolicy.MIXED)
         self.stats.steps.append(StepRecord(start, target, len(self._live), engine.last_path, seconds))
-        self._account(out)
+        self._account(out, scored)
 
     def _fail_batch(self, admitted: list[_Entry], message: str) -> None:
         for entry in list(self._live.values()) + [e for e in admitted if not e.state.is_final]:
@@ -464,8 +541,8 @@ class Scheduler:
             self._live_count = 0
             self._cond.notify_all()
 
-    def _account(self, out: np.ndarray) -> None:
-        """Consume one step's drawn tokens [bucket]."""
+    def _account(self, out: np.ndarray, scored: TokenLogprobs | None = None) -> None:
+        """Consume one step's drawn tokens [bucket] (and their scores, when some row asked)."""
         live = self._live_mask
         nonfinite = out == NONFINITE_TOKEN
         stop_hit = (out[:, None] == self._stops).any(axis=1)
@@ -475,10 +552,12 @@ class Scheduler:
         self._tok = np.where(out < 0, 0, out).astype(np.int32)
         tokens = out.tolist()
         entries = self._slot_entry
-        on_token = self._on_token
+        on_token, on_logprobs = self._on_token, self._on_logprobs
         for slot in np.flatnonzero(emit).tolist():
             entry = entries[slot]
             entry.tokens.append(tokens[slot])
+            if scored is not None and on_logprobs is not None and self._wants_logprobs[slot]:
+                on_logprobs(entry.id, scored.row(slot))
             if on_token is not None:
                 on_token(entry.id, tokens[slot])
         stopped = live & stop_hit

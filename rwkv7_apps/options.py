@@ -1,0 +1,103 @@
+"""Command-line option groups shared by the commands (``rwkv7-generate``, ``rwkv7-serve``):
+the model source, the engine and scheduler options and the sampling defaults, with the
+checks and conversions that go with them."""
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from .engines import BACKENDS, kernel_choices, random_model_names
+
+SAMPLING_OPTIONS = ("max_tokens", "temperature", "top_p", "top_k", "presence_penalty",
+                    "frequency_penalty", "penalty_decay", "stop", "stop_tokens")
+DEFAULT_MAX_BATCH = 256
+
+
+def int_list(text: str) -> list[int]:
+    try:
+        return [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+
+
+def add_model_options(p: argparse.ArgumentParser) -> None:
+    """--model / --random-model (exactly one)."""
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--model", metavar="PATH", help="checkpoint (.pth or .safetensors, official layout)")
+    src.add_argument("--random-model", metavar="NAME", choices=random_model_names(),
+                     help=f"a seeded random-weight model of this shape ({', '.join(random_model_names())}; "
+                          "NAME-world: that shape with the World vocabulary, so text prompts work), "
+                          "written once under $XDG_CACHE_HOME/rwkv7 (default ~/.cache/rwkv7)")
+
+
+def add_engine_options(p: argparse.ArgumentParser) -> None:
+    """Backend, kernels, dtype and the scheduler options."""
+    p.add_argument("--backend", default="jax", choices=BACKENDS)
+    p.add_argument("--kernels", default="auto",
+                   help="jax: auto|xla|pallas|pallas-interpret; torch: auto|torch|triton "
+                        "(auto = the fastest available on this machine; checked by the backend)")
+    p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
+    p.add_argument("--max-batch", type=int, default=None,
+                   help="most sequences decoded together (default 256, or the largest of --buckets)")
+    p.add_argument("--buckets", type=int_list, default=None, metavar="1,2,4,...",
+                   help="decode batch sizes to compile (default: powers of two up to --max-batch)")
+    p.add_argument("--prefix-cache-mb", type=float, default=0.0, metavar="N",
+                   help="host memory for cached prompt-prefix states (0 = off)")
+    p.add_argument("--precompile", action="store_true", help="compile every bucket before the first step")
+    p.add_argument("--prefill", default="serial", choices=("serial", "varlen", "mixed"),
+                   help="prefill policy (see README)")
+    p.add_argument("--chunk", type=int, default=256, metavar="K", help="prompt tokens per varlen/mixed call")
+
+
+def add_sampling_options(p: argparse.ArgumentParser, overridable_by: str) -> None:
+    """The sampling defaults (each overridable per request)."""
+    s = p.add_argument_group(f"sampling defaults (each overridable per request in {overridable_by})")
+    s.add_argument("--max-tokens", type=int, default=128)
+    s.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
+    s.add_argument("--top-p", type=float, default=1.0)
+    s.add_argument("--top-k", type=int, default=0, help="0 = off")
+    s.add_argument("--presence-penalty", type=float, default=0.0)
+    s.add_argument("--frequency-penalty", type=float, default=0.0)
+    s.add_argument("--penalty-decay", type=float, default=1.0)
+    s.add_argument("--stop", action="append", default=None, metavar="TEXT",
+                   help="stop string (repeatable; needs the World tokenizer)")
+    s.add_argument("--stop-tokens", type=int_list, default=None, metavar="0,...",
+                   help="stop token ids (default 0, end of text)")
+
+
+def check_engine_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Fail at once (exit 2, clear message) on bad kernels, scheduler options or sampling defaults."""
+    try:
+        choices = kernel_choices(args.backend)
+    except ValueError as e:
+        p.error(str(e))
+    if args.kernels not in choices:
+        p.error(f"--kernels {args.kernels} is not available with --backend {args.backend} "
+                f"(choose from {', '.join(choices)})")
+    try:
+        scheduler_config(args).validated()
+    except ValueError as e:
+        p.error(f"bad scheduler option: {e}")
+    try:
+        sampling_defaults(args)  # validates the sampling defaults
+    except ValueError as e:
+        p.error(f"bad sampling default: {e}")
+
+
+def scheduler_config(args: argparse.Namespace):
+    from scheduler import SchedulerConfig
+
+    max_batch = args.max_batch if args.max_batch is not None else (
+        max(args.buckets) if args.buckets else DEFAULT_MAX_BATCH)
+    return SchedulerConfig(max_batch=max_batch, buckets=args.buckets,
+                           prefix_cache_bytes=int(args.prefix_cache_mb * 2**20), precompile=args.precompile,
+                           prefill_policy=args.prefill, chunk=args.chunk)
+
+
+def sampling_defaults(args: argparse.Namespace) -> dict[str, Any]:
+    """The command line's sampling fields (validated), as a SamplingParams dict."""
+    from rwkv7_core.sampling import SamplingParams
+
+    d = {k: getattr(args, k) for k in SAMPLING_OPTIONS if getattr(args, k) is not None}
+    SamplingParams.from_dict(d)
+    return d

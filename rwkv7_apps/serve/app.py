@@ -1,0 +1,187 @@
+"""The FastAPI application: routes, auth, body-size limit and OpenAI-style errors.
+
+Endpoints: POST /v1/completions, POST /v1/chat/completions, GET /v1/models (these need the
+API key when one is set), GET /health (200 once the model is loaded and compiled, 503
+before), GET /metrics (Prometheus text). Handlers validate, enqueue and await events; the
+model runs in the scheduler thread (service.py).
+"""
+from __future__ import annotations
+
+import asyncio
+import hmac
+import logging
+
+from fastapi import Depends, FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from . import generation
+from .generation import Context
+from .metrics import CONTENT_TYPE, ServerMetrics
+from .protocol import APIError, ChatCompletionRequest, CompletionRequest
+from .streaming import sse
+
+log = logging.getLogger("rwkv7_serve")
+DISCONNECT_POLL_S = 0.25
+
+
+class BodyLimit:
+    """ASGI middleware: a request body over ``max_bytes`` is answered 413 (by its
+    Content-Length at once, or when the streamed body passes the limit)."""
+
+    def __init__(self, app, max_bytes: int):
+        self.app, self.max_bytes = app, max_bytes
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        length = dict(scope.get("headers") or []).get(b"content-length")
+        if length is not None and length.isdigit() and int(length) > self.max_bytes:
+            return await _too_large(self.max_bytes)(scope, receive, send)
+        seen = 0
+
+        async def limited():
+            nonlocal seen
+            message = await receive()
+            if message["type"] == "http.request":
+                seen += len(message.get("body", b""))
+                if seen > self.max_bytes:
+                    raise APIError(413, f"request body over the server's limit of {self.max_bytes} bytes")
+            return message
+
+        await self.app(scope, limited, send)
+
+
+def _too_large(limit: int) -> JSONResponse:
+    error = APIError(413, f"request body over the server's limit of {limit} bytes")
+    return JSONResponse(error.body(), status_code=413)
+
+
+def create_app(ctx: Context, metrics: ServerMetrics, ready, api_key: str | None = None,
+               max_body_bytes: int = 1 << 22) -> FastAPI:
+    """``ready()``: True once the model is loaded and compiled (before: 503)."""
+    app = FastAPI(title="rwkv7-serve", docs_url=None, redoc_url=None, openapi_url=None)
+
+    def authorized(request: Request) -> None:
+        if api_key is None:
+            return
+        header = request.headers.get("authorization", "")
+        given = header[7:] if header.lower().startswith("bearer ") else ""
+        if not hmac.compare_digest(given.encode(), api_key.encode()):
+            raise APIError(401, "missing or wrong API key (send 'Authorization: Bearer KEY')")
+
+    def serving() -> None:
+        if not ready():
+            raise APIError(503, "the model is still loading or compiling; retry shortly")
+
+    @app.exception_handler(APIError)
+    async def api_error(request: Request, e: APIError):
+        metrics.http.labels(request.url.path, str(e.status)).inc()
+        return JSONResponse(e.body(), status_code=e.status)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(request: Request, e: RequestValidationError):
+        return await api_error(request, _validation_error(e))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, e: StarletteHTTPException):
+        return await api_error(request, APIError(e.status_code, str(e.detail)))
+
+    @app.get("/health")
+    async def health():
+        if not ready():
+            return JSONResponse({"status": "loading"}, status_code=503)
+        return {"status": "ok"}
+
+    @app.get("/metrics")
+    async def prometheus():
+        return Response(metrics.render(), media_type=CONTENT_TYPE)
+
+    @app.get("/v1/models", dependencies=[Depends(authorized)])
+    async def models():
+        return {"object": "list", "data": [{"id": ctx.model_name, "object": "model", "created": 0,
+                                            "owned_by": "rwkv7-engine"}]}
+
+    @app.post("/v1/completions", dependencies=[Depends(authorized), Depends(serving)])
+    async def completions(body: CompletionRequest, request: Request):
+        return await _handle(ctx, metrics, body, request, "completion")
+
+    @app.post("/v1/chat/completions", dependencies=[Depends(authorized), Depends(serving)])
+    async def chat_completions(body: ChatCompletionRequest, request: Request):
+        return await _handle(ctx, metrics, body, request, "chat")
+
+    return BodyLimit(app, max_body_bytes)
+
+
+def _validation_error(e: RequestValidationError) -> APIError:
+    """A pydantic error as a 400 naming its field (dotted path, list indices in []); of a
+    union's branch errors, the one that got deepest into the value."""
+    err = max(e.errors(), key=lambda x: len(x.get("loc", ())))
+    loc = [x for x in err.get("loc", ()) if x != "body"]
+    if err.get("type") == "json_invalid":
+        return APIError(400, f"malformed JSON body: {err.get('msg')}")
+    # drop pydantic's union-branch names (e.g. 'str', 'list[int]') from the path
+    loc = [x for x in loc if isinstance(x, int) or not any(c in str(x) for c in "[]") and x not in ("str", "int")]
+    loc = [x for x in loc if not str(x).startswith("function-")]
+    param = ""
+    for x in loc:
+        param += f"[{x}]" if isinstance(x, int) else (f".{x}" if param else str(x))
+    if err.get("type") == "extra_forbidden":
+        return APIError(400, f"unknown field {param!r}", param or None)
+    if err.get("type") == "missing":
+        return APIError(400, f"missing required field {param!r}", param or None)
+    return APIError(400, f"{param or 'body'}: {err.get('msg')}", param or None)
+
+
+async def _handle(ctx: Context, metrics: ServerMetrics, body, request: Request, kind: str):
+    job, groups = generation.build_job(ctx, body, kind)
+    queue, prompt_scores = await generation.submit(ctx, job, groups)
+    endpoint = request.url.path
+    if body.stream:
+        metrics.http.labels(endpoint, "200").inc()
+        return StreamingResponse(_stream(ctx, job, queue, prompt_scores), media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+    texts: dict[int, str] = {}
+
+    async def collect():
+        async for choice, delta, _ in generation.events(ctx, job, queue):
+            texts[choice.index] = texts.get(choice.index, "") + delta
+
+    task = asyncio.create_task(collect())
+    try:
+        while not task.done():
+            await asyncio.wait({task}, timeout=DISCONNECT_POLL_S)
+            if not task.done() and await request.is_disconnected():
+                task.cancel()
+                generation.cancel(ctx, job)
+                return Response(status_code=499)
+        task.result()
+    finally:
+        if not task.done():
+            task.cancel()
+            generation.cancel(ctx, job)
+    for choice in job.choices:
+        error = generation.failure(choice)
+        if error is not None:
+            raise error
+    metrics.http.labels(endpoint, "200").inc()
+    return JSONResponse(generation.response(ctx, job, texts, prompt_scores))
+
+
+async def _stream(ctx: Context, job, queue, prompt_scores):
+    """SSE chunks; a client disconnect cancels the generator, which cancels the requests."""
+    try:
+        async for choice, delta, finished in generation.events(ctx, job, queue):
+            error = generation.failure(choice) if finished else None
+            if error is not None:
+                yield sse(error.body())
+                continue
+            for part in generation.stream_chunks(ctx, job, choice, delta, finished, prompt_scores):
+                yield part
+        options = job.body.stream_options
+        if options is not None and options.include_usage:
+            yield generation.chunk(ctx, job, [], with_usage=True)
+        yield sse("[DONE]")
+    finally:
+        generation.cancel(ctx, job)

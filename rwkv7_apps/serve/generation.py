@@ -1,0 +1,358 @@
+"""One HTTP completion or chat request as scheduler work: validate and tokenize it into
+``Choice``s (one scheduler request each), then render the events as OpenAI responses,
+whole or as streamed chunks.
+
+Choice ``i`` of a request (``i = prompt_index * n + k``) draws with seed ``seed + i`` when
+the body has a ``seed`` (else one drawn by the server's generator, ``--seed``), so a choice equals that seed run alone.
+Token logprobs are the model's own (log_softmax of the raw logits, see
+``rwkv7_core.sampling.TokenLogprobs``).
+"""
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, AsyncIterator
+
+import numpy as np
+
+from rwkv7_core.engine import Logprobs
+from rwkv7_core.sampling import SamplingParams, TokenLogprobs
+from scheduler import Request, RequestOutput
+
+from . import chat
+from .protocol import APIError, ChatCompletionRequest, CompletionRequest, prompt_list
+from .service import Service, Token
+from .streaming import TextStream, sse
+
+# SamplingParams field -> request body field, where they differ
+BODY_NAMES = {"stop_tokens": "stop_token_ids", "banned_tokens": "banned_token_ids"}
+
+
+@dataclass
+class Limits:
+    max_prompt_tokens: int
+    max_waiting: int
+
+
+@dataclass
+class Context:
+    """What handlers need besides the body."""
+    service: Service
+    model_name: str
+    tokenizer: Any          # WorldTokenizer or None
+    vocab_size: int
+    defaults: dict          # sampling defaults (SamplingParams fields)
+    limits: Limits
+    seeds: np.random.Generator  # draws the seeds of requests that give none
+
+
+@dataclass
+class Choice:
+    index: int
+    prompt_index: int
+    request_id: str
+    text: TextStream
+    tokens: list[int] = field(default_factory=list)
+    scores: list[TokenLogprobs] = field(default_factory=list)
+    output: RequestOutput | None = None
+    sent_role: bool = False
+
+
+@dataclass
+class Job:
+    """A validated request: its prompts (token ids), choices and rendering options."""
+    kind: str                       # "completion" | "chat"
+    body: Any
+    prompts: list[list[int]]
+    prompt_texts: list[str | None]
+    choices: list[Choice]
+    logprobs: int | None            # alternatives per token (None = no logprobs)
+    echo: bool
+    max_tokens: int
+    id: str = field(default_factory=lambda: uuid.uuid4().hex[:24])
+    created: int = field(default_factory=lambda: int(time.time()))
+
+
+# ----------------------------------------------------------------------------- building
+def build_job(ctx: Context, body, kind: str) -> tuple[Job, list[list[Request]]]:
+    """The job and, per prompt, its scheduler requests (one per choice); APIError(400/404/429)."""
+    if body.model is not None and body.model != ctx.model_name:
+        raise APIError(404, f"model {body.model!r} does not exist; this server serves {ctx.model_name!r}", "model")
+    if kind == "chat":
+        if ctx.tokenizer is None:
+            raise APIError(400, f"chat needs the World vocabulary; this model has {ctx.vocab_size} tokens "
+                                "(use /v1/completions with token-id prompts)", "messages")
+        text = chat.render([(m.role, m.content) for m in body.messages])
+        prompts, texts = [ctx.tokenizer.encode(text)], [text]
+        logprobs = (body.top_logprobs or 0) if body.logprobs else None
+        if body.top_logprobs is not None and not body.logprobs:
+            raise APIError(400, "top_logprobs needs logprobs=true", "top_logprobs")
+        stops = body.stop_list() + [chat.TURN_STOP]
+        max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
+        echo = False
+    else:
+        prompts, texts = [], []
+        batch = prompt_list(body.prompt)
+        single = len(batch) == 1 and (isinstance(body.prompt, str) or isinstance(body.prompt[0], int))
+        for i, p in enumerate(batch):
+            prompts.append(_tokens(ctx, p, "prompt" if single else f"prompt[{i}]"))
+            texts.append(p if isinstance(p, str) else None)
+        logprobs, stops, max_tokens, echo = body.logprobs, body.stop_list(), body.max_tokens, body.echo
+    where = "prompt" if kind == "completion" else "messages"
+    for tokens in prompts:
+        if not tokens:
+            raise APIError(400, f"{where}: the prompt is empty", where)
+        if len(tokens) > ctx.limits.max_prompt_tokens:
+            raise APIError(400, f"{where}: {len(tokens)} prompt tokens, more than the server's "
+                                f"--max-prompt-tokens {ctx.limits.max_prompt_tokens}", where)
+    params = _params(ctx, body, stops, max_tokens, logprobs)
+    if logprobs is not None and not isinstance(ctx.service.scheduler.engine, Logprobs):
+        raise APIError(400, f"logprobs are not supported by the {type(ctx.service.scheduler.engine).__name__}",
+                       "logprobs")
+    if echo and kind == "completion" and logprobs is not None and not isinstance(
+            ctx.service.scheduler.engine, Logprobs):
+        raise APIError(400, "echo with logprobs is not supported by this engine", "echo")
+    job = Job(kind, body, prompts, texts, [], logprobs, echo, params.max_tokens)
+    groups = []
+    for p, tokens in enumerate(prompts):
+        group = []
+        for k in range(body.n):
+            index = p * body.n + k
+            seed = int(ctx.seeds.integers(2**32)) if body.seed is None else (body.seed + index) % 2**32
+            rid = ctx.service.new_id(job.id)
+            job.choices.append(Choice(index, p, rid, TextStream(stops)))
+            group.append(Request(rid, tokens, params.replace(seed=seed)))
+        groups.append(group)
+    waiting = ctx.service.scheduler.queue_sizes()["waiting"]
+    if waiting + len(job.choices) > ctx.limits.max_waiting:
+        raise APIError(429, f"server busy: {waiting} requests waiting (--max-waiting {ctx.limits.max_waiting}); "
+                            "retry later")
+    return job, groups
+
+
+def _tokens(ctx: Context, prompt, param: str) -> list[int]:
+    if isinstance(prompt, str):
+        if ctx.tokenizer is None:
+            raise APIError(400, f"{param}: a text prompt needs the World vocabulary; this model has {ctx.vocab_size} "
+                                "tokens: send token ids instead", param)
+        return ctx.tokenizer.encode(prompt)
+    for pos, t in enumerate(prompt):
+        if not 0 <= t < ctx.vocab_size:
+            raise APIError(400, f"{param}: token id {t} at position {pos} is outside the vocabulary [0, {ctx.vocab_size})",
+                           param)
+    return list(prompt)
+
+
+def _params(ctx: Context, body, stops: list[str], max_tokens, logprobs) -> SamplingParams:
+    fields = dict(ctx.defaults)
+    given = {"max_tokens": max_tokens, "temperature": body.temperature, "top_p": body.top_p,
+             "top_k": body.top_k, "presence_penalty": body.presence_penalty,
+             "frequency_penalty": body.frequency_penalty, "penalty_decay": body.penalty_decay,
+             "stop_tokens": body.stop_token_ids, "banned_tokens": body.banned_token_ids}
+    fields.update({k: v for k, v in given.items() if v is not None})
+    if stops:
+        if ctx.tokenizer is None:
+            raise APIError(400, f"stop: stop strings need the World vocabulary; this model has {ctx.vocab_size} "
+                                "tokens: use stop_token_ids", "stop")
+        fields["stop"] = list(fields.get("stop") or []) + stops
+    fields["logprobs"] = logprobs
+    try:
+        return SamplingParams.from_dict(fields).validate(ctx.vocab_size)
+    except (ValueError, TypeError) as e:
+        message = str(e)
+        name = message.split("=")[0].removeprefix("SamplingParams.") if message.startswith("SamplingParams.") else None
+        name = BODY_NAMES.get(name, name)
+        raise APIError(400, f"{name}: {message.split(': ', 1)[-1]}" if name else message, name) from None
+
+
+# ----------------------------------------------------------------------------- running
+async def submit(ctx: Context, job: Job, groups: list[list[Request]]) -> tuple[asyncio.Queue, list[TokenLogprobs | None]]:
+    """Queue the job's requests; score the prompts first when echo asks for logprobs."""
+    scores = [None] * len(job.prompts)
+    if job.echo and job.logprobs is not None:
+        scores = [await ctx.service.score(p) if len(p) > 1 else None for p in job.prompts]
+    queue: asyncio.Queue = asyncio.Queue()
+    if job.max_tokens > 0:
+        for group in groups:
+            ctx.service.submit(group, shared_prompt=True, queue=queue)
+    return queue, scores
+
+
+def cancel(ctx: Context, job: Job) -> None:
+    for c in job.choices:
+        if c.output is None:
+            ctx.service.cancel(c.request_id)
+
+
+async def events(ctx: Context, job: Job, queue: asyncio.Queue) -> AsyncIterator[tuple[Choice, str, bool]]:
+    """(choice, text delta, finished) as tokens arrive, until every choice is final.
+    Choices with max_tokens 0 finish at once."""
+    by_id = {c.request_id: c for c in job.choices}
+    pending = set(by_id)
+    if job.max_tokens == 0:
+        for c in job.choices:
+            c.output = RequestOutput(c.request_id, [], "length", None, len(job.prompts[c.prompt_index]), 0,
+                                     0.0, None, 0.0)
+            yield c, "", True
+        return
+    while pending:
+        rid, event = await queue.get()
+        choice = by_id[rid]
+        if isinstance(event, Token):
+            choice.tokens.append(event.id)
+            if event.logprobs is not None:
+                choice.scores.append(event.logprobs)
+            yield choice, choice.text.push(token_bytes(ctx, event.id)), False
+        else:
+            choice.output = event
+            pending.discard(rid)
+            yield choice, choice.text.finish(), True
+
+
+def token_bytes(ctx: Context, token: int) -> bytes:
+    return ctx.tokenizer.decode_bytes([token]) if ctx.tokenizer is not None else b""
+
+
+def token_string(ctx: Context, token: int) -> str:
+    if ctx.tokenizer is None:
+        return f"token_id:{token}"
+    return ctx.tokenizer.decode_bytes([token]).decode("utf-8", errors="replace")
+
+
+def failure(choice: Choice) -> APIError | None:
+    """The error a finished choice stands for (an engine fault is a 500), else None."""
+    out = choice.output
+    if out is None or out.finish_reason != "error":
+        return None
+    status = 400 if (out.error or "").startswith("invalid request") else 500
+    return APIError(status, out.error or "request failed")
+
+
+def finish_reason(choice: Choice) -> str:
+    return "stop" if choice.text.stopped else choice.output.finish_reason
+
+
+# ----------------------------------------------------------------------------- rendering
+def completion_logprobs(ctx: Context, job: Job, choice: Choice, prompt_scores: TokenLogprobs | None,
+                        with_prompt: bool, scores=None, tokens=None) -> dict:
+    """OpenAI legacy logprobs: tokens, token_logprobs, top_logprobs, text_offset."""
+    k = job.logprobs
+    out = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
+    offset = 0
+
+    def add(token: int, lp: TokenLogprobs | None):
+        nonlocal offset
+        s = token_string(ctx, token)
+        out["tokens"].append(s)
+        out["text_offset"].append(offset)
+        offset += len(s)
+        if lp is None:
+            out["token_logprobs"].append(None)
+            out["top_logprobs"].append(None)
+            return
+        top = {token_string(ctx, int(t)): float(v) for t, v in zip(lp.top_ids[0][:k], lp.top_logprobs[0][:k])}
+        top.setdefault(s, float(lp.chosen[0]))
+        out["token_logprobs"].append(float(lp.chosen[0]))
+        out["top_logprobs"].append(top)
+
+    if with_prompt:
+        prompt = job.prompts[choice.prompt_index]
+        for pos, token in enumerate(prompt):
+            add(token, None if pos == 0 or prompt_scores is None else prompt_scores.row(pos - 1))
+    for token, lp in zip(choice.tokens if tokens is None else tokens,
+                         choice.scores if scores is None else scores):
+        add(token, lp)
+    return out
+
+
+def chat_logprobs(ctx: Context, job: Job, tokens, scores) -> dict:
+    k = job.logprobs
+
+    def entry(token: int, value: float) -> dict:
+        b = token_bytes(ctx, token)
+        return {"token": token_string(ctx, token), "logprob": value, "bytes": list(b)}
+
+    content = []
+    for token, lp in zip(tokens, scores):
+        item = entry(token, float(lp.chosen[0]))
+        item["top_logprobs"] = [entry(int(t), float(v)) for t, v in zip(lp.top_ids[0][:k], lp.top_logprobs[0][:k])]
+        content.append(item)
+    return {"content": content}
+
+
+def usage(job: Job) -> dict:
+    prompt = sum(len(p) for p in job.prompts)
+    completion = sum(len(c.tokens) for c in job.choices)
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+
+
+def response(ctx: Context, job: Job, texts: dict[int, str], prompt_scores: list) -> dict:
+    """The whole (non-streamed) response body."""
+    choices = []
+    for c in job.choices:
+        item: dict[str, Any] = {"index": c.index, "finish_reason": finish_reason(c)}
+        if job.kind == "chat":
+            item["message"] = {"role": "assistant", "content": texts[c.index]}
+            item["logprobs"] = chat_logprobs(ctx, job, c.tokens, c.scores) if job.logprobs is not None else None
+        else:
+            prefix = job.prompt_texts[c.prompt_index] if job.echo else ""
+            if job.echo and prefix is None:
+                prefix = ctx.tokenizer.decode(job.prompts[c.prompt_index]) if ctx.tokenizer else ""
+            item["text"] = prefix + texts[c.index]
+            item["logprobs"] = (completion_logprobs(ctx, job, c, prompt_scores[c.prompt_index], job.echo)
+                                if job.logprobs is not None else None)
+        if job.body.return_token_ids:
+            item["token_ids"] = list(c.tokens)
+        choices.append(item)
+    return {"id": _prefixed(job), "object": "chat.completion" if job.kind == "chat" else "text_completion",
+            "created": job.created, "model": ctx.model_name, "choices": choices, "usage": usage(job)}
+
+
+def _prefixed(job: Job) -> str:
+    return ("chatcmpl-" if job.kind == "chat" else "cmpl-") + job.id
+
+
+def chunk(ctx: Context, job: Job, choices: list[dict], with_usage: bool = False) -> str:
+    body = {"id": _prefixed(job), "object": "chat.completion.chunk" if job.kind == "chat" else "text_completion",
+            "created": job.created, "model": ctx.model_name, "choices": choices}
+    if with_usage:
+        body["usage"] = usage(job)
+    return sse(body)
+
+
+def stream_chunks(ctx: Context, job: Job, choice: Choice, delta: str, finished: bool,
+                  prompt_scores: list) -> list[str]:
+    """SSE chunks for one event of a streamed response."""
+    chunks = []
+    item: dict[str, Any] = {"index": choice.index}
+    new_tokens = choice.tokens[-1:] if not finished else []
+    new_scores = choice.scores[-1:] if (not finished and job.logprobs is not None) else []
+    if job.kind == "chat":
+        if not choice.sent_role:
+            choice.sent_role = True
+            chunks.append(chunk(ctx, job, [{"index": choice.index, "delta": {"role": "assistant", "content": ""},
+                                            "logprobs": None, "finish_reason": None}]))
+        item["delta"] = {"content": delta} if delta else {}
+        item["logprobs"] = chat_logprobs(ctx, job, new_tokens, new_scores) if new_scores else None
+    else:
+        if job.echo and not choice.sent_role:
+            choice.sent_role = True
+            prompt = job.prompt_texts[choice.prompt_index]
+            if prompt is None:
+                prompt = ctx.tokenizer.decode(job.prompts[choice.prompt_index]) if ctx.tokenizer else ""
+            echo_item = {"index": choice.index, "text": prompt, "finish_reason": None,
+                         "logprobs": (completion_logprobs(ctx, job, choice, prompt_scores[choice.prompt_index],
+                                                          True, scores=[], tokens=[])
+                                      if job.logprobs is not None else None)}
+            chunks.append(chunk(ctx, job, [echo_item]))
+        item["text"] = delta
+        item["logprobs"] = (completion_logprobs(ctx, job, choice, None, False, new_scores, new_tokens)
+                            if new_scores else None)
+    item["finish_reason"] = finish_reason(choice) if finished else None
+    if job.body.return_token_ids:
+        item["token_ids"] = new_tokens
+    if finished or delta or new_scores or job.body.return_token_ids:
+        chunks.append(chunk(ctx, job, [item]))
+    return chunks

@@ -1,0 +1,89 @@
+"""Prometheus metrics of the server (``GET /metrics``), on a registry of its own.
+
+Counted as requests flow (``Service`` observer calls, from the scheduler thread): requests by
+finish reason, prompt and generated tokens, TTFT (from submission) and inter-token
+histograms. Read from the scheduler at scrape time: requests waiting / in prefill / ready /
+running, the live decode bucket, prefix-cache hits and misses.
+"""
+from __future__ import annotations
+
+import threading
+import time
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+
+class ServerMetrics:
+    """``on_submit`` / ``on_token`` / ``on_finish`` observe requests; ``render()`` is the text."""
+
+    def __init__(self, scheduler):
+        self.scheduler = scheduler
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.requests = Counter("rwkv7_requests", "Finished scheduler requests (one per choice) by outcome",
+                                ["finish_reason"], registry=r)
+        self.http = Counter("rwkv7_http_requests", "HTTP requests by endpoint and status", ["endpoint", "status"],
+                            registry=r)
+        self.prompt_tokens = Counter("rwkv7_prompt_tokens", "Prompt tokens of finished requests", registry=r)
+        self.generated_tokens = Counter("rwkv7_generated_tokens", "Generated tokens", registry=r)
+        self.ttft = Histogram("rwkv7_time_to_first_token_seconds", "Submission to first token",
+                              buckets=LATENCY_BUCKETS, registry=r)
+        self.itl = Histogram("rwkv7_inter_token_latency_seconds", "Gap between consecutive tokens of a request",
+                             buckets=LATENCY_BUCKETS, registry=r)
+        r.register(_SchedulerCollector(scheduler))
+        self._lock = threading.Lock()
+        self._submitted: dict[str, float] = {}
+        self._last: dict[str, float] = {}
+
+    def on_submit(self, request_id: str) -> None:
+        with self._lock:
+            self._submitted[request_id] = time.perf_counter()
+
+    def on_token(self, request_id: str, now: float) -> None:
+        self.generated_tokens.inc()
+        with self._lock:
+            last = self._last.get(request_id)
+            self._last[request_id] = now
+            submitted = self._submitted.pop(request_id, None)
+        if last is not None:
+            self.itl.observe(now - last)
+        elif submitted is not None:
+            self.ttft.observe(now - submitted)
+
+    def on_finish(self, out) -> None:
+        self.requests.labels(out.finish_reason).inc()
+        if out.finish_reason in ("stop", "length"):
+            self.prompt_tokens.inc(out.prompt_tokens)
+        with self._lock:
+            self._last.pop(out.id, None)
+            self._submitted.pop(out.id, None)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+class _SchedulerCollector:
+    """Gauges and counters read from the scheduler when scraped."""
+
+    def __init__(self, scheduler):
+        self.scheduler = scheduler
+
+    def collect(self):
+        sizes = self.scheduler.queue_sizes()
+        g = GaugeMetricFamily("rwkv7_scheduler_requests", "Requests in each scheduler state", labels=["state"])
+        for state, n in sizes.items():
+            g.add_metric([state], n)
+        yield g
+        yield GaugeMetricFamily("rwkv7_live_batch", "Requests decoding (holding a batch slot)",
+                                value=sizes["running"])
+        yield GaugeMetricFamily("rwkv7_decode_bucket", "Current decode batch bucket",
+                                value=self.scheduler.engine.bucket)
+        stats = self.scheduler.stats
+        c = CounterMetricFamily("rwkv7_prefix_cache_lookups", "Prefix-cache lookups by result", labels=["result"])
+        c.add_metric(["hit"], stats.prefix_hits)
+        c.add_metric(["miss"], stats.prefix_misses)
+        yield c

@@ -1,0 +1,130 @@
+"""The scheduler as a service for async HTTP handlers.
+
+One thread runs ``Scheduler.run(serve_until=...)`` for the server's lifetime; handlers only
+``submit`` requests (``Scheduler.add`` / ``add_group``, thread-safe) and read events from an
+``asyncio.Queue`` per request, filled from the scheduler thread's callbacks through
+``loop.call_soon_threadsafe`` (no model work on the event loop). ``cancel`` frees a slot at
+the next step; ``score`` runs prompt scoring in a worker thread.
+"""
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import threading
+import time
+from dataclasses import dataclass
+from typing import Sequence
+
+from rwkv7_core.sampling import TokenLogprobs
+from scheduler import Request, RequestOutput, Scheduler
+
+log = logging.getLogger("rwkv7_serve")
+
+
+@dataclass
+class Token:
+    """One emitted token (``logprobs``: its TokenLogprobs of N=1 when the request asked)."""
+    id: int
+    time: float
+    logprobs: TokenLogprobs | None = None
+
+
+class Stream:
+    """Where one scheduler request's events go: ``(request id, Token)`` ..., then
+    ``(request id, RequestOutput)``, put on ``queue`` (shared by the choices of one HTTP
+    request) in the event loop's thread."""
+
+    def __init__(self, request_id: str, loop: asyncio.AbstractEventLoop, queue: asyncio.Queue):
+        self.id = request_id
+        self.loop = loop
+        self.queue = queue
+        self.pending_logprobs: TokenLogprobs | None = None  # scheduler thread only
+
+
+class Service:
+    """Owns the scheduler thread; ``observer`` (metrics) gets on_token/on_finish calls too."""
+
+    def __init__(self, scheduler: Scheduler, observer=None):
+        self.scheduler = scheduler
+        self.observer = observer
+        self._streams: dict[str, Stream] = {}
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._ids = itertools.count()
+        self._thread = threading.Thread(target=self._serve, name="scheduler", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=30)
+
+    def new_id(self, prefix: str) -> str:
+        return f"{prefix}-{next(self._ids)}"
+
+    def submit(self, requests: Sequence[Request], shared_prompt: bool, queue: asyncio.Queue) -> None:
+        """Queue requests (``shared_prompt``: one prefill for all, ``add_group``); their
+        events go to ``queue``. Call from the event loop."""
+        loop = asyncio.get_running_loop()
+        streams = [Stream(r.id, loop, queue) for r in requests]
+        with self._lock:
+            self._streams.update((s.id, s) for s in streams)
+        if self.observer is not None:
+            for r in requests:
+                self.observer.on_submit(r.id)
+        if shared_prompt and len(requests) > 1:
+            self.scheduler.add_group(requests)
+        else:
+            for r in requests:
+                self.scheduler.add(r)
+
+    def cancel(self, request_id: str) -> None:
+        self.scheduler.cancel(request_id)
+
+    async def score(self, tokens: Sequence[int]) -> TokenLogprobs:
+        return await asyncio.to_thread(self.scheduler.score, tokens)
+
+    # -- scheduler thread ---------------------------------------------------------------
+    def _serve(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.scheduler.run(on_token=self._on_token, on_finish=self._on_finish,
+                                   on_logprobs=self._on_logprobs, serve_until=self._stop.is_set)
+            except Exception:  # a bug in the loop itself: log it and keep serving
+                log.exception("scheduler loop failed; restarting it")
+                time.sleep(0.1)
+
+    def _stream(self, request_id: str) -> Stream | None:
+        with self._lock:
+            return self._streams.get(request_id)
+
+    def _on_logprobs(self, request_id: str, scored: TokenLogprobs) -> None:
+        stream = self._stream(request_id)
+        if stream is not None:
+            stream.pending_logprobs = scored
+
+    def _on_token(self, request_id: str, token: int) -> None:
+        now = time.perf_counter()
+        if self.observer is not None:
+            self.observer.on_token(request_id, now)
+        stream = self._stream(request_id)
+        if stream is not None:
+            event, stream.pending_logprobs = Token(token, now, stream.pending_logprobs), None
+            _deliver(stream, event)
+
+    def _on_finish(self, out: RequestOutput) -> None:
+        if self.observer is not None:
+            self.observer.on_finish(out)
+        with self._lock:
+            stream = self._streams.pop(out.id, None)
+        if stream is not None:
+            _deliver(stream, out)
+
+
+def _deliver(stream: Stream, event) -> None:
+    try:
+        stream.loop.call_soon_threadsafe(stream.queue.put_nowait, (stream.id, event))
+    except RuntimeError:  # the event loop is closed: the server is shutting down
+        pass
