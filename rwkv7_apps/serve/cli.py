@@ -1,7 +1,7 @@
 """``rwkv7-serve`` (also ``python -m rwkv7_apps.serve``): the OpenAI-compatible HTTP server.
 
-Loads the model, starts uvicorn at once (``/health`` answers 503 until ready), then compiles
-the prefill pieces (and every bucket with ``--precompile``) and starts the scheduler thread.
+Loads the model, starts uvicorn at once (``/health`` answers 503 until ready), then (with
+``--precompile``) compiles every prefill piece and bucket, and starts the scheduler thread.
 SIGINT/SIGTERM stop the server: open streams end, the scheduler thread stops.
 """
 from __future__ import annotations
@@ -76,6 +76,8 @@ def main(argv: list[str] | None = None) -> int:
     except (OSError, ValueError) as e:
         parser.exit(EXIT_BAD_ARGS, f"rwkv7-serve: error: cannot load model {model_path}: {e}\n")
     tokenizer = tokenizer_for(engine.vocab_size)
+    if tokenizer is not None:
+        tokenizer.decode_bytes([0])  # builds the lazy id -> bytes table before threads share it
     config = scheduler_config(args)
     try:
         sched = Scheduler(engine, config, tokenizer=tokenizer)
@@ -90,8 +92,8 @@ def main(argv: list[str] | None = None) -> int:
     ready = threading.Event()
 
     def warm_up() -> None:
-        engine.compile_prefill()
         if config.precompile:
+            engine.compile_prefill()
             engine.compile(config.buckets)
         service.start()
         ready.set()

@@ -21,8 +21,7 @@ MODEL = "random-tiny"
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("serve_tiny")
-    with running_server(["--random-model", "tiny", "--max-batch", "32", "--buckets", "1,2,4,8,16,32",
-                         "--precompile", "--max-waiting", MAX_WAITING, "--max-prompt-tokens", 64,
+    with running_server(["--random-model", "tiny", "--max-batch", "32", "--max-waiting", MAX_WAITING, "--max-prompt-tokens", 64,
                          "--max-body-bytes", 20000, "--seed", 3], tmp) as s:
         yield s
 
@@ -195,7 +194,7 @@ def test_bad_input_is_a_400_naming_the_field(server, body, param):
 def test_malformed_json_body_limit_and_queue_limit(server, client):
     status, text = server.post("/v1/completions", b'{"prompt": [1, 2')
     assert status == 400 and "malformed JSON" in json.loads(text)["error"]["message"]
-    status, text = server.post("/v1/completions", json.dumps({"prompt": [1] * 5000}).encode())
+    status, text = server.post("/v1/completions", json.dumps({"prompt": [1] * 8000}).encode())
     assert status == 413, text
     with pytest.raises(openai.RateLimitError):  # more choices than --max-waiting may queue
         client.completions.create(model=MODEL, prompt=[[1, 2]] * (MAX_WAITING + 1), max_tokens=1)

@@ -1,0 +1,96 @@
+"""rwkv7-serve on the tiny-world random model (text prompts, World chat format) behind an
+API key, driven by the official openai client. One server for the module."""
+from __future__ import annotations
+
+import pytest
+
+openai = pytest.importorskip("openai")
+
+from rwkv7_apps.serve.chat import render  # noqa: E402
+from rwkv7_core.tokenizer import WorldTokenizer  # noqa: E402
+from tests.rwkv7_apps.serve_harness import running_server  # noqa: E402
+
+KEY = "test-key-123"
+MODEL = "tiny-chat"
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    with running_server(["--random-model", "tiny-world", "--max-batch", "4", "--api-key", KEY,
+                         "--served-model-name", MODEL, "--max-tokens", "12"],
+                        tmp_path_factory.mktemp("serve_world")) as s:
+        yield s
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(base_url=server.url + "/v1", api_key=KEY, max_retries=0)
+
+
+def test_api_key_is_required_on_v1_routes(server):
+    for key in ("wrong", ""):
+        bad = openai.OpenAI(base_url=server.url + "/v1", api_key=key or "x", max_retries=0,
+                            default_headers={} if key else {"Authorization": ""})
+        with pytest.raises(openai.AuthenticationError):
+            bad.models.list()
+        with pytest.raises(openai.AuthenticationError):
+            bad.completions.create(model=MODEL, prompt="hi", max_tokens=1)
+    assert server.get("/health")[0] == 200  # health and metrics stay open
+    assert server.get("/metrics")[0] == 200
+
+
+def test_chat_renders_the_world_format_and_streams_the_same_text(client):
+    messages = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Hi there"},
+                {"role": "assistant", "content": "Hello!\n\n\nWhat now?"}, {"role": "user", "content": "Tell me"}]
+    whole = client.chat.completions.create(model=MODEL, messages=messages, temperature=0, max_tokens=10)
+    prompt = "System: You are terse.\n\nUser: Hi there\n\nAssistant: Hello!\nWhat now?\n\nUser: Tell me\n\nAssistant:"
+    assert render([(m["role"], m["content"]) for m in messages]) == prompt
+    assert whole.usage.prompt_tokens == len(WorldTokenizer().encode(prompt))
+    choice = whole.choices[0]
+    assert choice.message.role == "assistant" and choice.finish_reason in ("stop", "length")
+    stream = client.chat.completions.create(model=MODEL, messages=messages, temperature=0, max_tokens=10,
+                                            stream=True, stream_options={"include_usage": True})
+    chunks = list(stream)
+    assert chunks[0].choices[0].delta.role == "assistant"
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == choice.message.content
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == choice.finish_reason
+    assert chunks[-1].usage.completion_tokens == whole.usage.completion_tokens
+
+
+def test_stop_strings_cut_the_text_streamed_or_not(client):
+    prompt = "The quick brown fox"
+    ids = client.completions.create(model=MODEL, prompt=prompt, temperature=0, max_tokens=12,
+                                    extra_body={"return_token_ids": True, "stop_token_ids": []})
+    full = ids.choices[0].text
+    assert WorldTokenizer().decode(ids.choices[0].model_extra["token_ids"]) == full
+    stop = full[len(full) // 2:len(full) // 2 + 3]
+    if not stop.strip():
+        pytest.skip("the greedy text has no usable middle")
+    expected = full[:full.index(stop)]
+    cut = client.completions.create(model=MODEL, prompt=prompt, temperature=0, max_tokens=12, stop=[stop],
+                                    extra_body={"stop_token_ids": []})
+    assert (cut.choices[0].text, cut.choices[0].finish_reason) == (expected, "stop")
+    streamed = client.completions.create(model=MODEL, prompt=prompt, temperature=0, max_tokens=12, stop=stop,
+                                         stream=True, extra_body={"stop_token_ids": []})
+    chunks = list(streamed)
+    assert "".join(c.choices[0].text for c in chunks) == expected
+    assert chunks[-1].choices[0].finish_reason == "stop"
+
+
+def test_chat_logprobs_and_token_ids(client):
+    out = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Hi"}], max_tokens=4,
+                                         logprobs=True, top_logprobs=2, temperature=0,
+                                         extra_body={"return_token_ids": True, "stop_token_ids": []})
+    choice = out.choices[0]
+    content = choice.logprobs.content
+    ids = choice.model_extra["token_ids"]
+    assert len(content) == len(ids) == out.usage.completion_tokens
+    tok = WorldTokenizer()
+    for item, t in zip(content, ids):
+        assert bytes(item.bytes) == tok.decode_bytes([t])
+        assert len(item.top_logprobs) == 2 and item.top_logprobs[0].logprob == pytest.approx(item.logprob)
+    with pytest.raises(openai.BadRequestError, match="top_logprobs"):
+        client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Hi"}], top_logprobs=2)
+    with pytest.raises(openai.BadRequestError, match="messages"):
+        client.chat.completions.create(model=MODEL, messages=[])
