@@ -55,16 +55,30 @@ def check_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
         p.error(f"--port {args.port}: not a port number")
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_app(sched, model_name: str, defaults: dict, limits, ready, seed: int | None = None,
+              api_key: str | None = None, max_body_bytes: int = 4 << 20):
+    """The ASGI app and its (not yet started) Service for a Scheduler; ``ready()`` gates
+    /health and the generation routes."""
     import numpy as np
+
+    from .app import create_app
+    from .generation import Context
+    from .metrics import ServerMetrics
+    from .service import Service
+
+    metrics = ServerMetrics(sched)
+    service = Service(sched, observer=metrics)
+    ctx = Context(service, model_name, sched.tokenizer, sched.engine.vocab_size, defaults, limits,
+                  np.random.default_rng(seed))
+    return create_app(ctx, metrics, ready, api_key=api_key, max_body_bytes=max_body_bytes), service
+
+
+def main(argv: list[str] | None = None) -> int:
     import uvicorn
 
     from scheduler import Scheduler
 
-    from .app import create_app
-    from .generation import Context, Limits
-    from .metrics import ServerMetrics
-    from .service import Service
+    from .generation import Limits
 
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -83,13 +97,11 @@ def main(argv: list[str] | None = None) -> int:
         sched = Scheduler(engine, config, tokenizer=tokenizer)
     except ValueError as e:
         parser.exit(EXIT_BAD_ARGS, f"rwkv7-serve: error: {e}\n")
-    metrics = ServerMetrics(sched)
-    service = Service(sched, observer=metrics)
     name = args.served_model_name or (os.path.splitext(os.path.basename(args.model))[0] if args.model
                                       else f"random-{args.random_model}")
-    ctx = Context(service, name, tokenizer, engine.vocab_size, sampling_defaults(args),
-                  Limits(args.max_prompt_tokens, args.max_waiting), np.random.default_rng(args.seed))
     ready = threading.Event()
+    app, service = build_app(sched, name, sampling_defaults(args), Limits(args.max_prompt_tokens, args.max_waiting),
+                             ready.is_set, seed=args.seed, api_key=args.api_key, max_body_bytes=args.max_body_bytes)
 
     def warm_up() -> None:
         if config.precompile:
@@ -99,7 +111,6 @@ def main(argv: list[str] | None = None) -> int:
         ready.set()
         logging.getLogger("rwkv7_serve").warning("ready: http://%s:%d/v1 (model %s)", args.host, args.port, name)
 
-    app = create_app(ctx, metrics, ready.is_set, api_key=args.api_key, max_body_bytes=args.max_body_bytes)
     threading.Thread(target=warm_up, name="warm-up", daemon=True).start()
     try:
         uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, timeout_graceful_shutdown=5)

@@ -59,7 +59,8 @@ class Service:
 
     def stop(self) -> None:
         self._stop.set()
-        self._thread.join(timeout=30)
+        if self._thread.is_alive():
+            self._thread.join(timeout=30)
 
     def new_id(self, prefix: str) -> str:
         return f"{prefix}-{next(self._ids)}"
