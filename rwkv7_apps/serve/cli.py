@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import signal
 import sys
 import threading
 
@@ -92,9 +93,8 @@ def main(argv: list[str] | None = None) -> int:
     tokenizer = tokenizer_for(engine.vocab_size)
     if tokenizer is not None:
         tokenizer.decode_bytes([0])  # builds the lazy id -> bytes table before threads share it
-    config = scheduler_config(args)
     try:
-        sched = Scheduler(engine, config, tokenizer=tokenizer)
+        sched = Scheduler(engine, scheduler_config(args), tokenizer=tokenizer)
     except ValueError as e:
         parser.exit(EXIT_BAD_ARGS, f"rwkv7-serve: error: {e}\n")
     name = args.served_model_name or (os.path.splitext(os.path.basename(args.model))[0] if args.model
@@ -103,10 +103,18 @@ def main(argv: list[str] | None = None) -> int:
     app, service = build_app(sched, name, sampling_defaults(args), Limits(args.max_prompt_tokens, args.max_waiting),
                              ready.is_set, seed=args.seed, api_key=args.api_key, max_body_bytes=args.max_body_bytes)
 
+    failed = []
+
     def warm_up() -> None:
-        if config.precompile:
-            engine.compile_prefill()
-            engine.compile(config.buckets)
+        try:
+            if sched.config.precompile:
+                engine.compile_prefill()
+                engine.compile(sched.config.buckets)
+        except Exception as e:  # cannot serve: stop the server (exit status 1)
+            failed.append(e)
+            logging.getLogger("rwkv7_serve").error("compiling failed: %s: %s", type(e).__name__, e)
+            os.kill(os.getpid(), signal.SIGTERM)
+            return
         service.start()
         ready.set()
         logging.getLogger("rwkv7_serve").warning("ready: http://%s:%d/v1 (model %s)", args.host, args.port, name)
@@ -116,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
         uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, timeout_graceful_shutdown=5)
     finally:
         service.stop()
-    return 0
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":
