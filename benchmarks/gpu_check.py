@@ -389,6 +389,16 @@ def load_serving_hook():
     return hook, None
 
 
+def run_http_serving(out_dir: str, budget_s: float = 120) -> dict:
+    """benchmarks/http_serving.py's short GPU run (rwkv7-serve vs in-process scheduler on the
+    same workload), at most about budget_s seconds; {"status": ...} when it cannot run."""
+    try:
+        module = importlib.import_module("benchmarks.http_serving")
+    except ImportError as e:
+        return {"status": "absent", "reason": str(e)}
+    return module.gpu_check_section(out_dir, budget_s)
+
+
 # ----------------------------------------------------------------------------- report
 def environment() -> dict:
     versions = {"python": platform.python_version(), "jax": jax.__version__, "numpy": np.__version__}
@@ -541,6 +551,8 @@ def main(argv=None) -> dict:
     else:
         results["serving"] = {"status": "skipped in --smoke" if hook else "absent", "reason": why_not}
     results["data_parallel"] = attempt({}, run_data_parallel, args.smoke)
+    results["http_serving"] = ({"status": "skipped in --smoke"} if args.smoke
+                               else attempt({}, run_http_serving, out_dir=str(out_dir)))
     results["elapsed_s"] = time.perf_counter() - budget.start
     save()
     print(markdown(results))
