@@ -145,8 +145,9 @@ async def _handle(ctx: Context, metrics: ServerMetrics, body, request: Request, 
     texts: dict[int, str] = {}
 
     async def collect():
-        async for choice, delta, _ in generation.events(ctx, job, queue):
-            texts[choice.index] = texts.get(choice.index, "") + delta
+        async for batch in generation.events(ctx, job, queue):
+            for choice, delta, _ in batch:
+                texts[choice.index] = texts.get(choice.index, "") + delta
 
     task = asyncio.create_task(collect())
     try:
@@ -170,15 +171,19 @@ async def _handle(ctx: Context, metrics: ServerMetrics, body, request: Request, 
 
 
 async def _stream(ctx: Context, job, queue, prompt_scores):
-    """SSE chunks; a client disconnect cancels the generator, which cancels the requests."""
+    """SSE chunks (one write per wake-up; a stream's chunks in order); a client disconnect
+    cancels the generator, which cancels the requests."""
     try:
-        async for choice, delta, finished in generation.events(ctx, job, queue):
-            error = generation.failure(choice) if finished else None
-            if error is not None:
-                yield sse(error.body())
-                continue
-            for part in generation.stream_chunks(ctx, job, choice, delta, finished, prompt_scores):
-                yield part
+        async for batch in generation.events(ctx, job, queue):
+            parts = []
+            for choice, delta, finished in batch:
+                error = generation.failure(choice) if finished else None
+                if error is not None:
+                    parts.append(sse(error.body()))
+                else:
+                    parts += generation.stream_chunks(ctx, job, choice, delta, finished, prompt_scores)
+            if parts:
+                yield "".join(parts)
         options = job.body.stream_options
         if options is not None and options.include_usage:
             yield generation.chunk(ctx, job, [], with_usage=True)

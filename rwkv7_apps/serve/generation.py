@@ -186,8 +186,9 @@ def cancel(ctx: Context, job: Job) -> None:
             ctx.service.cancel(c.request_id)
 
 
-async def events(ctx: Context, job: Job, queue: asyncio.Queue) -> AsyncIterator[tuple[Choice, str, bool]]:
-    """(choice, text delta, finished) as tokens arrive, until every choice is final.
+async def events(ctx: Context, job: Job, queue: asyncio.Queue) -> AsyncIterator[list[tuple[Choice, str, bool]]]:
+    """Batches of (choice, text delta, finished): each batch is every event available at
+    one wake-up (so a stream sends one write per step), until every choice is final.
     Choices with max_tokens 0 finish at once."""
     by_id = {c.request_id: c for c in job.choices}
     pending = set(by_id)
@@ -195,20 +196,25 @@ async def events(ctx: Context, job: Job, queue: asyncio.Queue) -> AsyncIterator[
         for c in job.choices:
             c.output = RequestOutput(c.request_id, [], "length", None, len(job.prompts[c.prompt_index]), 0,
                                      0.0, None, 0.0)
-            yield c, "", True
+        yield [(c, "", True) for c in job.choices]
         return
     while pending:
-        rid, event = await queue.get()
-        choice = by_id[rid]
-        if isinstance(event, Token):
-            choice.tokens.append(event.id)
-            if event.logprobs is not None:
-                choice.scores.append(event.logprobs)
-            yield choice, choice.text.push(token_bytes(ctx, event.id)), False
-        else:
-            choice.output = event
-            pending.discard(rid)
-            yield choice, choice.text.finish(), True
+        items = [await queue.get()]
+        while not queue.empty():
+            items.append(queue.get_nowait())
+        batch = []
+        for rid, event in items:
+            choice = by_id[rid]
+            if isinstance(event, Token):
+                choice.tokens.append(event.id)
+                if event.logprobs is not None:
+                    choice.scores.append(event.logprobs)
+                batch.append((choice, choice.text.push(token_bytes(ctx, event.id)), False))
+            else:
+                choice.output = event
+                pending.discard(rid)
+                batch.append((choice, choice.text.finish(), True))
+        yield batch
 
 
 def token_bytes(ctx: Context, token: int) -> bytes:

@@ -3,7 +3,8 @@
 One thread runs ``Scheduler.run(serve_until=...)`` for the server's lifetime; handlers only
 ``submit`` requests (``Scheduler.add`` / ``add_group``, thread-safe) and read events from an
 ``asyncio.Queue`` per request, filled from the scheduler thread's callbacks through
-``loop.call_soon_threadsafe`` (no model work on the event loop). ``cancel`` frees a slot at
+``loop.call_soon_threadsafe`` (no model work on the event loop); the events of one step
+share one wake-up of the loop. ``cancel`` frees a slot at
 the next step; ``score`` runs prompt scoring in a worker thread.
 """
 from __future__ import annotations
@@ -53,6 +54,9 @@ class Service:
         self._stop = threading.Event()
         self._ids = itertools.count()
         self._thread = threading.Thread(target=self._serve, name="scheduler", daemon=True)
+        self._pending: list[tuple[Stream, object]] = []  # events not yet on their queues
+        self._pending_lock = threading.Lock()
+        self._flush_scheduled = False
 
     def start(self) -> None:
         self._thread.start()
@@ -113,7 +117,7 @@ class Service:
         stream = self._stream(request_id)
         if stream is not None:
             event, stream.pending_logprobs = Token(token, now, stream.pending_logprobs), None
-            _deliver(stream, event)
+            self._deliver(stream, event)
 
     def _on_finish(self, out: RequestOutput) -> None:
         if self.observer is not None:
@@ -121,11 +125,23 @@ class Service:
         with self._lock:
             stream = self._streams.pop(out.id, None)
         if stream is not None:
-            _deliver(stream, out)
+            self._deliver(stream, out)
 
+    def _deliver(self, stream: Stream, event) -> None:
+        """Queue an event for the loop; one wake-up carries everything pending."""
+        with self._pending_lock:
+            self._pending.append((stream, event))
+            if self._flush_scheduled:
+                return
+            self._flush_scheduled = True
+        try:
+            stream.loop.call_soon_threadsafe(self._flush)
+        except RuntimeError:  # the event loop is closed: the server is shutting down
+            pass
 
-def _deliver(stream: Stream, event) -> None:
-    try:
-        stream.loop.call_soon_threadsafe(stream.queue.put_nowait, (stream.id, event))
-    except RuntimeError:  # the event loop is closed: the server is shutting down
-        pass
+    def _flush(self) -> None:
+        """In the event loop: move pending events onto their streams' queues."""
+        with self._pending_lock:
+            pending, self._pending, self._flush_scheduled = self._pending, [], False
+        for stream, event in pending:
+            stream.queue.put_nowait((stream.id, event))

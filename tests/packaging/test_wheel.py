@@ -67,3 +67,7 @@ def test_plain_install_runs_generate(wheel, tmp_path):
     where = subprocess.run([str(bin_dir / "python"), "-c", "import rwkv7_apps; print(rwkv7_apps.__file__)"],
                            capture_output=True, text=True, env=env, cwd=tmp_path)
     assert str(env_dir) in where.stdout
+    # the server's stack came with the plain install too (rwkv7-serve needs no extra)
+    serve = subprocess.run([str(bin_dir / "python"), "-c", "import rwkv7_apps.serve.app, uvicorn"],
+                           capture_output=True, text=True, env=env, cwd=tmp_path)
+    assert serve.returncode == 0 and (bin_dir / "rwkv7-serve").is_file(), serve.stderr[-2000:]
