@@ -18,8 +18,9 @@ ends (vLLM's ``--max-concurrency`` style), streamed, with the official openai cl
    at the same concurrency, fed to ``Scheduler.run`` by its callbacks; TTFT from ``add``.
 
 Per concurrency: request throughput (req/s), output tok/s, TTFT / ITL / latency p50 and p99,
-for both; the overhead of HTTP is the difference in mean latency per request and the ratio
-of output rates. Writes http_serving_<tag>.json and .md under --out.
+and CPU milliseconds per output token (HTTP: the server process and the client separately;
+in-process: this process), for both; the overhead of HTTP is the difference in mean
+latency per request and the ratio of output rates. Writes http_serving_<tag>.json and .md under --out.
 ``gpu_check_section(out_dir, budget_s)`` is the short run benchmarks/gpu_check.py calls.
 """
 from __future__ import annotations
@@ -120,6 +121,15 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def process_cpu_s(pid: int) -> float | None:
+    """User + system CPU seconds of a process (Linux /proc), None elsewhere."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def run_http_levels(args, workloads: dict[int, list]) -> dict:
     port = _free_port()
     proc = start_server(args, port)
@@ -127,7 +137,15 @@ def run_http_levels(args, workloads: dict[int, list]) -> dict:
     try:
         warm = workloads[max(workloads)][:max(workloads)]
         asyncio.run(http_level(url, f"random-{args.model}", warm, max(workloads)))
-        return {c: asyncio.run(http_level(url, f"random-{args.model}", reqs, c)) for c, reqs in workloads.items()}
+        out = {}
+        for c, reqs in workloads.items():
+            server0, client0 = process_cpu_s(proc.pid), time.process_time()
+            out[c] = asyncio.run(http_level(url, f"random-{args.model}", reqs, c))
+            server1, tokens = process_cpu_s(proc.pid), out[c]["output_tokens"]
+            out[c]["cpu_ms_per_token"] = {
+                "server": None if server0 is None else (server1 - server0) / tokens * 1e3,
+                "client": (time.process_time() - client0) / tokens * 1e3}
+        return out
     finally:
         proc.terminate()
         proc.wait(timeout=30)
@@ -175,7 +193,12 @@ def run_inprocess_levels(args, workloads: dict[int, list]) -> dict:
     engine.compile_prefill()
     sched = Scheduler(engine, config)
     inprocess_level(sched, workloads[max(workloads)][:max(workloads)], max(workloads))  # warm-up
-    return {c: inprocess_level(sched, reqs, c) for c, reqs in workloads.items()}
+    out = {}
+    for c, reqs in workloads.items():
+        cpu0 = time.process_time()
+        out[c] = inprocess_level(sched, reqs, c)
+        out[c]["cpu_ms_per_token"] = {"process": (time.process_time() - cpu0) / out[c]["output_tokens"] * 1e3}
+    return out
 
 
 # ----------------------------------------------------------------------------- report
@@ -192,21 +215,29 @@ def markdown(results: dict) -> str:
              f"Model `{a['model']}` ({a['backend']}), max_batch {a['max_batch']}, prompts {a['prompt_len']} tokens "
              f"(log-uniform), outputs {a['output_len']} tokens (uniform), greedy, streamed; "
              f"{results['environment']['machine']}.", "",
-             "| C | side | req/s | out tok/s | TTFT p50 / p99 ms | ITL p50 / p99 ms | latency p50 / p99 ms |",
-             "|---|---|---|---|---|---|---|"]
+             "| C | side | req/s | out tok/s | TTFT p50 / p99 ms | ITL p50 / p99 ms | latency p50 / p99 ms "
+             "| CPU ms / token |", "|---|---|---|---|---|---|---|---|"]
     for c in results["http"]:
         for side in ("http", "inprocess"):
             r = results[side][c]
             lines.append(f"| {c} | {side} | {r['request_throughput']:.2f} | {r['output_tok_s']:.0f} | "
                          f"{r['ttft_ms']['p50']:.1f} / {r['ttft_ms']['p99']:.1f} | "
                          f"{r['itl_ms']['p50']:.2f} / {r['itl_ms']['p99']:.2f} | "
-                         f"{r['latency_ms']['p50']:.0f} / {r['latency_ms']['p99']:.0f} |")
+                         f"{r['latency_ms']['p50']:.0f} / {r['latency_ms']['p99']:.0f} | {_cpu(r)} |")
     lines += ["", "HTTP layer overhead (HTTP minus in-process `Scheduler.run`, same requests, same concurrency):", "",
               "| C | mean latency added ms | mean TTFT added ms | output tok/s ratio |", "|---|---|---|---|"]
     for c, o in results["overhead"].items():
         lines.append(f"| {c} | {o['latency_mean_ms_added']:.1f} | {o['ttft_mean_ms_added']:.1f} | "
                      f"{o['output_tok_s_ratio']:.2f} |")
     return "\n".join(lines) + "\n"
+
+
+def _cpu(row: dict) -> str:
+    cpu = row["cpu_ms_per_token"]
+    if "process" in cpu:
+        return f"{cpu['process']:.2f}"
+    server = "?" if cpu["server"] is None else f"{cpu['server']:.2f}"
+    return f"server {server} + client {cpu['client']:.2f}"
 
 
 def run(args) -> dict:
@@ -252,7 +283,8 @@ def parser() -> argparse.ArgumentParser:
 def main(argv=None) -> dict:
     args = parser().parse_args(argv)
     if args.smoke:
-        args.concurrency, args.requests, args.prompt_len, args.output_len, args.max_batch = [1, 4], 8, [4, 32], [4, 8], 4
+        args.concurrency, args.requests, args.max_batch = [1, 4], 8, 4
+        args.prompt_len, args.output_len = [4, 32], [4, 8]
         args.tag = args.tag if args.tag != "cpu_tiny" else "smoke"
     results = run(args)
     print(markdown(results))

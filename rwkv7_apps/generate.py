@@ -135,6 +135,8 @@ def make_request(item: InputRequest, defaults: dict[str, Any], args, vocab_size:
     def fail(why: str) -> InputError:
         return InputError(item.line, item.id, f"line {item.line}: {why}")
 
+    if "logprobs" in item.overrides:
+        return fail("unknown sampling field 'logprobs' (token logprobs are served by rwkv7-serve)")
     fields = {**defaults, **item.overrides}
     if fields.get("seed") is None:
         fields["seed"] = request_seed(args.seed, item.id)

@@ -314,7 +314,8 @@ class Scheduler:
         insert, never alias it) and the first token drawn with its own params."""
         forks, entry.forks = entry.forks, []
         for fork in forks:
-            fork.cached_tokens, fork.prefill_seconds, fork.error = entry.cached_tokens, entry.prefill_seconds, entry.error
+            fork.cached_tokens, fork.prefill_seconds = entry.cached_tokens, entry.prefill_seconds
+            fork.error = entry.error
             if entry.error is None:
                 fork.row = entry.row
                 fork.first_token = int(self.engine.sample(entry.row, fork.params, 0))

@@ -140,7 +140,8 @@ def _tokens(ctx: Context, prompt, param: str) -> list[int]:
         return ctx.tokenizer.encode(prompt)
     for pos, t in enumerate(prompt):
         if not 0 <= t < ctx.vocab_size:
-            raise APIError(400, f"{param}: token id {t} at position {pos} is outside the vocabulary [0, {ctx.vocab_size})",
+            raise APIError(400, f"{param}: token id {t} at position {pos} is outside the vocabulary "
+                                f"[0, {ctx.vocab_size})",
                            param)
     return list(prompt)
 
@@ -168,7 +169,8 @@ def _params(ctx: Context, body, stops: list[str], max_tokens, logprobs) -> Sampl
 
 
 # ----------------------------------------------------------------------------- running
-async def submit(ctx: Context, job: Job, groups: list[list[Request]]) -> tuple[asyncio.Queue, list[TokenLogprobs | None]]:
+async def submit(ctx: Context, job: Job,
+                 groups: list[list[Request]]) -> tuple[asyncio.Queue, list[TokenLogprobs | None]]:
     """Queue the job's requests; score the prompts first when echo asks for logprobs."""
     scores = [None] * len(job.prompts)
     if job.echo and job.logprobs is not None:
