@@ -250,7 +250,8 @@ def run(args) -> dict:
     local = run_inprocess_levels(args, workloads)
     results = {"tag": args.tag, "args": {k: v for k, v in vars(args).items() if k != "out"},
                "environment": {"machine": f"{platform.machine()} {os.cpu_count()} CPUs, jax {jax.__version__} "
-                                          f"({jax.default_backend()})", "python": platform.python_version()},
+                                          f"({jax.default_backend()}), load average {os.getloadavg()[0]:.1f} at the end",
+                               "python": platform.python_version()},
                "http": http, "inprocess": local, "overhead": overhead(http, local)}
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
