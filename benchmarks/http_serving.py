@@ -32,6 +32,7 @@ import os
 import platform
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -68,12 +69,16 @@ def start_server(args, port: int) -> subprocess.Popen:
     cmd = [sys.executable, "-m", "rwkv7_apps.serve", "--random-model", args.model, "--port", str(port),
            "--backend", args.backend, "--max-batch", str(args.max_batch), "--precompile",
            "--max-waiting", "100000", "--max-prompt-tokens", str(args.prompt_len[1])]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    root = str(Path(__file__).resolve().parents[1])  # the server runs this checkout's packages
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep))
+    log = tempfile.TemporaryFile()  # never a pipe nobody drains
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
     import urllib.request
     deadline = time.monotonic() + args.startup_timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise RuntimeError(f"server exited: {proc.stderr.read()[-2000:]}")
+            log.seek(0)
+            raise RuntimeError(f"server exited: {log.read()[-2000:].decode(errors='replace')}")
         try:
             with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5) as r:
                 if r.status == 200:
