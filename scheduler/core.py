@@ -122,8 +122,9 @@ class Scheduler:
         """Queue requests that share one prompt (e.g. the ``n`` choices of one completion):
         the prompt is prefilled once and each request then draws from, and decodes, its own
         copy of that row with its own params (seed). Invalid ones finish FAILED alone."""
-        if len({tuple(np.asarray(r.prompt_tokens).ravel().tolist()) for r in requests}) > 1:
-            raise ValueError("add_group needs requests with the same prompt_tokens")
+        if (len({tuple(np.asarray(r.prompt_tokens).ravel().tolist()) for r in requests}) > 1
+                or any(r.initial_state is not requests[0].initial_state for r in requests)):
+            raise ValueError("add_group needs requests with the same prompt_tokens and initial_state")
         entries = [self._new_entry(r) for r in requests]
         runnable = [e for e in entries if self._needs_prefill(e)]
         with self._cond:
