@@ -21,6 +21,7 @@ from .common import next_pow2, pow2_divisor, require, triton_params
 MAX_M = 16             # the largest row count this kernel serves (callers fall back to XLA above)
 MAX_BLOCK_N = 64       # output columns per program (a power of two dividing N is used)
 MAX_BLOCK_K = 256      # widest K tile (a power of two dividing K is used)
+MAX_BLOCK_K_F32_DOT = 64  # widest K tile of the float32 M > 1 (FMA dot, no TF32) path: see block_k_for
 MIN_BLOCK = 16         # tl.dot needs >= 16 on every side; N or K without such a divisor is refused
 TARGET_PROGRAMS = 1024  # aim for this many programs (>= ~8 per SM on an H200) when choosing splits
 
@@ -44,6 +45,15 @@ def linear_reference(x, w, out_dtype=None):
     """x [M, K] @ w [N, K].T accumulated in float32; result in out_dtype (default x.dtype).
     The model's XLA op."""
     return matmul_f32(x, w).astype(out_dtype or x.dtype)
+
+
+def block_k_for(M: int, K: int, dtype) -> int:
+    """K tile width: the largest power of two dividing K, up to MAX_BLOCK_K. A float32 M > 1
+    tile is an exact FMA dot (no TF32): at [16, 256] x [256, 64] each thread unrolls 2048 FMAs
+    and ptxas (sm_90a) spills 9 KB (32 registers, 7.5 KB stack); 64-wide tiles need 122
+    registers and no spill, so float32 M > 1 is capped at MAX_BLOCK_K_F32_DOT."""
+    exact_dot = M > 1 and jnp.dtype(dtype) == jnp.float32
+    return pow2_divisor(K, MAX_BLOCK_K_F32_DOT if exact_dot else MAX_BLOCK_K)
 
 
 def choose_splits(N: int, K: int, block_k: int, target: int = TARGET_PROGRAMS) -> int:
@@ -92,7 +102,7 @@ def small_m_linear(x, w, *, out_dtype=None, splits: int | None = None, interpret
     require(Kw == K, f"small_m_linear: w must be [N, K] with K={K}, got {w.shape}")
     require(supports(M, N, K), f"small_m_linear: unsupported M={M}, N={N}, K={K} (need M <= {MAX_M} "
                                f"and power-of-two divisors of N and K >= {MIN_BLOCK})")
-    block_k = pow2_divisor(K, MAX_BLOCK_K)
+    block_k = block_k_for(M, K, x.dtype)
     block_n = pow2_divisor(N, MAX_BLOCK_N)
     splits = splits or choose_splits(N, K, block_k)
     require((K // block_k) % splits == 0, f"small_m_linear: splits={splits} must divide {K // block_k}")

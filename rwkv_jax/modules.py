@@ -155,11 +155,16 @@ class RWKV7(nnx.Module):
         ffn_shift [P, L, C]) -> (logits float32 [rows.outputs rows, V], new state)."""
         ln0_w, ln0_b, lnout_w, lnout_b = self.ln[...]
         h = layer_norm(jnp.take(self.emb[...], tokens, axis=0), ln0_w, ln0_b)
-        delta, v_first, per_layer = None, None, []
+        delta, v_first, state = None, None, tuple(state)
         for layer, block in enumerate(self.blocks):
             layer_state = tuple(leaf[:, layer] for leaf in state)
             h, delta, layer_state, v_first = block(h, delta, layer_state, v_first, ops=ops, rows=rows)
-            per_layer.append(layer_state)
+            # Written back layer by layer into the (donated) state: each layer's slice is read
+            # before it is overwritten, so XLA updates the buffer in place; stacking the new
+            # layers instead made XLA:GPU copy the whole wkv state first (100 MB per step at
+            # 1.5b, B=8, measured deviceless).
+            state = tuple(jax.lax.dynamic_update_index_in_dim(leaf, new.astype(leaf.dtype), layer, 1)
+                          for leaf, new in zip(state, layer_state))
         h = rows.outputs(h + delta)
         logits = ops.linear(layer_norm(h, lnout_w, lnout_b), self.head[...]).astype(F32)
-        return logits, tuple(jnp.stack(leaves, axis=1) for leaves in zip(*per_layer))
+        return logits, state

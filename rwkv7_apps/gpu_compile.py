@@ -1,0 +1,122 @@
+"""``rwkv7-gpu-compile``: compile the engine's executables for an H200 (or another described
+GPU) on a machine without one, and report what was built.
+
+    rwkv7-gpu-compile (--model PATH | --shape NAME) [--dtype bfloat16|float16|float32]
+        [--kernels pallas|xla] [--buckets 1x1,2x1,...,256x1,1x256] [--target h200|h100|FILE.txtpb]
+        [--json OUT] [--plugin-dir DIR] [--pallas-only-ptxas]
+
+Buckets: ``BxT`` with T=1 is the decode step with sampling, B=1 and T>1 a prefill piece,
+otherwise the forward over B x T tokens; ``varlen:T`` and ``mixed:BxT`` the varlen prefill and
+mixed step. Prints one line per bucket (launches and device copies per run, the Pallas
+kernels' worst registers / spills / shared memory) and the Pallas kernels' resources; exits
+0 only if every bucket compiled (1 otherwise, 2 for bad options). Needs the CUDA plugin of
+the installed jax (see rwkv_jax.deviceless); JAX_PLATFORMS defaults to cpu.
+"""
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("JAX_PLATFORMS", "cpu")  # before jax is imported: the CPU stays the default backend
+
+import argparse  # noqa: E402
+import json  # noqa: E402
+import sys  # noqa: E402
+
+from rwkv7_core.config import NAMED_CONFIGS, named_config  # noqa: E402
+
+DECODE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+DEFAULT_BUCKETS = ",".join([f"{b}x1" for b in DECODE_BUCKETS] + ["1x256"])
+PALLAS_PREFIX = "rwkv7"
+
+
+def parse_args(argv):
+    p = argparse.ArgumentParser(prog="rwkv7-gpu-compile", description=__doc__.split("\n\n")[0])
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--model", help="checkpoint (.pth or .safetensors): its shapes are used")
+    src.add_argument("--shape", choices=sorted(NAMED_CONFIGS), help="a named shape (no weights are made)")
+    p.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16", "float32"))
+    p.add_argument("--kernels", default="pallas", choices=("pallas", "xla"))
+    p.add_argument("--buckets", default=DEFAULT_BUCKETS, help=f"comma-separated (default {DEFAULT_BUCKETS})")
+    p.add_argument("--target", default="h200", help="bundled target name (h200, h100) or a GpuTargetConfig .txtpb")
+    p.add_argument("--json", help="write the results here")
+    p.add_argument("--plugin-dir", help="directory holding the jax CUDA plugin (else $RWKV7_CUDA_PLUGIN_DIR)")
+    p.add_argument("--pallas-only-ptxas", action="store_true",
+                   help="run ptxas on the Pallas kernels only (faster; XLA's kernels get no registers)")
+    return p.parse_args(argv)
+
+
+def pallas_rows(result) -> list:
+    return [k for k in (result.report.kernels if result.report else []) if k.name.startswith(PALLAS_PREFIX)]
+
+
+def bucket_line(result) -> str:
+    b = result.bucket
+    head = f"{b.label():>12} {b.kind:>7} {b.path:>14}"
+    if not result.ok:
+        return f"{head}  FAILED after {result.compile_s:.1f}s: {result.error[:300]}"
+    s = result.report.summary()
+    pallas = pallas_rows(result)
+    regs = max((k.registers or 0 for k in pallas), default=0)
+    spills = sum(k.spill_bytes or 0 for k in pallas)
+    smem = max((k.shared_bytes for k in result.report.kernels), default=0)
+    return (f"{head} {result.compile_s:8.1f} {s['launches']:8d} {s['copies']:6d} {s['copy_bytes'] / 1e6:9.2f} "
+            f"{sum(k.launches for k in pallas):7d} {regs:5d} {spills:7d} {smem:8d}")
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    from rwkv_jax import deviceless
+
+    try:
+        buckets = [deviceless.Bucket.parse(b) for b in args.buckets.split(",") if b.strip()]
+        target = deviceless.load_target(args.target)
+        if args.model:
+            if not os.path.isfile(args.model):
+                raise ValueError(f"--model {args.model}: no such file")
+            from rwkv7_core.checkpoint import read_checkpoint
+            config = read_checkpoint(args.model)[1]
+        else:
+            config = named_config(args.shape)
+        if args.json:
+            json_dir = os.path.dirname(os.path.abspath(args.json))
+            if not os.access(json_dir, os.W_OK):
+                raise ValueError(f"--json {args.json}: directory not writable")
+        engine = deviceless.abstract_engine(config, args.dtype, args.kernels, target, args.plugin_dir)
+    except (ValueError, RuntimeError) as e:
+        print(f"rwkv7-gpu-compile: {e}", file=sys.stderr)
+        return 2
+    import jax
+
+    print(f"{target.device} ({target.arch}, {target.sm_count} SMs, {target.shared_memory_optin} B opt-in shared "
+          f"memory); {args.model or args.shape} {args.dtype} kernels={args.kernels}; jax {jax.__version__}")
+    print(f"{'bucket':>12} {'kind':>7} {'path':>14} {'compile':>8} {'launches':>8} {'copies':>6} {'copy MB':>9} "
+          f"{'pallas':>7} {'regs':>5} {'spill B':>7} {'smem B':>8}")
+    results = []
+    for bucket in buckets:
+        result = deviceless.compile_bucket(engine, bucket, target,
+                                           entry_prefix=PALLAS_PREFIX if args.pallas_only_ptxas else "")
+        results.append(result)
+        print(bucket_line(result), flush=True)
+    print("\nPallas kernels per bucket (registers and spills per thread, shared memory per block):")
+    for r in results:
+        for k in pallas_rows(r):
+            print(f"  {r.bucket.label():>12} {k.name:32} x{k.launches:<4} grid {tuple(k.grid)} threads "
+                  f"{k.threads[0] if k.threads else '-'} regs {k.registers} spill {k.spill_bytes} B shared {k.shared_bytes} B")
+    problems = [f"{r.bucket.label()} {p}" for r in results
+                for p in deviceless.resource_problems(r, target, no_spill=args.dtype != "float32")]
+    problems += [f"{r.bucket.label()} {r.report.ptxas_error}" for r in results if r.report and r.report.ptxas_error]
+    for p in problems:
+        print(f"WARNING {p}")
+    failed = [r.bucket.label() for r in results if not r.ok]
+    print(f"\n{len(results) - len(failed)}/{len(results)} buckets compiled" + (f"; FAILED: {failed}" if failed else ""))
+    if args.json:
+        doc = {"target": target.name, "device": target.device, "jax_version": jax.__version__,
+               "model": args.model or args.shape, "dtype": args.dtype, "kernels": args.kernels,
+               "resource_problems": problems, "buckets": [r.as_dict() for r in results]}
+        with open(args.json, "w") as f:
+            json.dump(doc, f, indent=1)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
