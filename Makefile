@@ -4,6 +4,9 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+# jax's CUDA plugin (no CUDA libraries) for the deviceless GPU compiles of the tests and
+# rwkv7-gpu-compile; kept outside the environment so plain runs never see it.
+CUDA_PLUGIN := $(VENV)/cuda-plugin
 
 .PHONY: demo test bench clean
 
@@ -21,8 +24,13 @@ demo: $(STAMP)
 		--plot /tmp/rwkv7_demo_run.png
 	@echo "outputs: /tmp/rwkv7_demo_out.jsonl  metrics: /tmp/rwkv7_demo_metrics.json  plot: /tmp/rwkv7_demo_run.png"
 
-test: $(STAMP)
-	$(BIN)/python -m pytest -n 2 -q tests
+$(CUDA_PLUGIN)/.installed: $(STAMP)
+	v=$$($(BIN)/python -c 'import jax; print(jax.__version__)') && \
+	$(BIN)/pip install -q --no-deps --target $(CUDA_PLUGIN) "jax-cuda12-plugin==$$v" "jax-cuda12-pjrt==$$v"
+	touch $@
+
+test: $(STAMP) $(CUDA_PLUGIN)/.installed
+	JAX_PLATFORMS=cpu RWKV7_CUDA_PLUGIN_DIR=$(abspath $(CUDA_PLUGIN)) $(BIN)/python -m pytest -n 2 -q tests
 
 bench: $(STAMP)
 	PYTHONPATH=. $(BIN)/python benchmarks/cpu_model_bench.py

@@ -14,12 +14,18 @@ order; the JSON is rewritten after each one, so a run cut short still leaves its
               random 1.5b- and 2.9b-shape models in bf16, kernels=pallas and kernels=xla,
               each as a fraction of its roofline; items run in priority order and the rest
               are marked skipped once the time budget is spent.
-5. serving  — hook for the serving benchmark: if `rwkv7_apps.serving_bench` defines
+5. deviceless — a tiny-model forward compiled for the H200 *description* (no device:
+              rwkv_jax.deviceless), serialized, loaded on this GPU and run: its logits and
+              state must equal those of the same forward compiled here the normal way (the
+              proof that a CPU-side deviceless compile is the real thing); then whether the
+              paper estimates of benchmarks/results/gpu_compile_h200.json held for the
+              decode rows measured in section 4.
+6. serving  — hook for the serving benchmark: if `rwkv7_apps.serving_bench` defines
               `gpu_check_section(out_dir: str, budget_s: float) -> dict`, it runs last with
               SERVING_BUDGET_S seconds reserved; otherwise the section says it is absent.
 
 --smoke runs every section on the CPU with tiny shapes and interpret-mode kernels (a CI
-test does this). Output: <out>/gpu_check.json and <out>/gpu_check.md.
+test does this; the deviceless section then compiles and serializes but cannot load). Output: <out>/gpu_check.json and <out>/gpu_check.md.
 """
 from __future__ import annotations
 
@@ -376,6 +382,55 @@ def goals(rows: list) -> dict:
     return out
 
 
+# ----------------------------------------------------------------------------- deviceless
+ESTIMATES = FsPath(__file__).resolve().parent / "results" / "gpu_compile_h200.json"
+
+
+def run_deviceless(smoke: bool) -> dict:
+    """Deviceless H200 compile of a tiny forward (B=2, T=1), serialized; on a GPU also loaded
+    and run against the same forward compiled on the device (exact equality expected: both
+    are XLA:GPU compiles of one program for sm_90; any other GPU records a load error)."""
+    from rwkv_jax import deviceless
+
+    config, B = named_config("tiny"), 2
+    target = deviceless.load_target("h200")
+    kernels = "xla" if smoke else "pallas"
+    model = deviceless.abstract_engine(config, "float32", kernels, target).model
+    t0 = time.perf_counter()
+    compiled = model.lower((B, 1, False)).compile()
+    blob = deviceless.serialize(compiled)
+    out = {"target": target.device, "kernels": kernels, "compile_s": time.perf_counter() - t0,
+           "serialized_bytes": len(blob)}
+    if smoke:
+        return {**out, "loaded": False, "ok": True, "note": "loading needs a GPU"}
+    params = random_params(config, jnp.float32, seed=5)
+    local = Model(params, config, jnp.float32, kernels)
+    tokens = jax.random.randint(jax.random.key(5), (B, 1), 0, config.vocab_size)
+    want = block(local.executables.get((B, 1, False))(params, tokens, local.init_state(B)))
+    loaded = deviceless.deserialize(blob)
+    got = block(loaded(params, tokens, local.init_state(B)))
+    diff = max(float(jnp.max(jnp.abs(jnp.asarray(g, jnp.float32) - jnp.asarray(w, jnp.float32))))
+               for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want)))
+    return {**out, "loaded": True, "max_abs_diff": diff, "ok": diff == 0.0}
+
+
+def estimate_check(rows: list) -> list:
+    """Measured decode rows beside the deviceless paper estimate for the same bucket."""
+    if not ESTIMATES.exists():
+        return []
+    estimates = {(r["shape"], r["kernels_option"], r["B"], r["T"]): r["estimate"]
+                 for r in json.loads(ESTIMATES.read_text())["rows"] if r.get("ok")}
+    out = []
+    for r in rows:
+        est = estimates.get((r["model"], r["kernels"], r["B"], r["T"]))
+        if est and "step_ms" in r:
+            ratio = r["step_ms"] * 1e3 / est["step_us"]
+            out.append({"model": r["model"], "kernels": r["kernels"], "B": r["B"], "T": r["T"],
+                        "measured_us": r["step_ms"] * 1e3, "estimated_us": est["step_us"],
+                        "measured_over_estimate": ratio, "held_within_2x": 0.5 <= ratio <= 2.0})
+    return out
+
+
 # ----------------------------------------------------------------------------- serving hook
 def load_serving_hook():
     """rwkv7_apps.serving_bench.gpu_check_section if it exists, else (None, reason)."""
@@ -467,6 +522,13 @@ def markdown(results: dict) -> str:
                          f"{r['compute_roofline_fraction']:.2f} | {r['compile_s']:.1f} |")
         lines += ["", "## Goals", ""] + [f"- {k}: {'not measured' if v is None else f'{v:.3g}'}"
                                         for k, v in results.get("goals", {}).items()]
+    dl = results.get("deviceless")
+    if dl:
+        lines += ["", f"## Deviceless H200 executable: {'ok' if dl.get('ok') else 'FAILED'}", "",
+                  "```", json.dumps(dl, indent=1, default=str)[:2000], "```"]
+    for r in results.get("estimate_check", []):
+        lines.append(f"- estimate {r['model']} {r['kernels']} B={r['B']}: measured {r['measured_us']:.0f} us vs "
+                     f"estimated {r['estimated_us']:.0f} us (x{r['measured_over_estimate']:.2f})")
     if results.get("serving"):
         lines += ["", "## Serving", "", "```", json.dumps(results["serving"], indent=1)[:4000], "```"]
     return "\n".join(lines) + "\n"
@@ -545,6 +607,9 @@ def main(argv=None) -> dict:
         save()
 
     on_models(run_models(args.smoke, results["roofline"], budget, reserve, on_models))
+    results["deviceless"] = attempt({}, run_deviceless, args.smoke)
+    results["estimate_check"] = estimate_check(results["models"])
+    save()
     if hook and not args.smoke:
         results["serving"] = attempt({}, hook, out_dir=str(out_dir),
                                      budget_s=min(SERVING_BUDGET_S, max(budget.left(), 0)))

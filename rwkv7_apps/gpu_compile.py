@@ -103,7 +103,7 @@ def main(argv=None) -> int:
             print(f"  {r.bucket.label():>12} {k.name:32} x{k.launches:<4} grid {tuple(k.grid)} threads "
                   f"{k.threads[0] if k.threads else '-'} regs {k.registers} spill {k.spill_bytes} B shared {k.shared_bytes} B")
     problems = [f"{r.bucket.label()} {p}" for r in results
-                for p in deviceless.resource_problems(r, target, no_spill=args.dtype != "float32")]
+                for p in deviceless.resource_problems(r.report, target, no_spill=True)]
     problems += [f"{r.bucket.label()} {r.report.ptxas_error}" for r in results if r.report and r.report.ptxas_error]
     for p in problems:
         print(f"WARNING {p}")

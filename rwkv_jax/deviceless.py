@@ -35,7 +35,7 @@ import jax
 from rwkv7_core.config import ModelConfig
 
 from .engine import JaxEngine
-from .gpu_dump import StepReport, step_report
+from .gpu_dump import StepReport, base_name, step_report  # noqa: F401 (base_name: re-exported)
 from .kernels import Kernels
 from .model import DTYPES, Model
 from .paths import select_path
@@ -243,10 +243,20 @@ def compile_bucket(engine: JaxEngine, bucket: Bucket, target: GpuTarget, *, ptxa
     return BucketResult(bucket, True, None, seconds, report, compiled if keep_compiled else None)
 
 
-def resource_problems(result: BucketResult, target: GpuTarget, no_spill: bool) -> list[str]:
+def compile_function(fn, args, target: GpuTarget, *, plugin_dir: str | None = None, ptxas: bool = True,
+                     entry_prefix: str = "") -> StepReport:
+    """Compile ``jax.jit(fn)`` for target on args (a tuple of pytrees of arrays or structs,
+    placed on the target device here) and return its StepReport; a failing compile raises."""
+    structs = placed(args, target_device(target, plugin_dir))
+    with tempfile.TemporaryDirectory(prefix="rwkv7_gpu_dump_") as dump:
+        jax.jit(fn).trace(*structs).lower().compile({"xla_dump_to": dump})
+        return step_report(dump, ptxas=ptxas, entry_prefix=entry_prefix, arch=target.arch)
+
+
+def resource_problems(report: StepReport | None, target: GpuTarget, no_spill: bool) -> list[str]:
     """Kernels over the target's opt-in shared memory, or (no_spill) spilling registers."""
     problems = []
-    for k in result.report.kernels if result.report else []:
+    for k in report.kernels if report else []:
         if k.shared_bytes > target.shared_memory_optin:
             problems.append(f"{k.name}: {k.shared_bytes} B shared memory > {target.shared_memory_optin} B")
         if no_spill and k.spill_bytes:

@@ -42,6 +42,12 @@ def _wkv7_seq_kernel(r_ptr, w_ptr, k_ptr, v_ptr, kk_ptr, a_ptr, s_in_ptr, y_ptr,
 
 INTERPRETED = type(_wkv7_seq_kernel).__name__ == "InterpretedFunction"
 """Whether the kernels were built for the Triton interpreter (TRITON_INTERPRET=1 at import)."""
+KERNEL = _wkv7_seq_kernel  # for ahead-of-time compiles (rwkv_torch_ref.triton_aot)
+
+
+def constexprs(H: int, N: int) -> dict:
+    """The kernel's compile-time constants for H heads of size N."""
+    return dict(H=H, N=N)
 
 
 def wkv7_seq(r, w, k, v, kk, a, S):
@@ -55,5 +61,5 @@ def wkv7_seq(r, w, k, v, kk, a, S):
     ins = [x.to(torch.float32).contiguous() for x in (r, w, k, v, kk, a, S)]
     y = torch.empty((B, T, H, N), dtype=torch.float32, device=r.device)
     s_out = torch.empty((B, H, N, N), dtype=torch.float32, device=r.device)
-    _wkv7_seq_kernel[(B * H,)](*ins, y, s_out, T, H=H, N=N)
+    _wkv7_seq_kernel[(B * H,)](*ins, y, s_out, T, **constexprs(H, N))
     return y, s_out

@@ -52,6 +52,14 @@ def _wkv7_step_kernel(r_ptr, w_ptr, k_ptr, v_ptr, a_ptr, kk_w_ptr, ka_ptr, rk_pt
     tl.store(y_ptr + off, y)
 
 
+KERNEL = _wkv7_step_kernel  # for ahead-of-time compiles (rwkv_torch_ref.triton_aot)
+
+
+def constexprs(H: int, N: int) -> dict:
+    """The kernel's compile-time constants for H heads of size N."""
+    return dict(H=H, N=N, DECAY=DECAY_SCALE, KK_EPS=KK_EPS, GN_EPS=GROUP_NORM_EPS)
+
+
 def wkv7_step_fused(r, w_raw, k, v, a, p: CoreParams, S):
     """Fused T=1 time-mix core. r, w_raw, k, v, a float32 [B, 1, C] (or [B, C]);
     p: CoreParams (float32); S float32 [B, H, N, N]. Returns (y [B, 1, C], S_new)."""
@@ -64,6 +72,5 @@ def wkv7_step_fused(r, w_raw, k, v, a, p: CoreParams, S):
     ins = [x.to(torch.float32).contiguous() for x in (r, w_raw, k, v, a, *p, S)]
     y = torch.empty((B, 1, C), dtype=torch.float32, device=r.device)
     s_out = torch.empty((B, H, N, N), dtype=torch.float32, device=r.device)
-    _wkv7_step_kernel[(B * H,)](*ins, y, s_out, H=H, N=N, DECAY=DECAY_SCALE, KK_EPS=KK_EPS,
-                                GN_EPS=GROUP_NORM_EPS)
+    _wkv7_step_kernel[(B * H,)](*ins, y, s_out, **constexprs(H, N))
     return y, s_out

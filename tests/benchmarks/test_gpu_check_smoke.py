@@ -10,11 +10,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+from rwkv_jax.deviceless import PLUGIN_DIR_ENV
+from tests.gpu_target import PLUGIN_DIR
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def run_script(*args, timeout=900):
-    env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": str(ROOT), PLUGIN_DIR_ENV: PLUGIN_DIR}
     return subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_check.py"), *args],
                           capture_output=True, text=True, timeout=timeout, env=env, cwd=ROOT)
 
@@ -37,6 +40,8 @@ def test_gpu_check_smoke_writes_a_complete_report(tmp_path):
     for row in models:
         assert row["tok_s"] > 0 and math.isfinite(row["roofline_fraction"])
     assert set(results["goals"]) and results["serving"]["status"] in ("absent", "skipped in --smoke")
+    deviceless = results["deviceless"]  # the CPU side: compiled for the H200 and serialized
+    assert deviceless["ok"] and deviceless["serialized_bytes"] > 0 and not deviceless["loaded"], deviceless
     markdown = (tmp_path / "gpu_check.md").read_text()
     assert "## Parity: all ok" in markdown and "## Models" in markdown
 

@@ -1,0 +1,21 @@
+"""The H200 target of the deviceless-compile tests (not a test module).
+
+The CUDA plugin comes from $RWKV7_CUDA_PLUGIN_DIR (set by `make test`), else from
+.venv/cuda-plugin of the checkout; without it these tests fail (they never skip)."""
+import os
+from pathlib import Path
+
+from rwkv_jax import deviceless
+
+ROOT = Path(__file__).resolve().parents[1]
+PLUGIN_DIR = os.environ.get(deviceless.PLUGIN_DIR_ENV) or str(ROOT / ".venv" / "cuda-plugin")
+H200 = deviceless.load_target("h200")
+
+
+def engine(config, dtype: str, kernels: str):
+    """A JaxEngine of abstract weights placed on the H200."""
+    return deviceless.abstract_engine(config, dtype, kernels, H200, plugin_dir=PLUGIN_DIR)
+
+
+def sharding():
+    return deviceless.target_device(H200, plugin_dir=PLUGIN_DIR)

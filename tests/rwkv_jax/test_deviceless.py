@@ -1,0 +1,117 @@
+"""The whole engine compiles for an H200 on this CPU-only machine (rwkv_jax.deviceless): the
+decode step with sampling at B=1 and every default decode bucket, prefill pieces and dense
+forwards at odd and even T, and the varlen / mixed executables, with kernels="pallas" and
+"xla", for the tiny shape, an odd shape (C=192, three heads, odd low-rank widths) and the
+1.5b shape (shapes only). What the compile built is checked too: the Pallas kernels a step
+launches per layer, no spill in a decode kernel, shared memory under the opt-in limit, and
+no copy of the whole donated wkv state."""
+from __future__ import annotations
+
+import functools
+
+import pytest
+
+from rwkv7_core import named_config
+from rwkv7_core.state import state_shapes
+from rwkv_jax import deviceless
+from tests.gpu_target import H200, engine
+from tests.shapes import ODD_CONFIG
+
+CONFIGS = {"tiny": named_config("tiny"), "odd": ODD_CONFIG, "1.5b": named_config("1.5b")}
+DECODE = [f"{b}x1" for b in (1, 2, 4, 8, 16, 32, 64, 128, 256)]
+DENSE = ["1x17", "2x17", "3x33", "2x16", "1x64", "5x3"]
+
+
+@functools.lru_cache(maxsize=None)
+def _engine(shape: str, dtype: str, kernels: str):
+    return engine(CONFIGS[shape], dtype, kernels)
+
+
+def compile_ok(shape: str, kernels: str, label: str, dtype: str = "bfloat16", ptxas: bool = False):
+    result = deviceless.compile_bucket(_engine(shape, dtype, kernels), deviceless.Bucket.parse(label), H200,
+                                       ptxas=ptxas, entry_prefix="rwkv7")
+    assert result.ok, result.error
+    assert result.report.launches
+    assert deviceless.resource_problems(result.report, H200, no_spill=True) == []
+    return result
+
+
+def wkv_state_bytes(config, B: int) -> int:
+    L, H, N = config.n_layer, config.n_head, config.head_size
+    assert state_shapes(config, B)["wkv"] == (B, L, H, N, N)
+    return B * L * H * N * N * 4
+
+
+@pytest.mark.parametrize("kernels", ["pallas", "xla"])
+@pytest.mark.parametrize("shape", ["tiny", "odd"])
+def test_decode_steps_compile_for_every_bucket(shape, kernels):
+    config = CONFIGS[shape]
+    for label in DECODE:
+        result = compile_ok(shape, kernels, label, ptxas=kernels == "pallas")
+        B = result.bucket.B
+        if B > 1:  # the donated state is updated in place (B=1 copies single-layer slices)
+            largest = max((c.bytes for c in result.report.copies), default=0)
+            assert largest < wkv_state_bytes(config, B) / config.n_layer, result.report.summary()
+        if kernels == "pallas":
+            counts = result.report.launch_counts("rwkv7")
+            assert counts["rwkv7_wkv_step"] == config.n_layer
+            assert counts["rwkv7_shift_mix"] == 2 * config.n_layer
+        else:
+            assert result.report.launch_counts("rwkv7") == {}
+
+
+@pytest.mark.parametrize("kernels", ["pallas", "xla"])
+@pytest.mark.parametrize("shape", ["tiny", "odd"])
+def test_dense_paths_compile_at_odd_and_even_T(shape, kernels):
+    for label in DENSE:
+        result = compile_ok(shape, kernels, label)
+        assert result.bucket.path == "DENSE"
+        if kernels == "pallas":
+            assert result.report.launch_counts("rwkv7") == {"rwkv7_wkv_seq": CONFIGS[shape].n_layer}
+
+
+@pytest.mark.parametrize("kernels", ["pallas", "xla"])
+def test_varlen_and_mixed_executables_compile(kernels):
+    for label in ("varlen:64", "mixed:4x32"):
+        compile_ok("tiny", kernels, label)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float32"])
+def test_other_dtypes_compile_without_spills(dtype):
+    for label in ("1x1", "16x1", "2x17"):
+        compile_ok("tiny", "pallas", label, dtype=dtype, ptxas=True)
+
+
+@pytest.mark.parametrize("label", ["1x1", "256x1"])
+@pytest.mark.parametrize("kernels", ["pallas", "xla"])
+def test_1_5b_decode_compiles(kernels, label):
+    result = compile_ok("1.5b", kernels, label, ptxas=kernels == "pallas")
+    if kernels == "pallas" and label == "1x1":
+        counts = result.report.launch_counts("rwkv7")
+        assert counts["rwkv7_wkv_step"] == 24 and counts["rwkv7_sparse_value_product"] == 24
+
+
+@pytest.mark.parametrize("kernels", ["pallas", "xla"])
+def test_1_5b_odd_prefill_compiles(kernels):
+    compile_ok("1.5b", kernels, "1x17")
+
+
+def test_buckets_parse_into_the_engine_executables():
+    assert deviceless.Bucket.parse("1x1") == deviceless.Bucket("step", 1, 1)
+    assert deviceless.Bucket.parse("1x64") == deviceless.Bucket("prefill", 1, 64)
+    assert deviceless.Bucket.parse("3x17") == deviceless.Bucket("forward", 3, 17)
+    assert deviceless.Bucket.parse("varlen:128") == deviceless.Bucket("varlen", 1, 128)
+    assert deviceless.Bucket.parse("mixed:8x64").path == "DENSE"
+    assert deviceless.Bucket.parse("300x1").path == "DENSE" and deviceless.Bucket.parse("300x1").kind == "step"
+    for bad in ("1x", "x1", "0x1", "foo:3", "2", "varlen:x"):
+        with pytest.raises(ValueError, match="bucket"):
+            deviceless.Bucket.parse(bad)
+
+
+def test_targets_carry_the_device_facts():
+    assert H200.compute_capability == (9, 0) and H200.arch == "sm_90a"
+    assert H200.sm_count == 132 and H200.shared_memory_optin == 232448 and H200.memory_bandwidth == 4.8e12
+    h100 = deviceless.load_target("h100")
+    assert h100.memory_bandwidth == 3.35e12 and h100.sm_count == 132
+    with pytest.raises(ValueError, match="unknown GPU target"):
+        deviceless.load_target("h999")
