@@ -5,10 +5,13 @@ at load time, so check_resources does)."""
 from __future__ import annotations
 
 import dataclasses
+import os
 
-import pytest
+os.environ.setdefault("TRITON_INTERPRET", "1")  # as test_triton_kernels: this process runs kernels interpreted
 
-from rwkv_torch_ref import triton_aot
+import pytest  # noqa: E402
+
+from rwkv_torch_ref import triton_aot  # noqa: E402
 
 
 @pytest.mark.parametrize("name", sorted(triton_aot.KERNELS))
