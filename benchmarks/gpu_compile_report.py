@@ -50,7 +50,7 @@ def markdown(doc: dict) -> str:
     lines = [f"# Deviceless compile for {doc['device']} ({doc['date_utc']}, jax {doc['jax_version']})", "",
              "Compiled on a 2-core CPU with no GPU (rwkv_jax.deviceless). **Step times are paper estimates**: "
              f"bytes moved / {doc['bandwidth_TBps']} TB/s + launches x {LAUNCH_US} us (assumed per-launch cost), "
-             "not measurements.", "",
+             "not measurements.", ""] + ([doc["note"], ""] if doc.get("note") else []) + [
              "| shape | kernels | bucket | ok | compile s | launches | copies (MB) | Pallas launches | worst regs | "
              "spill B | max smem B | est. step us (memory + launches) | est. tok/s |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
@@ -64,7 +64,8 @@ def markdown(doc: dict) -> str:
         lines.append(f"{head} {r['launches']} | {r['copies']} ({r['copy_bytes'] / 1e6:.2f}) | "
                      f"{sum(k['launches'] for k in pallas)} | {max((k['registers'] or 0 for k in pallas), default=0)} | "
                      f"{sum(k['spill_bytes'] or 0 for k in pallas)} | {max((k['shared_bytes'] for k in r['kernels']), default=0)} | "
-                     f"{e['step_us']:.0f} ({e['memory_us']:.0f} + {e['launch_us']:.0f}) | {e['tok_s']:,.0f} |")
+                     + (f"{e['step_us']:.0f} ({e['memory_us']:.0f} + {e['launch_us']:.0f}) | {e['tok_s']:,.0f} |"
+                        if r["T"] == 1 else "n/a: a prefill is compute-bound | |"))
     lines += ["", "## Decode estimate beside the anchors", ""]
     for r in doc["rows"]:
         if r["ok"] and r["T"] == 1 and r["B"] in (1, 32, 256):
