@@ -158,7 +158,7 @@ def model_bench(name: str, max_batch: int, n_requests: int) -> dict:
     return {
         "model": name, "config": config._asdict(), "requests": n_requests, "max_batch": max_batch,
         "wall_seconds_incl_precompile": wall,
-        "compile_seconds_per_bucket": {c.bucket: c.seconds for c in stats.compiles},
+        "compile_seconds_per_bucket": {c.what: c.seconds for c in stats.compiles},
         "prefill_compile_seconds": {str(k): v for k, v in prefill_compiles.items()},
         "prefill_compile_total_seconds": prefill_compile_s,
         "steps": len(steps), "decode_tokens": decode_tokens,

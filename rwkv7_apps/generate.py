@@ -21,7 +21,7 @@ from typing import Any
 from rwkv7_core.tokenizer import WORLD_VOCAB_SIZE, tokenizer_for
 
 from .engines import cache_dir, engine_device, load_engine, load_engines, random_model_path, replica_devices
-from .jsonl_io import InputError, InputRequest, ResultWriter, error_record, item_key, read_requests
+from .jsonl_io import InputError, InputRequest, ResultWriter, error_record, read_requests
 from .options import (add_engine_options, add_model_options, add_sampling_options, check_engine_args,
                       sampling_defaults, scheduler_config)
 from .states import RunStates, model_fingerprint, register_states, state_option
@@ -282,30 +282,37 @@ def _run(args, sched, tokenizer, writer: ResultWriter, states: RunStates | None 
     result as it finishes, then report."""
     from tqdm import tqdm
 
-    from .metrics import build_metrics, plot_run, summary_table
+    from .metrics import RunCounts, build_metrics, plot_run, summary_table
     from .replicas import AllReplicasFailed, replica_reports
 
-    n_lines = n_todo = 0
-    for item in read_requests(args.input):  # a quick first pass, for the progress bar's total
-        n_lines += 1
-        n_todo += item_key(item) not in writer.done
-    if n_lines > n_todo:
-        _say(f"skipping {n_lines - n_todo} input lines already in {args.output}")
+    with open(args.input, "rb") as f:  # for the progress bar's total (one pass, no parsing)
+        n_lines = sum(chunk.count(b"\n") for chunk in iter(lambda: f.read(1 << 20), b""))
     t0 = time.perf_counter()
     defaults = sampling_defaults(args)
-    todo = (item for item in read_requests(args.input) if item_key(item) not in writer.done)
+    skipped = 0
+
+    def unfinished():
+        """Input items without a result in the output yet (one streaming pass)."""
+        nonlocal skipped
+        for item in read_requests(args.input, skip=writer.done):
+            if item is None:
+                skipped += 1
+            else:
+                yield item
+        if skipped:
+            _say(f"skipping {skipped} input lines already in {args.output}")
+
+    todo = unfinished()
     window = 2 * sched.config.max_batch
     in_scheduler: dict[str, InputRequest] = {}
-    results: list[dict[str, Any]] = []
-    last_token: dict[str, float] = {}
-    itl: list[float] = []
+    counts = RunCounts()  # per-request figures live in the scheduler's bounded Stats
     rate = {"tokens": 0, "since": time.perf_counter()}
-    bar = tqdm(total=n_todo, file=sys.stderr, unit="req", dynamic_ncols=True, desc="generate")
+    bar = tqdm(total=max(0, n_lines - len(writer.done)), file=sys.stderr, unit="req", dynamic_ncols=True, desc="generate")
     stop = StopSignal(bar.write)
 
-    def write(record: dict[str, Any], ttft: float | None = None) -> None:
+    def write(record: dict[str, Any]) -> None:
         writer.write(record)
-        results.append({**_counts(record), "ttft": ttft})
+        counts.add(record)
         bar.update(1)
 
     def admit() -> None:
@@ -323,20 +330,7 @@ def _run(args, sched, tokenizer, writer: ResultWriter, states: RunStates | None 
                 item = request
             write(error_record(item))
 
-    def on_token(request_id: str, token: int) -> None:
-        now = time.perf_counter()
-        prev = last_token.get(request_id)
-        if prev is not None:
-            itl.append(now - prev)
-        last_token[request_id] = now
-        rate["tokens"] += 1
-        if now - rate["since"] >= 0.5:
-            bar.set_postfix(live=len(last_token), tok_s=f"{rate['tokens'] / (now - rate['since']):.0f}",
-                            refresh=False)
-            rate["tokens"], rate["since"] = 0, now
-
     def on_finish(out) -> None:
-        last_token.pop(out.id, None)
         item = in_scheduler.pop(out.id)
         if out.finish_reason != "cancelled":  # cancelled = never started: the next run does it
             record = _result_record(item, out, tokenizer)
@@ -345,35 +339,40 @@ def _run(args, sched, tokenizer, writer: ResultWriter, states: RunStates | None 
                     record["state_file"] = str(states.save(item.id, item.state, out))
                 except (OSError, ValueError) as e:
                     record.update(finish_reason="error", error=f"line {item.line}: could not save the state: {e}")
-            write(record, out.ttft)
+            write(record)
         admit()
+        now = time.perf_counter()
+        if now - rate["since"] >= 0.5:
+            tokens = counts.generated_tokens
+            bar.set_postfix(in_flight=len(in_scheduler), tok_s=f"{(tokens - rate['tokens']) / (now - rate['since']):.0f}",
+                            refresh=False)
+            rate["tokens"], rate["since"] = tokens, now
 
     try:
         with stop.installed():
             admit()
-            sched.run(on_token=on_token, on_finish=on_finish, should_stop=stop)
+            sched.run(on_finish=on_finish, should_stop=stop)
     except KeyboardInterrupt:
         bar.close()
         writer.close()
-        _say(f"stopped at once: {len(results)} results written this run; in-flight requests were dropped "
+        _say(f"stopped at once: {counts.total} results written this run; in-flight requests were dropped "
              "and will be redone when you rerun the same command")
         os._exit(128 + (stop.signum or signal.SIGINT))
     except AllReplicasFailed as e:
         bar.close()
         writer.sync()
-        _say(f"{e}: {len(results)} results written this run; rerun the same command to do the rest")
+        _say(f"{e}: {counts.total} results written this run; rerun the same command to do the rest")
         return 1
     bar.close()
     writer.sync()
     wall = time.perf_counter() - t0
-    stats = sched.stats.to_dict()
     replicas = replica_reports(sched)
-    metrics = build_metrics(stats, results, itl, wall, t0, n_lines - n_todo, replicas)
+    metrics = build_metrics(sched.stats, counts, wall, t0, skipped, replicas)
     print(summary_table(metrics), flush=True)
     if args.metrics:
         Path(args.metrics).write_text(json.dumps(metrics, indent=1) + "\n")
     if args.plot:
-        plot_run(stats, t0, args.plot, replicas)
+        plot_run(sched.stats, t0, args.plot, replicas)
     if stop.signum is not None:
         _say(f"stopped by {signal.Signals(stop.signum).name}: results so far are in {args.output}; "
              f"rerun the same command to do the remaining requests")
@@ -392,11 +391,6 @@ def _result_record(item: InputRequest, out, tokenizer) -> dict[str, Any]:
     record["prompt_tokens"] = out.prompt_tokens
     record["generated_tokens"] = out.generated_tokens
     return record
-
-
-def _counts(record: dict[str, Any]) -> dict[str, Any]:
-    """What the metrics need of a result (not its tokens, to keep long runs' memory flat)."""
-    return {k: record[k] for k in ("finish_reason", "prompt_tokens", "generated_tokens")}
 
 
 def _say(message: str) -> None:

@@ -87,17 +87,25 @@ def item_key(item: InputRequest | InputError) -> ResultKey:
     return item.key if isinstance(item, InputError) else ("id", item.id)
 
 
-def read_requests(path: str | os.PathLike) -> Iterator[InputRequest | InputError]:
+def read_requests(path: str | os.PathLike, skip=frozenset()) -> Iterator[InputRequest | InputError | None]:
     """Yield every non-blank line of ``path`` as a request or an input error.
 
     A repeated id becomes an InputError on its later lines (the first line keeps it).
-    Line numbers count from 1 and include blank lines.
+    Line numbers count from 1 and include blank lines. A line whose result key is in
+    ``skip`` (e.g. the keys already in the output) yields None, cheaply: its JSON is parsed
+    for the id but nothing else is checked.
     """
     first_line: dict[Any, int] = {}
     with open(path, encoding="utf-8", errors="replace") as f:
         for line_no, text in enumerate(f, start=1):
             if not text.strip():
                 continue
+            if skip:
+                rid = _plain_id(text)
+                if rid is not None and rid not in first_line and ("id", rid) in skip:
+                    first_line[rid] = line_no
+                    yield None
+                    continue
             item = parse_line(line_no, text)
             if item.id is not None:
                 if item.id in first_line:
@@ -105,7 +113,20 @@ def read_requests(path: str | os.PathLike) -> Iterator[InputRequest | InputError
                                                        f"(first used on line {first_line[item.id]})", by_line=True)
                     continue
                 first_line[item.id] = line_no
+            if skip and item_key(item) in skip:
+                yield None
+                continue
             yield item
+
+
+def _plain_id(text: str):
+    """The valid id of a line that is a JSON object, else None."""
+    try:
+        obj = json.loads(text)
+    except ValueError:
+        return None
+    rid = obj.get("id") if isinstance(obj, dict) else None
+    return rid if _valid_id(rid) else None
 
 
 def error_record(err: InputError) -> dict[str, Any]:
@@ -121,10 +142,29 @@ def record_key(record: dict[str, Any]) -> ResultKey:
     return ("line", record["line"]) if "line" in record else ("id", record["id"])
 
 
+def _written_key(raw: bytes) -> ResultKey | None:
+    """The key of a line as this writer writes records (``{"id": "..."`` or ``{"id": 12``
+    first, no "line" field), read without parsing the whole record; None otherwise."""
+    if not raw.startswith(b'{"id": ') or not raw.endswith(b"}\n") or b'"line": ' in raw:
+        return None
+    if raw[7:8] == b'"':
+        end = raw.find(b'"', 8)
+        value = raw[8:end]
+        if end < 0 or b"\\" in value or raw[end + 1:end + 3] != b", ":
+            return None
+        return ("id", value.decode("utf-8"))
+    end = raw.find(b",", 7)
+    digits = raw[7:end]
+    if end < 0 or not digits.lstrip(b"-").isdigit():
+        return None
+    return ("id", int(digits))
+
+
 class ResultWriter:
     """Append-only JSONL writer that resumes a previous run's file.
 
-    Opening scans ``path``: complete lines give ``done`` (the keys already written);
+    Opening scans ``path``: complete lines give ``done`` (the keys in the file when it was
+    opened; records written since are not added, so memory stays flat over a long run);
     an unterminated or unparsable last line is a torn write and is truncated away
     (reported in ``torn_bytes``). Each record is written with one ``os.write`` of a
     whole line, so a killed process never leaves a partial line behind it except the
@@ -149,27 +189,25 @@ class ResultWriter:
         self._last_sync = time.monotonic()
 
     def _scan(self) -> None:
+        """Read the file line by line (memory: the ``done`` keys only)."""
+        keep = 0      # bytes of the lines kept
+        garbled = None  # a terminated line that is not a record: torn if it is the last one
         with open(self._fd, "rb", closefd=False) as f:
-            data = f.read()
-        keep = len(data)
-        lines = data.split(b"\n")
-        if lines[-1]:  # unterminated tail: a torn write
-            keep -= len(lines[-1])
-        complete = lines[:-1]
-        for i, raw in enumerate(complete):
-            if not raw.strip():
-                continue
-            try:
-                record = json.loads(raw)
-                self.done.add(record_key(record))
-            except (ValueError, KeyError, TypeError):
-                if i == len(complete) - 1:  # a terminated but garbled last line is torn too
-                    keep -= len(raw) + 1
+            for raw in f:
+                if not raw.endswith(b"\n"):  # unterminated tail: a torn write
                     break
-                raise ValueError(f"{self.path!r} holds a line that is not a result record "
-                                 f"({raw[:80]!r}); refusing to append to it") from None
-            self.records_before += 1
-        self.torn_bytes = len(data) - keep
+                if garbled is not None:
+                    raise ValueError(f"{self.path!r} holds a line that is not a result record "
+                                     f"({garbled[:80]!r}); refusing to append to it")
+                if raw.strip():
+                    try:
+                        self.done.add(_written_key(raw) or record_key(json.loads(raw)))
+                    except (ValueError, KeyError, TypeError):
+                        garbled = raw
+                        continue
+                    self.records_before += 1
+                keep += len(raw)
+        self.torn_bytes = os.fstat(self._fd).st_size - keep
         if self.torn_bytes:
             os.ftruncate(self._fd, keep)
             os.fsync(self._fd)
@@ -180,7 +218,6 @@ class ResultWriter:
         view = memoryview(line)
         while view:
             view = view[os.write(self._fd, view):]
-        self.done.add(record_key(record))
         self._pending += 1
         if self._pending >= self.group or time.monotonic() - self._last_sync >= self.interval:
             self.sync()

@@ -43,9 +43,11 @@ def add_engine_options(p: argparse.ArgumentParser) -> None:
                    help="decode batch sizes to compile (default: powers of two up to --max-batch)")
     p.add_argument("--prefix-cache-mb", type=float, default=0.0, metavar="N",
                    help="host memory for cached prompt-prefix states (0 = off)")
-    p.add_argument("--precompile", action="store_true", help="compile every bucket before the first step")
-    p.add_argument("--prefill", default="serial", choices=("serial", "varlen", "mixed"),
-                   help="prefill policy (see README)")
+    p.add_argument("--precompile", action="store_true",
+                   help="compile every bucket and the prefill shapes the policy uses before the first step")
+    p.add_argument("--prefill", default="auto", choices=("auto", "serial", "varlen", "mixed"),
+                   help="prefill policy (default auto: one prompt per call when one waits, flattened "
+                        "prompts when several do; see README)")
     p.add_argument("--chunk", type=int, default=256, metavar="K", help="prompt tokens per varlen/mixed call")
 
 

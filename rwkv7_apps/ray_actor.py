@@ -80,9 +80,16 @@ class ReplicaActor:
         return {"tokens": tokens, "finished": finished, "unstarted": self.scheduler.unstarted(),
                 "raised": self.guard.raised, "worst_streak": self.guard.worst_streak, "failed": failed}
 
-    def stats(self) -> dict[str, Any]:
-        """Stats.to_dict(), with ``clock``: this process's time.time() - time.perf_counter()."""
-        return {**self.scheduler.stats.to_dict(), "clock": time.time() - time.perf_counter()}
+    def stats(self):
+        """(a copy of the scheduler's Stats, clock: this process's time.time() - time.perf_counter())."""
+        from scheduler.stats import Stats
+
+        for _ in range(10):
+            try:
+                return Stats.merged([self.scheduler.stats]), time.time() - time.perf_counter()
+            except RuntimeError:  # a record was appended while copying: again
+                continue
+        raise RuntimeError("the scheduler's stats kept changing while being copied")
 
     def _serve(self) -> None:
         try:

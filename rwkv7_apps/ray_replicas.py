@@ -58,7 +58,8 @@ class ActorScheduler:
         self.actor, self.config = actor, config
         self.pending: list[dict] = []
         self.waiting: set[str] = set()
-        self.stats = _LastStats()
+        from scheduler.stats import Stats
+        self.stats = Stats()  # the actor's, as last fetched
 
     def add(self, request) -> None:
         params = request.params
@@ -76,17 +77,6 @@ class ActorScheduler:
 
     def unstarted(self) -> list[str]:
         return list(self.waiting)
-
-
-class _LastStats:
-    """Stats.to_dict() as last fetched from an actor (empty until then)."""
-
-    def __init__(self):
-        from scheduler.stats import Stats
-        self.value = Stats().to_dict()
-
-    def to_dict(self) -> dict:
-        return self.value
 
 
 class _RemoteGuard:
@@ -173,21 +163,11 @@ class RayReplicaSet(ReplicaSet):
         now = time.time() - time.perf_counter()
         for r in self._healthy():
             try:
-                stats = ray.get(r.scheduler.actor.stats.remote(), timeout=60)
+                stats, clock = ray.get(r.scheduler.actor.stats.remote(), timeout=60)
             except (ray.exceptions.RayError, TimeoutError):
                 continue
-            r.scheduler.stats.value = _shift_times(stats, stats.pop("clock") - now)
-
-
-def _shift_times(stats: dict, delta: float) -> dict:
-    """An actor's stats with its perf_counter times moved onto this process's clock."""
-    for key in ("steps", "compiles", "switches", "prefills"):
-        for row in stats.get(key, []):
-            row["time"] += delta
-    for row in stats.get("requests", []):
-        row["arrival_time"] += delta
-        row["finish_time"] += delta
-    return stats
+            stats.shift_times(clock - now)  # onto this process's perf_counter
+            r.scheduler.stats = stats
 
 
 def _first_line(error: Exception) -> str:

@@ -117,9 +117,9 @@ class Replica:
         self.thread: threading.Thread | None = None
 
     def report(self) -> dict[str, Any]:
-        """{device, requests, generated_tokens, failed, stats} (stats: Stats.to_dict())."""
+        """{device, requests, generated_tokens, failed, stats} (stats: the scheduler's Stats)."""
         return {"device": self.device, "requests": self.requests, "generated_tokens": self.generated_tokens,
-                "failed": self.failed, "stats": self.scheduler.stats.to_dict()}
+                "failed": self.failed, "stats": self.scheduler.stats}
 
 
 class _Track:
@@ -148,28 +148,6 @@ class AllReplicasFailed(RuntimeError):
     """Every replica was taken out while requests remained (the next run does them)."""
 
 
-class MergedStats:
-    """``to_dict()`` of every replica's Stats together: records concatenated (by time),
-    prefix-cache counters summed."""
-
-    def __init__(self, replicas: list[Replica]):
-        self._replicas = replicas
-
-    def to_dict(self) -> dict:
-        dicts = [r.scheduler.stats.to_dict() for r in self._replicas]
-        merged: dict = {}
-        for key, value in dicts[0].items():
-            if isinstance(value, list):
-                rows = [row for d in dicts for row in d[key]]
-                merged[key] = sorted(rows, key=lambda row: row.get("time", 0.0)) if rows and "time" in rows[0] \
-                    else rows
-        hits = sum(d["prefix_cache"]["hits"] for d in dicts)
-        misses = sum(d["prefix_cache"]["misses"] for d in dicts)
-        merged["prefix_cache"] = {"hits": hits, "misses": misses,
-                                  "hit_rate": hits / (hits + misses) if hits + misses else None}
-        return merged
-
-
 class ReplicaSet:
     """Several schedulers driven as one (see the module docstring).
 
@@ -184,7 +162,6 @@ class ReplicaSet:
         self.engine, self.tokenizer = engine, tokenizer
         config = replicas[0].scheduler.config
         self.config = config._replace(max_batch=sum(r.scheduler.config.max_batch for r in replicas))
-        self.stats = MergedStats(self.replicas)
         self.notify = notify or (lambda m: print(f"rwkv7-generate: {m}", file=sys.stderr, flush=True))
         self._tracks: dict[str, _Track] = {}       # request id -> track
         self._internal: dict[str, _Track] = {}     # scheduler-side id -> track
@@ -193,6 +170,12 @@ class ReplicaSet:
         self._closing = False
 
     # ---- Scheduler surface -------------------------------------------------------------
+    @property
+    def stats(self):
+        """Every replica's Stats merged (scheduler.stats.Stats.merged)."""
+        from scheduler.stats import Stats
+        return Stats.merged([r.scheduler.stats for r in self.replicas])
+
     def add(self, request) -> None:
         """Route a request to the healthy replica with the least outstanding work."""
         if request.id in self._tracks:
@@ -387,7 +370,6 @@ def replica_reports(sched) -> list[dict[str, Any]]:
         return [r.report() for r in sched.replicas]
     from .engines import engine_device
 
-    stats = sched.stats.to_dict()
-    return [{"device": engine_device(sched.engine), "requests": len(stats["requests"]),
-             "generated_tokens": sum(r["generated_tokens"] for r in stats["requests"]),
-             "failed": None, "stats": stats}]
+    stats = sched.stats
+    return [{"device": engine_device(sched.engine), "requests": stats.requests_finished,
+             "generated_tokens": stats.generated_tokens, "failed": None, "stats": stats}]

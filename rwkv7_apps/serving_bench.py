@@ -35,7 +35,7 @@ from rwkv7_core.engine import MAX_PIECES, varlen_shape
 from scheduler import Request, SamplingParams, Scheduler, SchedulerConfig
 
 RESULTS = Path("benchmarks") / "results"  # relative to the working directory (the checkout)
-POLICIES = ("serial", "varlen", "mixed")
+POLICIES = ("auto", "serial", "varlen", "mixed")
 PEAK_WINDOW = 16
 
 
@@ -78,7 +78,7 @@ def precompile(engine, buckets, chunk: int, policies) -> float:
     start = time.perf_counter()
     engine.compile(buckets)
     engine.compile_prefill()
-    if "varlen" in policies:
+    if "varlen" in policies or "auto" in policies:
         engine.compile_varlen(varlen_shape(chunk))
     if "mixed" in policies:
         for b in buckets:
@@ -169,8 +169,8 @@ def summarize(stats, enqueue_s: float, wall_s: float, compiles_during_run: dict)
 def run_policy(engine, requests, policy: str, max_batch: int, chunk: int, buckets=None) -> dict:
     """One measured run of `requests` under `policy`; returns its summary."""
     before = set(engine.compile_seconds)
-    scheduler = Scheduler(engine, SchedulerConfig(max_batch=max_batch, buckets=buckets,
-                                                  prefill_policy=policy, chunk=chunk))
+    scheduler = Scheduler(engine, SchedulerConfig(max_batch=max_batch, buckets=buckets, prefill_policy=policy,
+                                                  chunk=chunk, stats_records=10**6))
     start = time.perf_counter()
     for r in requests:
         scheduler.add(r)
@@ -189,7 +189,7 @@ def run_serving_benchmark(model: str = "tiny", *, requests: int = 256, prompt_le
                           seed: int = 0, budget_s: float | None = None, prefill_pieces=None,
                           buckets=None, repeats: int = 1) -> dict:
     """Build the engine, precompile, run each policy on the same workload `repeats` times
-    (interleaved: serial, varlen, mixed, serial, ...); a JSON-able dict whose per-policy
+    (interleaved: auto, serial, varlen, mixed, auto, ...); a JSON-able dict whose per-policy
     row is the run with the median wall time, every run's headline numbers under
     "repeats". With `budget_s`, runs that would start after the budget is spent are
     skipped. `buckets`: decode batch sizes (default powers of two up to max_batch)."""

@@ -15,7 +15,8 @@ own, checked with ``isinstance``: ``VarlenPrefill`` (several prompt pieces flatt
 one call) and ``MixedStep`` (a decode step that also carries prompt pieces), both taking at
 most ``MAX_PIECES`` pieces padded to ``token_rows`` flat tokens (``varlen_shape``); and
 ``Logprobs`` (log-probabilities of drawn tokens and of a given prompt, sampling.py's
-``TokenLogprobs``).
+``TokenLogprobs``); and ``ReportsCompiles`` (the engine tells a listener about every compile,
+so throughput figures can leave compile time out).
 
 Rows are values: ``insert`` copies a row into its slot and never consumes or aliases it, so
 one prefilled row may be inserted into several slots (``n`` choices of one prompt), each
@@ -26,14 +27,14 @@ request's tokens do not depend on its slot, its neighbours or the bucket (see sa
 """
 from __future__ import annotations
 
-from typing import Any, NamedTuple, Protocol, Sequence, runtime_checkable
+from typing import Any, Callable, NamedTuple, Protocol, Sequence, runtime_checkable
 
 import numpy as np
 
 from .sampling import NONFINITE_TOKEN, SamplingParams, SamplingRows, TokenLogprobs
 
-__all__ = ["Engine", "HostRow", "Logprobs", "MAX_PIECES", "MixedStep", "NONFINITE_TOKEN", "Row", "Slots",
-           "TokenLogprobs", "VarlenPrefill", "host_row_bytes", "varlen_shape"]
+__all__ = ["Engine", "HostRow", "Logprobs", "MAX_PIECES", "MixedStep", "NONFINITE_TOKEN", "ReportsCompiles",
+           "Row", "Slots", "TokenLogprobs", "VarlenPrefill", "host_row_bytes", "varlen_shape"]
 
 Row = Any
 HostRow = tuple
@@ -144,6 +145,18 @@ class Logprobs(Protocol):
     def prompt_logprobs(self, tokens: np.ndarray) -> TokenLogprobs:
         """Score a prompt (int [T], T >= 2) from a fresh state: N = T-1 rows, row t for token
         t+1 under the logits after tokens[:t+1]. Touches no slot (like ``prefill``)."""
+
+
+@runtime_checkable
+class ReportsCompiles(Protocol):
+    """Capability: compile events, however a call triggered them (lazily inside ``prefill``,
+    ``step``, ``resize``... or ahead of time in ``compile*``)."""
+
+    def add_compile_listener(self, listener: Callable[[str, float, float], None]) -> None:
+        """Call ``listener(what, start, seconds)`` after every compile, in the thread that
+        compiled, before the engine call that needed it returns: ``what`` names the
+        executable (e.g. "step:8", "prefill:64"), ``start`` is the time.perf_counter() at
+        which the compile began, ``seconds`` its duration."""
 
 
 def varlen_shape(n_tokens: int, min_tokens: int = 16) -> int:

@@ -8,7 +8,7 @@ row on device; only the drawn int32 [bucket] tokens come back to the host.
 
 Every executable is compiled ahead of time and kept in the engine's one ``executables``
 cache, keyed (kind, shape): per bucket the step, the empty batch, the slot insert and the
-slot extract; per pair of buckets the gather used by ``resize`` (so a shrink never waits on
+slot extract; a fresh and a copied B=1 row (the starts of prefill); per pair of buckets the gather used by ``resize`` (so a shrink never waits on
 a compile); per prompt piece length the prefill: a prompt of T tokens runs as pieces of the
 allowed lengths ``prefill_pieces`` (default 1, 2, 4, ..., 256), largest first, so any T
 needs at most len(prefill_pieces) prefill executables; per flat size the varlen prefill
@@ -83,7 +83,7 @@ def _gather(slots: Slots, index) -> Slots:
 
 
 class JaxEngine:
-    """Engine contract (with the VarlenPrefill, MixedStep and Logprobs capabilities) for a loaded
+    """Engine contract (with the VarlenPrefill, MixedStep, Logprobs and ReportsCompiles capabilities) for a loaded
     ``rwkv_jax.Model``.
 
     Rows (``prefill``/``extract`` results) are ``(State with B=1, logits float32 [V] | None)``;
@@ -118,10 +118,20 @@ class JaxEngine:
             "extract": jax.jit(_extract),
             "gather": jax.jit(_gather),
             "empty": jax.jit(self._empty_slots, static_argnums=0),
+            "fresh_row": jax.jit(lambda: self.model.init_state(1)),
+            "copy_row": jax.jit(lambda state: jax.tree.map(jnp.copy, state)),
             "varlen_prefill": jax.jit(varlen_prefill_fn, static_argnames=("config", "kernels")),
             "mixed": jax.jit(mixed_step_fn, static_argnames=("config", "kernels"), donate_argnames=("slots",)),
         }
         self._zero_row = None
+
+    def add_compile_listener(self, listener) -> None:
+        """ReportsCompiles: ``listener(what, start, seconds)`` after every compile and every
+        executable's first run, ``what`` = "kind:shape" of the executable (e.g. "step:8",
+        "gather:(8, 4)", "prefill:64"), with " first run" appended for the latter."""
+        def report(key, phase, start, seconds):
+            listener(f"{key[0]}:{key[1]}" + ("" if phase == "compile" else f" {phase}"), start, seconds)
+        self.executables.add_listener(report)
 
     @property
     def compile_seconds(self) -> dict:
@@ -150,6 +160,10 @@ class JaxEngine:
             return jit.lower(jax.ShapeDtypeStruct((1, self.vocab_size), jnp.float32), vec(1))
         if kind == "empty":
             return jit.lower(shape)
+        if kind == "fresh_row":
+            return jit.lower()
+        if kind == "copy_row":
+            return jit.lower(one.state)
         if kind == "insert":
             return jit.lower(self.abstract_slots(shape), scalar, one.state, one.rows, one.banned)
         if kind == "extract":
@@ -170,7 +184,11 @@ class JaxEngine:
         raise ValueError(f"unknown executable kind {kind!r}")
 
     def _exe(self, kind: str, shape):
-        return self.executables.get((kind, shape))
+        """The executable of (kind, shape) as a callable; its first run counts as compiling."""
+        return functools.partial(self.executables.call, (kind, shape))
+
+    def _compile(self, kind: str, shape) -> None:
+        self.executables.get((kind, shape))
 
     def abstract_slots(self, bucket: int) -> Slots:
         """Slots of ``bucket`` rows as ShapeDtypeStructs."""
@@ -206,10 +224,10 @@ class JaxEngine:
             start = time.perf_counter()
             before = set(self.executables.keys())
             for kind in ("step", "empty", "insert", "extract"):
-                self._exe(kind, b)
+                self._compile(kind, b)
             for other in {shape for kind, shape in before if kind == "step"} - {b}:
-                self._exe("gather", (other, b))
-                self._exe("gather", (b, other))
+                self._compile("gather", (other, b))
+                self._compile("gather", (b, other))
             new = set(self.executables.keys()) - before
             if new:
                 self._warm_up(new)
@@ -236,25 +254,28 @@ class JaxEngine:
         jax.block_until_ready(outputs)
 
     def compile_prefill(self) -> dict[int, float]:
-        """Compile every prefill piece length and the first-token sampling; {length: seconds}."""
-        self._exe("sample", 1)
+        """Compile every prefill piece length and the first-token sampling, and run each once
+        (its one-off first-run set-up); {length: seconds}."""
         seconds = {}
         for T in self.pieces:
             done = ("prefill", T) in self.executables
-            self._exe("prefill", T)
+            logits, state = self._exe("prefill", T)(self.model.params, np.zeros(T, np.int32),
+                                                    self._exe("fresh_row", 1)())
             seconds[T] = 0.0 if done else self.compile_seconds[("prefill", T)]
+        self._exe("copy_row", 1)(state)
+        self.sample((None, logits), SamplingParams(seed=0))
         return seconds
 
     def prefill(self, tokens: np.ndarray, start=None):
         tokens = np.asarray(tokens, np.int32)
         if tokens.ndim != 1 or tokens.size == 0:
             raise ValueError(f"prefill needs a non-empty 1-D token array, got shape {tokens.shape}")
-        state = self.model.init_state(1) if start is None else jax.tree.map(jnp.copy, start[0])
+        state = self._exe("fresh_row", 1)() if start is None else self._exe("copy_row", 1)(start[0])
         offset = 0
         for piece in self.prefill_pieces(tokens.size):
             logits, state = self._exe("prefill", piece)(self.model.params, tokens[offset:offset + piece], state)
             offset += piece
-        return state, logits
+        return jax.block_until_ready((state, logits))  # as prefill_varlen: callers time the call
 
     def sample(self, row, params: SamplingParams, position: int = 0) -> int:
         return int(self._exe("sample", 1)(row[1], sampling_rows([params]), banned_mask([params], self.vocab_size),
@@ -329,19 +350,24 @@ class JaxEngine:
 
     # -- VarlenPrefill and MixedStep capabilities ----------------------------------------
     def compile_varlen(self, token_rows: int) -> float:
+        """Compile (and run once) the flattened prefill of ``token_rows`` tokens."""
         done = ("varlen_prefill", token_rows) in self.executables
-        self._exe("varlen_prefill", token_rows)
+        self.prefill_varlen([np.zeros(1, np.int32)], [None], token_rows)
         return 0.0 if done else self.compile_seconds[("varlen_prefill", token_rows)]
 
     def compile_mixed(self, bucket: int, token_rows: int) -> float:
+        """Compile (and run once, on scratch slots) the mixed step of (bucket, token_rows)."""
         key = ("mixed", (bucket, token_rows))
         done = key in self.executables
-        self.executables.get(key)
+        zeros = np.zeros(bucket, np.int32)
+        pieces = self._pack([np.zeros(1, np.int32)], [None], token_rows)[:4]
+        jax.block_until_ready(self._exe("mixed", (bucket, token_rows))(
+            self.model.params, self._exe("empty", bucket)(), zeros, zeros, *pieces))
         return 0.0 if done else self.compile_seconds[key]
 
     def _pack(self, prompts, starts, token_rows: int):
         if self._zero_row is None:
-            self._zero_row = self.model.init_state(1)
+            self._zero_row = self._exe("fresh_row", 1)()
         return pack_pieces(prompts, starts, token_rows, self._zero_row)
 
     def prefill_varlen(self, prompts: Sequence[np.ndarray], starts: Sequence, token_rows: int) -> list:

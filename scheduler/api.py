@@ -19,4 +19,4 @@ def generate(engine: Engine, requests: Sequence[Request], config: SchedulerConfi
     for request in requests:
         scheduler.add(request)
     scheduler.run(on_token=on_token)
-    return [scheduler.results[r.id] for r in requests]
+    return [scheduler.results.pop(r.id) for r in requests]

@@ -7,8 +7,11 @@ from typing import NamedTuple, Sequence
 
 class PrefillPolicy(str, enum.Enum):
     """How prompts are prefilled (scheduler/prefill.py). SERIAL: one prompt per call in a
-    worker thread while decode steps keep running (the default); VARLEN: flattened pieces of
-    several prompts per call in that worker; MIXED: prompt pieces inside the decode steps."""
+    worker thread while decode steps keep running; VARLEN: flattened pieces of several
+    prompts per call in that worker; AUTO (the default): per call, SERIAL when one prompt
+    waits and VARLEN when several do (SERIAL on engines without VarlenPrefill); MIXED:
+    prompt pieces inside the decode steps."""
+    AUTO = "auto"
     SERIAL = "serial"
     VARLEN = "varlen"
     MIXED = "mixed"
@@ -19,15 +22,18 @@ class SchedulerConfig(NamedTuple):
     max_batch, max_batch itself included); prefix_cache_bytes: host prefix-state cache bound
     (0 = off); prefix_block: besides whole prompts, the state at the last multiple of this many
     tokens is cached, so prompts sharing a system prompt hit; precompile: compile every bucket
-    before the first step; prefill_policy: a PrefillPolicy (or its value; ``validated``
-    makes it the member); chunk: prompt tokens per varlen call or mixed step."""
+    and the prefill shapes of the policy before the first step; prefill_policy: a PrefillPolicy (or its value; ``validated``
+    makes it the member); chunk: prompt tokens per varlen call or mixed step; stats_records:
+    how many of the most recent per-step / per-request / per-prefill records ``Stats`` keeps
+    (its totals and percentiles cover every request whatever this is)."""
     max_batch: int = 256
     buckets: Sequence[int] | None = None
     prefix_cache_bytes: int = 0
     prefix_block: int = 64
     precompile: bool = False
-    prefill_policy: PrefillPolicy | str = PrefillPolicy.SERIAL
+    prefill_policy: PrefillPolicy | str = PrefillPolicy.AUTO
     chunk: int = 256
+    stats_records: int = 10_000
 
     def validated(self) -> "SchedulerConfig":
         """Return a copy with ``buckets`` resolved to a sorted tuple; ValueError on bad fields."""
@@ -43,6 +49,8 @@ class SchedulerConfig(NamedTuple):
             raise ValueError(f"SchedulerConfig.prefix_cache_bytes={self.prefix_cache_bytes!r}: must be >= 0")
         if self.prefix_block < 1:
             raise ValueError(f"SchedulerConfig.prefix_block={self.prefix_block!r}: must be >= 1")
+        if not isinstance(self.stats_records, int) or self.stats_records < 0:
+            raise ValueError(f"SchedulerConfig.stats_records={self.stats_records!r}: must be an integer >= 0")
         if self.chunk < 1:
             raise ValueError(f"SchedulerConfig.chunk={self.chunk!r}: must be >= 1")
         try:

@@ -16,6 +16,10 @@ instead of returning when idle; ``add_group`` prefills one prompt once for sever
 requests (n choices), each then decoding its own copy of the row; requests with
 ``params.logprobs`` get each token's TokenLogprobs through ``on_logprobs`` (engines with the
 ``Logprobs`` capability); ``score`` gives a prompt's own token logprobs.
+
+Memory stays flat over any number of requests: a request's bookkeeping is dropped once its
+result is handed over (to ``on_finish``, or into ``results`` for runs without one), and
+``stats`` holds bounded aggregates (scheduler/stats.py).
 """
 from __future__ import annotations
 
@@ -26,7 +30,7 @@ from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
-from rwkv7_core.engine import Engine, Logprobs
+from rwkv7_core.engine import Engine, Logprobs, ReportsCompiles
 from rwkv7_core.sampling import NONFINITE_TOKEN, SamplingParams, TokenLogprobs
 
 from .config import PrefillPolicy, SchedulerConfig, bucket_for
@@ -34,7 +38,7 @@ from .prefill import Prefill, check_engine_supports
 from .prefix_cache import PrefixCache
 from .prefix_disk import DiskPrefixStore
 from .request import Request, RequestOutput, RequestState, final_state
-from .stats import BucketSwitch, CompileEvent, RequestRecord, Stats, StepRecord
+from .stats import BucketSwitch, CompileEvent, RequestRecord, Stats
 
 _NO_TOKEN = -2  # padding in the per-slot stop-token table
 
@@ -55,6 +59,7 @@ class _Entry:
         self.row = None
         self.first_token: int | None = None
         self.first_token_time: float | None = None
+        self.last_emit = 0.0  # perf_counter of its newest token (inter-token gaps)
         self.cached_tokens = 0
         self.prefill_seconds: float | None = None
         self.error: str | None = None
@@ -73,8 +78,10 @@ class Scheduler:
     ``tokenizer``: any object with ``decode(list[int]) -> str``; needed for stop strings.
     ``prefix_store``: a persistent tier for the prefix cache (on even when
     ``config.prefix_cache_bytes`` is 0, which then keeps nothing in memory).
-    ``results``: {id: RequestOutput} of every request that reached a final state.
-    ``stats``: a ``Stats`` record of the runs so far.
+    ``results``: {id: RequestOutput} of the requests finished by runs given no ``on_finish``
+    callback (``generate()`` reads it; take what you read out of it). A run with a callback
+    hands each result only to it, so nothing of a request outlives its callback.
+    ``stats``: bounded ``Stats`` aggregates of the runs so far.
     """
 
     def __init__(self, engine: Engine, config: SchedulerConfig | None = None, tokenizer=None,
@@ -82,7 +89,7 @@ class Scheduler:
         self.engine = engine
         self.config = (config or SchedulerConfig()).validated()
         self.tokenizer = tokenizer
-        self.stats = Stats()
+        self.stats = Stats(self.config.stats_records)
         self.results: dict[str, RequestOutput] = {}
         self.prefill_lock = threading.Lock()
         self._prefix = (PrefixCache(self.config.prefix_cache_bytes, prefix_store)
@@ -99,8 +106,12 @@ class Scheduler:
         self._admitting = True
         self._stop_worker = False
         self._compiled: set[int] = set()
+        self._prefill_compiled = False
         self._on_token = self._on_finish = self._on_logprobs = None
         self._resize_slots(0, [])
+        if isinstance(engine, ReportsCompiles):
+            engine.add_compile_listener(lambda what, start, seconds: self.stats.record_compile(
+                CompileEvent(start, what, seconds)))
         self._policy = self.config.prefill_policy
         check_engine_supports(engine, self._policy)
         self._pieces = Prefill(engine, self._policy, self.config.chunk, self.stats, self._prefix,
@@ -109,7 +120,8 @@ class Scheduler:
     # ---- public API -------------------------------------------------------------------
     def add(self, request: Request) -> None:
         """Queue a request. An invalid one is not raised: it finishes FAILED with a message
-        (reported by ``run``). A duplicate id of a known request raises ValueError."""
+        (reported by ``run``). The id of a request in flight or in ``results`` raises
+        ValueError (ids handed to ``on_finish`` are forgotten, and may be reused)."""
         entry = self._new_entry(request)
         with self._cond:
             if not self._needs_prefill(entry):
@@ -156,7 +168,7 @@ class Scheduler:
 
     def _new_entry(self, request: Request) -> _Entry:
         """A registered, validated entry (``error`` set when invalid)."""
-        if request.id in self._entries:
+        if request.id in self._entries or request.id in self.results:
             raise ValueError(f"duplicate request id {request.id!r}")
         entry = _Entry(request, time.perf_counter())
         self._entries[request.id] = entry
@@ -181,6 +193,11 @@ class Scheduler:
                 self._cancels.add(request_id)
             self._cond.notify_all()
 
+    @property
+    def live_count(self) -> int:
+        """Rows decoding now."""
+        return self._live_count
+
     def unstarted(self) -> list[str]:
         """Ids of requests still WAITING (e.g. after ``should_stop`` ended a run)."""
         with self._cond:
@@ -198,12 +215,13 @@ class Scheduler:
         completion and unstarted ones stay WAITING (not reported). With ``serve_until`` the
         run does not end when idle: it waits for new requests (``add`` from any thread) and
         returns once idle with ``serve_until()`` True (checked every 50 ms). Callbacks run
-        in this thread."""
+        in this thread. Without ``on_finish`` the outputs collect in ``results``."""
         self._on_token, self._on_finish, self._on_logprobs = on_token, on_finish, on_logprobs
         self._admitting = True
         self._stop_worker = False
         if self.config.precompile:
             self._ensure_compiled(self.config.buckets)
+            self._precompile_prefill()
         worker = threading.Thread(target=None if self._policy is PrefillPolicy.MIXED else self._prefill_worker,
                                   name="prefill", daemon=True)
         worker.start()
@@ -269,7 +287,7 @@ class Scheduler:
                     + self._prefilling < self.config.max_batch)
 
     def _prefill_worker(self) -> None:
-        """SERIAL / VARLEN: prefill calls beside decode, until the run ends."""
+        """SERIAL / VARLEN / AUTO: prefill calls beside decode, until the run ends."""
         while True:
             with self._cond:
                 self._cond.wait_for(lambda: self._stop_worker or self._pieces or self._can_start(),
@@ -348,7 +366,9 @@ class Scheduler:
         with self._cond:
             ids, self._cancels = self._cancels, set()
         for request_id in ids:
-            entry = self._entries[request_id]
+            entry = self._entries.get(request_id)
+            if entry is None:  # it finished meanwhile
+                continue
             if entry.state is RequestState.RUNNING:
                 self._finish(entry, "cancelled")
             elif not entry.state.is_final:
@@ -393,6 +413,7 @@ class Scheduler:
     def _emit(self, entry: _Entry, token: int) -> None:
         """The first token (drawn after prefill, scored on the row's logits if asked)."""
         entry.tokens.append(token)
+        entry.last_emit = time.perf_counter()
         if entry.params.logprobs is not None and self._on_logprobs is not None:
             self._on_logprobs(entry.id, self.engine.row_logprobs(entry.row, token))
         if self._on_token is not None:
@@ -431,12 +452,14 @@ class Scheduler:
                             generated_tokens=len(entry.tokens), arrival_time=entry.arrival,
                             first_token_time=entry.first_token_time, finish_time=entry.times[state],
                             final_state=final)
-        self.results[entry.id] = out
-        self.stats.requests.append(RequestRecord(
+        self.stats.record_request(RequestRecord(
             entry.id, out.prompt_tokens, entry.cached_tokens, entry.prefill_seconds, out.ttft,
             out.generated_tokens, reason, out.arrival_time, out.finish_time))
+        del self._entries[entry.id]
         if self._on_finish is not None:
             self._on_finish(out)
+        else:
+            self.results[entry.id] = out
         return reason
 
     def _final_state(self, entry: _Entry, pending: bool):
@@ -455,6 +478,7 @@ class Scheduler:
         to slot i with its last token."""
         old_entries = getattr(self, "_slot_entry", [])
         old_tok = getattr(self, "_tok", None)
+        old_emit = getattr(self, "_last_emit", None)
         self._slot_entry: list[_Entry | None] = [None] * bucket
         self._tok = np.zeros(bucket, np.int32)
         self._pos = np.zeros(bucket, np.int32)
@@ -463,9 +487,11 @@ class Scheduler:
         self._has_stop_str = np.zeros(bucket, bool)
         self._wants_logprobs = np.zeros(bucket, bool)
         self._live_mask = np.zeros(bucket, bool)
+        self._last_emit = np.zeros(bucket, np.float64)
         self._live: dict[str, _Entry] = {}
         for i, s in enumerate(keep):
             self._place(old_entries[s], i, int(old_tok[s]))
+            self._last_emit[i] = old_emit[s]
 
     def _place(self, entry: _Entry, slot: int, last_token: int) -> None:
         p = entry.params
@@ -474,6 +500,7 @@ class Scheduler:
         self._live[entry.id] = entry
         self._live_mask[slot] = True
         self._tok[slot] = last_token
+        self._last_emit[slot] = entry.last_emit
         self._pos[slot] = len(entry.tokens)
         self._remaining[slot] = p.max_tokens - len(entry.tokens)
         if len(p.stop_tokens) > self._stops.shape[1]:
@@ -488,9 +515,24 @@ class Scheduler:
         todo = [b for b in buckets if b not in self._compiled]
         if not todo:
             return
-        for b, seconds in self.engine.compile(todo).items():
-            self.stats.compiles.append(CompileEvent(time.perf_counter(), b, seconds))
+        start = time.perf_counter()
+        seconds = self.engine.compile(todo)
+        if not isinstance(self.engine, ReportsCompiles):  # otherwise its listener reported them
+            for b in todo:
+                self.stats.record_compile(CompileEvent(start, f"bucket {b}", seconds[b]))
         self._compiled.update(todo)
+
+
+    def _precompile_prefill(self) -> None:
+        """Once per scheduler: the prefill shapes the policy uses (so no compile mid-run)."""
+        if self._prefill_compiled:
+            return
+        start = time.perf_counter()
+        seconds = self._pieces.precompile(self.config.buckets)
+        if not isinstance(self.engine, ReportsCompiles):
+            for what, s in seconds.items():
+                self.stats.record_compile(CompileEvent(start, what, s))
+        self._prefill_compiled = True
 
     def _decode_step(self, admitted: list[_Entry]) -> None:
         engine = self.engine
@@ -502,11 +544,10 @@ class Scheduler:
             if target != len(self._slot_entry):
                 self._ensure_compiled([target])
                 keep = sorted(e.slot for e in self._live.values())
-                start = time.perf_counter()
+                clock = self.stats.start_call()
                 engine.resize(keep, target)
-                seconds = time.perf_counter() - start
-                self.stats.switches.append(BucketSwitch(start, len(self._slot_entry), target,
-                                                        len(keep), seconds))
+                self.stats.record_switch(BucketSwitch(clock[1], len(self._slot_entry), target, len(keep),
+                                                      self.stats.call_seconds(clock)))
                 self._resize_slots(target, keep)
             free = iter(np.flatnonzero(~self._live_mask).tolist())
             for entry in admitted:
@@ -517,7 +558,7 @@ class Scheduler:
                 self._place(entry, slot, entry.first_token)
             with self._cond:
                 self._live_count = len(self._live)
-            start = time.perf_counter()
+            clock = self.stats.start_call()
             scored = None
             if self._mixed_work():
                 out = np.asarray(self._pieces.mixed_step(self._tok, self._pos))
@@ -525,17 +566,18 @@ class Scheduler:
                 out, scored = engine.step_logprobs(self._tok, self._pos)
             else:
                 out = np.asarray(engine.step(self._tok, self._pos))
-            seconds = time.perf_counter() - start
+            seconds = self.stats.call_seconds(clock)
         except Exception as e:  # fail this step's requests; the scheduler stays usable
             self._fail_batch(admitted, f"engine step failed: {type(e).__name__}: {e}")
             self._hand_over_pieces(PrefillPolicy.MIXED)
             return
         self._hand_over_pieces(PrefillPolicy.MIXED)
-        self.stats.steps.append(StepRecord(start, target, len(self._live), engine.last_path, seconds))
+        self.stats.record_step(clock[1], target, len(self._live), engine.last_path, seconds)
         self._account(out, scored)
 
     def _fail_batch(self, admitted: list[_Entry], message: str) -> None:
-        for entry in list(self._live.values()) + [e for e in admitted if not e.state.is_final]:
+        failing = {**{e.id: e for e in admitted if not e.state.is_final}, **self._live}  # each once
+        for entry in failing.values():
             entry.error = message
             self._finish(entry, "error")
         self._resize_slots(0, [])  # the next step asks the engine for a fresh batch
@@ -555,7 +597,11 @@ class Scheduler:
         tokens = out.tolist()
         entries = self._slot_entry
         on_token, on_logprobs = self._on_token, self._on_logprobs
-        for slot in np.flatnonzero(emit).tolist():
+        emitted = np.flatnonzero(emit)
+        now = time.perf_counter()
+        self.stats.inter_token.add_many(now - self._last_emit[emitted])
+        self._last_emit[emitted] = now
+        for slot in emitted.tolist():
             entry = entries[slot]
             entry.tokens.append(tokens[slot])
             if scored is not None and on_logprobs is not None and self._wants_logprobs[slot]:

@@ -9,13 +9,19 @@ runs:
 - VARLEN: up to ``chunk`` tokens from up to MAX_PIECES prompts flattened without padding
   (``VarlenPrefill.prefill_varlen``), in the worker beside decode; a prompt cut at the
   budget continues from its carried state in the next call.
+- AUTO: per call, VARLEN's call when several queued prompts fit in it (so a prompt-heavy
+  job keeps its batch full), else SERIAL's: the head prompt whole at B=1 (one waiting
+  prompt, or one long enough to fill the chunk by itself, gains nothing from flattening);
+  SERIAL throughout on an engine without ``VarlenPrefill``.
 - MIXED: no worker; each decode step also carries up to ``chunk`` prompt tokens planned
   the same way (``MixedStep.mixed_step``), so prefill never stalls decode for more than a
   chunk.
 
 With a prefix cache every policy looks a prompt's longest cached prefix up when its first
 piece is planned, cuts a piece at the last multiple of ``prefix_block`` tokens and caches
-the state there, and caches the whole prompt's state. A request with an initial state runs
+the state there, and caches the whole prompt's state; a prompt whose first block equals
+that of an earlier queued prompt still computing its boundary state waits for it (and hits).
+A request with an initial state runs
 from it (``Engine.from_host``); its cache keys live in that state's namespace.
 """
 from __future__ import annotations
@@ -83,13 +89,16 @@ class Prefill:
     ``params``, ``initial`` (an InitialState or None); written: ``row``, ``first_token``,
     ``first_token_time``, ``cached_tokens``, ``prefill_seconds``, ``error``. Finished (or
     failed) entries collect in ``completed`` for the scheduler to take. Stats get one
-    PrefillRecord per piece; a call's seconds are shared among its pieces by token count (in
+    PrefillRecord per piece; a call's seconds (less the compiles it
+    triggered) are shared among its pieces by token count (in
     a mixed step the decode rows count as one token each, so only the pieces' share counts
     as prefill).
     """
 
     def __init__(self, engine, policy: PrefillPolicy, chunk: int, stats, prefix_cache=None,
                  prefix_block: int = 64):
+        if policy is PrefillPolicy.AUTO and not isinstance(engine, VarlenPrefill):
+            policy = PrefillPolicy.SERIAL
         self.engine, self.policy, self.stats, self.cache = engine, policy, stats, prefix_cache
         self.prefix_block = prefix_block
         serial = policy is PrefillPolicy.SERIAL
@@ -110,6 +119,18 @@ class Prefill:
             return not self.queue
         return sum(len(p.entry.prompt) - p.done for p in self.queue) < self.budget
 
+    def precompile(self, buckets) -> dict[str, float]:
+        """Compile ahead of time what this policy's calls run (the prefill pieces and
+        first-token sampling; the flattened shape for VARLEN/AUTO; the mixed step per
+        bucket for MIXED); {what: seconds}."""
+        seconds = {f"prefill:{n}": s for n, s in self.engine.compile_prefill().items()}
+        if self.policy in (PrefillPolicy.VARLEN, PrefillPolicy.AUTO):
+            seconds[f"varlen_prefill:{self.token_rows}"] = self.engine.compile_varlen(self.token_rows)
+        if self.policy is PrefillPolicy.MIXED:
+            for b in buckets:
+                seconds[f"mixed:({b}, {self.token_rows})"] = self.engine.compile_mixed(b, self.token_rows)
+        return seconds
+
     def add(self, entry) -> None:
         """Queue an entry (its prompt runs from the longest cached prefix, else from its
         initial state)."""
@@ -124,20 +145,21 @@ class Prefill:
         self.queue.append(progress)
 
     def run(self) -> None:
-        """One prefill call (SERIAL or VARLEN) over the head of the queue."""
+        """One prefill call (SERIAL, VARLEN or AUTO) over the head of the queue."""
         taken, prompts, starts = self._take()
+        serial = len(taken) == 1 and self.policy is not PrefillPolicy.VARLEN
         if not taken:  # every queued prompt was served whole by the prefix cache
             return
-        start = time.perf_counter()
+        clock = self.stats.start_call()
         try:
-            if self.policy is PrefillPolicy.SERIAL:
+            if serial:
                 rows = [self.engine.prefill(prompts[0], starts[0])]
             else:
                 rows = self.engine.prefill_varlen(prompts, starts, self.token_rows)
         except Exception as e:  # those prompts fail; the queue goes on
             self._fail(taken, f"prefill failed: {type(e).__name__}: {e}")
             return
-        self._advance(taken, rows, start, time.perf_counter() - start, extra_rows=0)
+        self._advance(taken, rows, clock[1], self.stats.call_seconds(clock), extra_rows=0)
 
     def mixed_step(self, tokens: np.ndarray, positions: np.ndarray) -> np.ndarray:
         """MIXED: ``Engine.step`` plus a chunk from the head of the queue; returns the drawn
@@ -145,14 +167,15 @@ class Prefill:
         taken, prompts, starts = self._take()
         if not taken:
             return self.engine.step(tokens, positions)
-        start = time.perf_counter()
+        clock = self.stats.start_call()
         try:
             drawn, rows = self.engine.mixed_step(tokens, positions, prompts, starts, self.token_rows)
         except Exception as e:
             self._fail(taken, f"engine step failed: {type(e).__name__}: {e}")
             raise
-        self._advance(taken, rows, start, time.perf_counter() - start, extra_rows=len(tokens))
+        self._advance(taken, rows, clock[1], self.stats.call_seconds(clock), extra_rows=len(tokens))
         return drawn
+
 
     # -- planning ------------------------------------------------------------------------
     def _look_up(self, progress: _Progress) -> None:
@@ -175,17 +198,38 @@ class Prefill:
             return 0
         return (len(progress.entry.prompt) - 1) // self.prefix_block * self.prefix_block
 
-    def _take(self):
-        if self.cache is not None:
-            for progress in [p for p in self.queue if not p.looked_up]:
+    def _ready_to_run(self) -> list[_Progress]:
+        """The queue, prefix-cache lookups done, less the prompts that wait for an earlier
+        queued prompt with the same first block to cache its boundary state (so prompts
+        sharing a system prompt that arrive together compute it once, then hit)."""
+        if self.cache is None:
+            return list(self.queue)
+        ready, computing = [], set()
+        for progress in list(self.queue):
+            first_block = tuple(progress.entry.prompt[:self.prefix_block])
+            if not progress.looked_up:
+                if first_block in computing:
+                    continue
                 self._look_up(progress)
+                if progress not in self.queue:  # served whole from the cache
+                    continue
+            if progress.done < self._boundary(progress):
+                computing.add(first_block)
+            ready.append(progress)
+        return ready
+
+    def _take(self):
+        """The next call's pieces: SERIAL one whole prompt, VARLEN the budget, AUTO the
+        budget when that takes several prompts and else one whole prompt."""
+        ready = self._ready_to_run()
         remaining = []
-        for p in self.queue:  # a piece stops at the cached block boundary
+        for p in ready:  # a piece stops at the cached block boundary
             boundary = self._boundary(p)
             remaining.append((boundary if p.done < boundary else len(p.entry.prompt)) - p.done)
-        budget = self.budget if self.budget is not None else max(remaining, default=1)
-        counts = plan_pieces(remaining, budget, self.max_pieces)
-        taken = list(zip(self.queue, counts))
+        counts = [] if self.budget is None else plan_pieces(remaining, self.budget, self.max_pieces)
+        if self.policy is PrefillPolicy.SERIAL or (self.policy is PrefillPolicy.AUTO and len(counts) < 2):
+            counts = plan_pieces(remaining, max(remaining, default=1), 1)
+        taken = list(zip(ready, counts))
         prompts = [np.asarray(p.entry.prompt[p.done:p.done + n], np.int32) for p, n in taken]
         return taken, prompts, [p.row for p, _ in taken]
 
@@ -196,7 +240,7 @@ class Prefill:
             entry = progress.entry
             progress.done += n
             progress.row = row
-            self.stats.prefills.append(PrefillRecord(start, entry.id, n, seconds * n / total))
+            self.stats.record_prefill(PrefillRecord(start, entry.id, n, seconds * n / total))
             if progress.done == self._boundary(progress) > 0:
                 self.cache.put(entry.prompt[:progress.done], self.engine.to_host(row), _namespace(entry))
             if progress.done == len(entry.prompt):

@@ -1,8 +1,27 @@
-"""Structured run statistics: per step, per request, compiles, bucket switches, prefix cache."""
+"""Run statistics in bounded memory: totals as counters and sums, latency percentiles from
+log histograms (relative error <= ``RELATIVE_ERROR``, scheduler/sketch.py), the decode-step
+timeline downsampled (``Timeline``), every compile as an event, and only the most recent
+``recent`` records of each per-step / per-request / per-prefill / per-switch kind (for
+inspection and tests; the totals and percentiles cover the whole run).
+
+Throughput figures exclude compile time: an engine call that compiled (an engine with the
+``ReportsCompiles`` capability says so, in the compiling thread) has its compile seconds
+subtracted before its seconds are recorded; TTFT is wall time and keeps them.
+"""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import threading
+import time
+from collections import deque
 from typing import NamedTuple
+
+from .sketch import RELATIVE_ERROR, LogHistogram, Timeline
+
+__all__ = ["BucketSwitch", "CompileEvent", "PrefillRecord", "RELATIVE_ERROR", "RequestRecord", "Stats",
+           "StepRecord"]
+
+PEAK_WINDOW = 8
+"""Consecutive decode steps over which the peak decode rate is measured."""
 
 
 class StepRecord(NamedTuple):
@@ -10,7 +29,7 @@ class StepRecord(NamedTuple):
     bucket: int
     live: int        # rows holding a request
     path: str        # engine kernel path of the step
-    seconds: float   # engine.step wall time (includes fetching the sampled tokens)
+    seconds: float   # engine.step wall time (includes fetching the sampled tokens), compiles excluded
 
 
 class RequestRecord(NamedTuple):
@@ -26,8 +45,8 @@ class RequestRecord(NamedTuple):
 
 
 class CompileEvent(NamedTuple):
-    time: float
-    bucket: int
+    time: float      # perf_counter when the compile started
+    what: str        # the executable, e.g. "step:8", "prefill:64", "bucket 8"
     seconds: float
 
 
@@ -36,38 +55,188 @@ class BucketSwitch(NamedTuple):
     from_bucket: int
     to_bucket: int
     live: int
-    seconds: float   # engine.resize wall time
+    seconds: float   # engine.resize wall time, compiles excluded
 
 
 class PrefillRecord(NamedTuple):
     time: float
     id: str
     tokens: int      # tokens actually run (prompt minus cached prefix)
-    seconds: float
+    seconds: float   # this piece's share of its call, compiles excluded
 
 
-@dataclass
 class Stats:
-    """Everything a run records; append-only lists of the records above. ``to_dict()`` is
-    JSON-able (records become dicts)."""
-    steps: list[StepRecord] = field(default_factory=list)
-    requests: list[RequestRecord] = field(default_factory=list)
-    compiles: list[CompileEvent] = field(default_factory=list)
-    switches: list[BucketSwitch] = field(default_factory=list)
-    prefills: list[PrefillRecord] = field(default_factory=list)
-    prefix_hits: int = 0
-    prefix_misses: int = 0
+    """Aggregates of every run so far (see the module docstring); thread-safe where the
+    prefill worker and the decode loop both record (prefills, compiles)."""
+
+    def __init__(self, recent: int = 10_000, timeline_points: int = 2048):
+        self.steps: deque[StepRecord] = deque(maxlen=recent)
+        self.requests: deque[RequestRecord] = deque(maxlen=recent)
+        self.prefills: deque[PrefillRecord] = deque(maxlen=recent)
+        self.switches: deque[BucketSwitch] = deque(maxlen=recent)
+        self.compiles: list[CompileEvent] = []
+        self.timeline = Timeline(timeline_points)
+        self.ttft = LogHistogram()
+        self.inter_token = LogHistogram()
+        self.step_seconds = LogHistogram()
+        self.prefix_hits = self.prefix_misses = 0
+        self.decode_steps = self.decode_tokens = 0
+        self.decode_seconds = 0.0
+        self.prefill_tokens = 0
+        self.prefill_seconds = 0.0
+        self.compile_seconds = 0.0
+        self.finished: dict[str, int] = {}
+        self.prompt_tokens = self.generated_tokens = 0
+        self._peak = 0.0
+        self._last_steps: deque[tuple[int, float]] = deque(maxlen=PEAK_WINDOW)
+        self._lock = threading.Lock()
+        self._thread = threading.local()
+
+    # ---- recording ------------------------------------------------------------------
+    def record_step(self, start: float, bucket: int, live: int, path: str, seconds: float) -> None:
+        self.steps.append(StepRecord(start, bucket, live, path, seconds))
+        self.timeline.add(start, seconds, bucket, live)
+        self.step_seconds.add(seconds)
+        self.decode_steps += 1
+        self.decode_tokens += live
+        self.decode_seconds += seconds
+        last = self._last_steps
+        last.append((live, seconds))
+        if len(last) == PEAK_WINDOW:
+            busy = sum(s for _, s in last)
+            if busy > 0:
+                self._peak = max(self._peak, sum(n for n, _ in last) / busy)
+
+    def record_request(self, record: RequestRecord) -> None:
+        self.requests.append(record)
+        self.finished[record.finish_reason] = self.finished.get(record.finish_reason, 0) + 1
+        self.prompt_tokens += record.prompt_tokens
+        self.generated_tokens += record.generated_tokens
+        if record.ttft is not None:
+            self.ttft.add(record.ttft)
+
+    def record_prefill(self, record: PrefillRecord) -> None:
+        with self._lock:
+            self.prefills.append(record)
+            self.prefill_tokens += record.tokens
+            self.prefill_seconds += record.seconds
+
+    def record_switch(self, switch: BucketSwitch) -> None:
+        self.switches.append(switch)
+
+    def record_compile(self, event: CompileEvent) -> None:
+        """A compile; also counted against the calling thread's current engine call."""
+        with self._lock:
+            self.compiles.append(event)
+            self.compile_seconds += event.seconds
+        self._thread.compiled = self.compiled_in_this_thread() + event.seconds
+
+    def compiled_in_this_thread(self) -> float:
+        """Compile seconds recorded by this thread so far."""
+        return getattr(self._thread, "compiled", 0.0)
+
+    def start_call(self) -> tuple[float, float]:
+        """A clock for one engine call: (this thread's compile seconds so far, perf_counter)."""
+        return self.compiled_in_this_thread(), time.perf_counter()
+
+    def call_seconds(self, clock: tuple[float, float]) -> float:
+        """Wall seconds since ``start_call`` gave ``clock``, less the compiles this thread
+        recorded meanwhile."""
+        compiled = self.compiled_in_this_thread() - clock[0]
+        return max(0.0, time.perf_counter() - clock[1] - compiled)
+
+    # ---- moving and merging (replica sets) ------------------------------------------
+    def __getstate__(self) -> dict:
+        state = dict(self.__dict__)
+        del state["_lock"], state["_thread"]
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._lock, self._thread = threading.Lock(), threading.local()
+
+    def shift_times(self, delta: float) -> None:
+        """Move every recorded perf_counter time by ``delta`` (onto another process's clock)."""
+        self.steps = deque((r._replace(time=r.time + delta) for r in self.steps), maxlen=self.steps.maxlen)
+        self.prefills = deque((r._replace(time=r.time + delta) for r in self.prefills), maxlen=self.prefills.maxlen)
+        self.switches = deque((r._replace(time=r.time + delta) for r in self.switches), maxlen=self.switches.maxlen)
+        self.requests = deque((r._replace(arrival_time=r.arrival_time + delta, finish_time=r.finish_time + delta)
+                               for r in self.requests), maxlen=self.requests.maxlen)
+        self.compiles = [e._replace(time=e.time + delta) for e in self.compiles]
+        for w in self.timeline.windows:
+            w[0] += delta
+            w[1] += delta
+
+    @classmethod
+    def merged(cls, parts: list["Stats"]) -> "Stats":
+        """One Stats of several schedulers' (replicas side by side): counters and sums added,
+        histograms merged, records and timeline windows interleaved by time (bounded as
+        before); the peak decode rate is the best of the parts'."""
+        out = cls(max((p.steps.maxlen or 0 for p in parts), default=10_000))
+        by_time = lambda records, key: sorted((r for p in parts for r in records(p)), key=key)  # noqa: E731
+        for name in ("steps", "prefills", "switches"):
+            getattr(out, name).extend(by_time(lambda p: getattr(p, name), lambda r: r.time))
+        out.requests.extend(by_time(lambda p: p.requests, lambda r: r.finish_time))
+        out.compiles = by_time(lambda p: p.compiles, lambda e: e.time)
+        for name in ("prefix_hits", "prefix_misses", "decode_steps", "decode_tokens", "decode_seconds",
+                     "prefill_tokens", "prefill_seconds", "compile_seconds", "prompt_tokens", "generated_tokens"):
+            setattr(out, name, sum(getattr(p, name) for p in parts))
+        for p in parts:
+            for reason, n in p.finished.items():
+                out.finished[reason] = out.finished.get(reason, 0) + n
+            for name in ("ttft", "inter_token", "step_seconds"):
+                getattr(out, name).merge(getattr(p, name))
+        out._peak = max((p._peak for p in parts), default=0.0)
+        for w in sorted((w for p in parts for w in p.timeline.windows), key=lambda w: w[0]):
+            out.timeline.add_window(list(w))
+        return out
+
+    # ---- derived --------------------------------------------------------------------
+    @property
+    def requests_finished(self) -> int:
+        return sum(self.finished.values())
 
     @property
     def prefix_hit_rate(self) -> float | None:
         n = self.prefix_hits + self.prefix_misses
         return self.prefix_hits / n if n else None
 
+    @property
+    def prefill_tok_s(self) -> float | None:
+        """Prompt tokens run / prefill seconds, compiles excluded."""
+        return self.prefill_tokens / self.prefill_seconds if self.prefill_seconds > 0 else None
+
+    @property
+    def decode_tok_s(self) -> float | None:
+        """Tokens drawn by decode steps / decode-step seconds, compiles excluded."""
+        return self.decode_tokens / self.decode_seconds if self.decode_seconds > 0 else None
+
+    @property
+    def decode_tok_s_peak(self) -> float | None:
+        """The highest rate over any PEAK_WINDOW consecutive steps (all steps when fewer)."""
+        if self.decode_steps < PEAK_WINDOW:
+            return self.decode_tok_s
+        return self._peak or None
+
     def to_dict(self) -> dict:
+        """JSON-able: the totals, percentiles, timeline windows, compiles and recent records."""
         def rows(records):
             return [r._asdict() for r in records]
-        return {"steps": rows(self.steps), "requests": rows(self.requests),
-                "compiles": rows(self.compiles), "switches": rows(self.switches),
-                "prefills": rows(self.prefills),
-                "prefix_cache": {"hits": self.prefix_hits, "misses": self.prefix_misses,
-                                 "hit_rate": self.prefix_hit_rate}}
+        return {
+            "totals": {"requests": self.requests_finished, "finished": dict(self.finished),
+                       "prompt_tokens": self.prompt_tokens, "generated_tokens": self.generated_tokens,
+                       "decode_steps": self.decode_steps, "decode_tokens": self.decode_tokens,
+                       "decode_seconds": self.decode_seconds, "prefill_tokens": self.prefill_tokens,
+                       "prefill_seconds": self.prefill_seconds, "compile_seconds": self.compile_seconds},
+            "rates": {"prefill_tok_s": self.prefill_tok_s, "decode_tok_s": self.decode_tok_s,
+                      "decode_tok_s_peak": self.decode_tok_s_peak},
+            "percentiles_relative_error": RELATIVE_ERROR,
+            "ttft_s": self.ttft.percentiles(), "inter_token_s": self.inter_token.percentiles(),
+            "decode_step_s": self.step_seconds.percentiles(),
+            "timeline": rows(self.timeline.points()),
+            "compiles": rows(self.compiles),
+            "recent": {"steps": rows(self.steps), "requests": rows(self.requests),
+                       "prefills": rows(self.prefills), "switches": rows(self.switches)},
+            "prefix_cache": {"hits": self.prefix_hits, "misses": self.prefix_misses,
+                             "hit_rate": self.prefix_hit_rate},
+        }

@@ -1,5 +1,6 @@
-"""Testing helpers: a fast numpy stand-in for a model engine, for scheduler tests and
-overhead benchmarks (never used by the scheduler itself).
+"""Testing helpers: a fast numpy stand-in for a model engine (``FakeEngine``), a zero-cost
+one (``CountingEngine``) and a soak driver (``soak``), for scheduler tests and benchmarks
+(never used by the scheduler itself).
 
 The "model" is a tiny recurrence: hidden h [D] float64, ``h = tanh(0.9 h + E[token])``,
 logits = sum_d h[d] * P[d, :]. Its state row is ``[h (D), tokens seen, first prompt token]``.
@@ -9,6 +10,7 @@ i (counting from 0) raises when i is in ``fail_steps``. ``events`` logs every ca
 """
 from __future__ import annotations
 
+import os
 import time
 from typing import Sequence
 
@@ -73,7 +75,8 @@ class FakeEngine:
         tokens = np.asarray(tokens)
         if self.crash_token is not None and (tokens == self.crash_token).any():
             raise RuntimeError("injected prefill crash")
-        time.sleep(self.prefill_seconds_per_token * len(tokens))
+        if self.prefill_seconds_per_token:
+            time.sleep(self.prefill_seconds_per_token * len(tokens))
         state = np.zeros((1, self.hidden + 2)) if start is None else start[0][None].copy()
         for t in tokens:
             state = self._advance(state, np.array([t]))
@@ -113,7 +116,8 @@ class FakeEngine:
         self.events.append(("step", self.bucket))
         if index in self.fail_steps:
             raise RuntimeError(f"injected failure at step {index}")
-        time.sleep(self.step_seconds)
+        if self.step_seconds:
+            time.sleep(self.step_seconds)
         tokens = np.asarray(tokens)
         self.counts = update_counts(self.counts, tokens, self.rows.decay)
         self.state = self._advance(self.state, tokens)
@@ -146,3 +150,117 @@ def reference_decode(engine: FakeEngine, prompt: Sequence[int], params, max_toke
         state = engine._advance(state, np.array([token]))
         logits = engine._logits(state)
     return out
+
+
+class CountingEngine:
+    """A zero-cost engine for soak tests of the scheduler itself (memory, bookkeeping):
+    no model and no sampling. A row is the prompt's token sum; the first token is
+    1 + (sum + seed) % (V - 1) and every later one is 1 + (last % (V - 1)) (never 0, the
+    default stop token), so each request runs to max_tokens. Implements ``Engine`` and
+    ``VarlenPrefill``; ``expected_tokens(prompt, params)`` gives a request's output."""
+
+    def __init__(self, vocab_size: int = 64):
+        self.vocab_size = vocab_size
+        self.bucket = 0
+        self.last_path = "counting"
+
+    def compile(self, buckets):
+        return {b: 0.0 for b in buckets}
+
+    def compile_prefill(self):
+        return {}
+
+    def compile_varlen(self, token_rows):
+        return 0.0
+
+    def prefill(self, tokens, start=None):
+        return (0 if start is None else start[0]) + int(np.sum(tokens)), None
+
+    def prefill_varlen(self, prompts, starts, token_rows):
+        return [self.prefill(p, s) for p, s in zip(prompts, starts)]
+
+    def sample(self, row, params, position=0):
+        return 1 + (row[0] + params.seed) % (self.vocab_size - 1)
+
+    def expected_tokens(self, prompt: Sequence[int], params) -> list[int]:
+        out = [self.sample((int(sum(prompt)), None), params)]
+        while len(out) < params.max_tokens:
+            out.append(1 + out[-1] % (self.vocab_size - 1))
+        return out
+
+    def insert(self, slot, row, params):
+        pass
+
+    def extract(self, slot):
+        return 0, None
+
+    def resize(self, keep_slots, new_bucket):
+        self.bucket = new_bucket
+
+    def step(self, tokens, positions):
+        return (1 + np.asarray(tokens) % (self.vocab_size - 1)).astype(np.int32)
+
+    def to_host(self, row):
+        return (np.array(row[0]),)
+
+    def from_host(self, host_row):
+        return int(host_row[0]), None
+
+
+def rss_bytes() -> int:
+    """This process's resident set size now (Linux /proc; elsewhere the peak, from getrusage)."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except OSError:
+        import resource
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def soak(scheduler, n: int, checkpoints: Sequence[int] = (), window: int = 512, check_every: int = 997,
+         on_checkpoint=None) -> np.ndarray:
+    """Stream ``n`` requests (ids "0".."n-1", prompts of 1-8 tokens, 1-8 output tokens) through
+    ``scheduler`` (on a ``CountingEngine``) with at most ``window`` in flight, as the batch
+    command does. Every result is checked on arrival: its id is new, it ran to max_tokens, and
+    every ``check_every``-th one's tokens equal ``expected_tokens``. ``on_checkpoint(done)``
+    runs when ``done`` results have arrived, for each done in checkpoints. Returns the number
+    of times each id finished (int8 [n])."""
+    from rwkv7_core.sampling import SamplingParams
+
+    from .request import Request
+
+    engine = scheduler.engine
+    finished = np.zeros(n, np.int8)
+    marks = sorted(checkpoints)
+    state = {"next": 0, "in_flight": 0, "done": 0, "bad": None}
+
+    def request(i: int) -> Request:
+        prompt = [1 + (i * 7 + k) % (engine.vocab_size - 1) for k in range(1 + i % 8)]
+        return Request(str(i), prompt, SamplingParams(max_tokens=1 + (i * 5) % 8, stop_tokens=(), seed=i))
+
+    def admit() -> None:
+        while state["in_flight"] < window and state["next"] < n:
+            scheduler.add(request(state["next"]))
+            state["next"] += 1
+            state["in_flight"] += 1
+
+    def on_finish(out) -> None:
+        i = int(out.id)
+        finished[i] += 1
+        state["in_flight"] -= 1
+        state["done"] += 1
+        want = request(i)
+        if out.generated_tokens != want.params.max_tokens or (
+                i % check_every == 0 and out.tokens != engine.expected_tokens(want.prompt_tokens, want.params)):
+            state["bad"] = state["bad"] or f"request {i}: {out.finish_reason} {out.tokens}"
+        while marks and state["done"] >= marks[0]:
+            marks.pop(0)
+            if on_checkpoint is not None:
+                on_checkpoint(state["done"])
+        admit()
+
+    admit()
+    scheduler.run(on_finish=on_finish)
+    if state["bad"] is not None:
+        raise AssertionError(f"wrong result: {state['bad']}")
+    return finished

@@ -173,7 +173,7 @@ def test_varlen_and_mixed_policies_match_serial_greedy_tokens(tiny_model):
                 for i, n in enumerate(lengths)]
     tokens, paths = {}, {}
     engine = JaxEngine(tiny_model, prefill_pieces=(32, 4, 1))  # shared: its executables are reused
-    for policy in ("serial", "varlen", "mixed"):
+    for policy in ("serial", "varlen", "mixed", "auto"):
         scheduler = Scheduler(engine,
                               SchedulerConfig(max_batch=4, prefill_policy=policy, chunk=32))
         for r in requests:
@@ -185,7 +185,7 @@ def test_varlen_and_mixed_policies_match_serial_greedy_tokens(tiny_model):
         paths[policy] = {s.path for s in scheduler.stats.steps}
         assert sum(p.tokens for p in scheduler.stats.prefills) == sum(lengths)
     assert tokens["varlen"] == tokens["serial"]
-    assert tokens["mixed"] == tokens["serial"]
+    assert tokens["mixed"] == tokens["serial"] and tokens["auto"] == tokens["serial"]
     assert "DENSE" in paths["mixed"] and "DENSE" not in paths["serial"]
 
     # With the prefix cache: a shared 70-token system prompt (cached at its 64-token block
@@ -195,7 +195,7 @@ def test_varlen_and_mixed_policies_match_serial_greedy_tokens(tiny_model):
               for i, n in enumerate([3, 40, 1, 9])]
     shared += [Request("dup", shared[2].prompt_tokens, SamplingParams(max_tokens=4))]
     cached = {}
-    for policy, cache_bytes in (("serial", 0), ("varlen", 10**8), ("mixed", 10**8)):
+    for policy, cache_bytes in (("serial", 0), ("varlen", 10**8), ("mixed", 10**8), ("auto", 10**8)):
         scheduler = Scheduler(engine, SchedulerConfig(max_batch=4, prefill_policy=policy, chunk=32,
                                                       prefix_cache_bytes=cache_bytes))
         for r in shared:
@@ -203,13 +203,14 @@ def test_varlen_and_mixed_policies_match_serial_greedy_tokens(tiny_model):
         scheduler.run()
         cached[policy] = [scheduler.results[r.id].tokens for r in shared]
         assert scheduler.stats.prefix_hits >= (len(shared) - 1 if cache_bytes else 0)
-    assert cached["varlen"] == cached["serial"] and cached["mixed"] == cached["serial"]
+    assert cached["varlen"] == cached["serial"] and cached["mixed"] == cached["serial"] == cached["auto"]
 
 
 def test_policies_need_engine_support():
     from scheduler import Scheduler, SchedulerConfig
     from scheduler.testing import FakeEngine
     Scheduler(FakeEngine(), SchedulerConfig(prefill_policy="serial"))
+    Scheduler(FakeEngine(), SchedulerConfig(prefill_policy="auto"))  # falls back to serial
     for policy, method in (("varlen", "VarlenPrefill"), ("mixed", "MixedStep")):
         with pytest.raises(ValueError, match=method):
             Scheduler(FakeEngine(), SchedulerConfig(prefill_policy=policy))

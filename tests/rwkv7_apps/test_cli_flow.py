@@ -20,7 +20,7 @@ def test_input_is_streamed_through_a_window(tiny_ckpt, tmp_path, monkeypatch):
     def counting_add(self, request):
         real_add(self, request)
         pending["added"] += 1
-        peak.append(pending["added"] - len(self.results))
+        peak.append(pending["added"] - self.stats.requests_finished)
 
     monkeypatch.setattr(Scheduler, "add", counting_add)
     rng = np.random.default_rng(9)

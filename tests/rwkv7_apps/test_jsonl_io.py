@@ -7,7 +7,7 @@ import os
 import numpy as np
 import pytest
 
-from rwkv7_apps.jsonl_io import InputError, InputRequest, ResultWriter, error_record, read_requests, record_key
+from rwkv7_apps.jsonl_io import InputError, InputRequest, ResultWriter, error_record, item_key, read_requests, record_key
 
 
 def _write_lines(path, lines):
@@ -101,3 +101,33 @@ def test_a_second_writer_on_the_same_file_is_refused(tmp_path):
             ResultWriter(path)
     with ResultWriter(path) as again:  # released on close
         assert again.done == {("id", "a")}
+
+
+def test_resume_scan_reads_the_same_keys_as_a_full_parse(tmp_path):
+    rng = np.random.default_rng()
+    ids = ["plain", 'quo"te', "back\\slash", "ünï", "a, b", 17, -3, 0, "line"]
+    ids += [f"r{i}" for i in rng.integers(0, 10**6, 20)] + [int(i) for i in rng.integers(-10**9, 10**9, 20)]
+    path = tmp_path / "out.jsonl"
+    with ResultWriter(path) as w:
+        for i, rid in enumerate(ids):
+            w.write({"id": rid, "tokens": rng.integers(0, 9, int(rng.integers(0, 4))).tolist(),
+                     "text": 'say "line": 3', "finish_reason": "length", "prompt_tokens": 1, "generated_tokens": 1})
+            if i % 7 == 0:
+                w.write({"id": rid, "tokens": [], "finish_reason": "error", "error": "dup", "prompt_tokens": 0,
+                         "generated_tokens": 0, "line": 100 + i})
+    with ResultWriter(path) as w:
+        assert w.done == {record_key(json.loads(x)) for x in path.read_text().splitlines()}
+        assert ("id", 'quo"te') in w.done and ("line", 100) in w.done and ("id", -3) in w.done
+
+
+def test_skipping_done_keys_yields_none_and_keeps_duplicate_detection(tmp_path):
+    rows = [json.dumps({"id": "a", "tokens": [1]}), json.dumps({"id": "b", "tokens": "bad"}),
+            json.dumps({"id": "a", "tokens": [2]}), "{broken", json.dumps({"id": 5, "prompt": "x"})]
+    path = tmp_path / "in.jsonl"
+    path.write_text("\n".join(rows) + "\n")
+    full = list(read_requests(path))
+    done = {("id", "a"), ("id", "b")}
+    skipped = list(read_requests(path, skip=done))
+    assert skipped[:2] == [None, None]
+    assert [x for x in skipped if x is not None] == [x for x in full if item_key(x) not in done]
+    assert isinstance(skipped[2], InputError) and "duplicate" in skipped[2].message

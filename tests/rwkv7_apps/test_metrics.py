@@ -5,40 +5,49 @@ import json
 
 import numpy as np
 
-from rwkv7_apps.metrics import PEAK_WINDOW, build_metrics, plot_run, summary_table
-from scheduler.stats import BucketSwitch, CompileEvent, PrefillRecord, Stats, StepRecord
+from rwkv7_apps.metrics import PEAK_WINDOW, RunCounts, build_metrics, plot_run, summary_table
+from scheduler.stats import BucketSwitch, CompileEvent, PrefillRecord, RequestRecord, Stats
 
 
 def _random_run(rng, t0=1000.0):
     stats = Stats()
     buckets = [8] * 20 + [4] * 15 + [2] * 10 + [1] * 5
     t = t0 + 0.5
+    steps = []
     for b in buckets:
         dt = float(rng.uniform(0.001, 0.01))
-        stats.steps.append(StepRecord(t, b, int(rng.integers(1, b + 1)), "BATCHED_DECODE", dt))
+        steps.append((t, b, int(rng.integers(1, b + 1)), "BATCHED_DECODE", dt))
+        stats.record_step(*steps[-1])
         t += dt + float(rng.uniform(0, 0.002))
-    stats.compiles += [CompileEvent(t0 + 0.1, 8, 0.3), CompileEvent(t0 + 0.2, 4, 0.2)]
-    stats.switches.append(BucketSwitch(t0 + 0.6, 8, 4, 3, 0.001))
-    stats.prefills += [PrefillRecord(t0 + 0.01 * i, str(i), int(rng.integers(1, 50)), 0.005) for i in range(10)]
+    stats.record_compile(CompileEvent(t0 + 0.1, "step:8", 0.3))
+    stats.record_compile(CompileEvent(t0 + 0.2, "prefill:16", 0.2))
+    stats.record_switch(BucketSwitch(t0 + 0.6, 8, 4, 3, 0.001))
+    for i in range(10):
+        stats.record_prefill(PrefillRecord(t0 + 0.01 * i, str(i), int(rng.integers(1, 50)), 0.005))
     stats.prefix_hits, stats.prefix_misses = 3, 7
-    results = [{"id": str(i), "finish_reason": "length", "prompt_tokens": int(rng.integers(1, 50)),
-                "generated_tokens": int(rng.integers(1, 30)), "ttft": float(rng.uniform(0.01, 0.2))}
-               for i in range(10)]
-    results.append({"id": None, "finish_reason": "error", "prompt_tokens": 0, "generated_tokens": 0})
-    return stats, results, t - t0
+    counts, ttfts = RunCounts(), []
+    for i in range(10):
+        record = {"finish_reason": "length", "prompt_tokens": int(rng.integers(1, 50)),
+                  "generated_tokens": int(rng.integers(1, 30))}
+        ttfts.append(float(rng.uniform(0.01, 0.2)))
+        counts.add(record)
+        stats.record_request(RequestRecord(str(i), record["prompt_tokens"], 0, 0.01, ttfts[-1],
+                                           record["generated_tokens"], "length", t0, t))
+    counts.add({"finish_reason": "error", "prompt_tokens": 0, "generated_tokens": 0})
+    return stats, counts, steps, ttfts, t - t0
 
 
 def test_metrics_fields_and_values(tmp_path):
     rng = np.random.default_rng(11)
     t0 = 1000.0
-    stats, results, wall = _random_run(rng, t0)
-    itl = rng.uniform(0.001, 0.02, size=200).tolist()
-    m = json.loads(json.dumps(build_metrics(stats.to_dict(), results, itl, wall, t0, skipped=2)))
+    stats, counts, steps, ttfts, wall = _random_run(rng, t0)
+    itl = rng.uniform(0.001, 0.02, size=200)
+    stats.inter_token.add_many(itl)
+    m = json.loads(json.dumps(build_metrics(stats, counts, wall, t0, skipped=2)))
     assert m["requests"] == {"total": 11, "ok": 10, "failed": 1, "skipped_already_done": 2}
-    assert m["tokens"]["generated"] == sum(r["generated_tokens"] for r in results)
-    assert m["tokens"]["prompt"] == sum(r["prompt_tokens"] for r in results)
-    live = np.array([s.live for s in stats.steps], float)
-    secs = np.array([s.seconds for s in stats.steps])
+    assert m["tokens"]["generated"] == counts.generated_tokens and m["tokens"]["prompt"] == counts.prompt_tokens
+    live = np.array([s[2] for s in steps], float)
+    secs = np.array([s[4] for s in steps])
     assert np.isclose(m["decode_tok_s"]["average"], live.sum() / secs.sum())
     brute_peak = max(live[i:i + PEAK_WINDOW].sum() / secs[i:i + PEAK_WINDOW].sum()
                      for i in range(len(live) - PEAK_WINDOW + 1))
@@ -47,28 +56,34 @@ def test_metrics_fields_and_values(tmp_path):
     assert np.isclose(m["prefill_tok_s"], sum(p.tokens for p in stats.prefills) / (0.005 * 10))
     p = m["tokens"]["prompt"]
     assert np.isclose(m["prefill_share"], p / (p + m["tokens"]["generated"]))
-    assert np.isclose(m["ttft_s"]["p50"], np.median([r["ttft"] for r in results[:10]]))
-    assert np.isclose(m["inter_token_latency_s"]["p99"], np.percentile(itl, 99))
+    bound = m["percentiles_relative_error"]
+    assert bound == 0.01
+    exact_ttft = np.percentile(ttfts, 50, method="lower")
+    assert abs(m["ttft_s"]["p50"] - exact_ttft) <= bound * exact_ttft
+    exact_itl = np.percentile(itl, 99, method="lower")
+    assert abs(m["inter_token_latency_s"]["p99"] - exact_itl) <= bound * exact_itl
     assert [e["bucket"] for e in m["bucket_timeline"]] == [8, 4, 2, 1]
     assert m["bucket_timeline"][0]["t"] == 0.5
-    assert [e["bucket"] for e in m["compile_events"]] == [8, 4] and np.isclose(m["compile_events"][0]["time"], 0.1)
+    assert [e["what"] for e in m["compile_events"]] == ["step:8", "prefill:16"]
+    assert np.isclose(m["compile_events"][0]["time"], 0.1) and np.isclose(m["compile_seconds"], 0.5)
     assert m["bucket_switches"][0]["to_bucket"] == 4
     assert m["prefix_cache"] == {"hits": 3, "misses": 7, "hit_rate": 0.3}
     assert m["decode_steps"] == 50 and m["wall_time_s"] == wall
     table = summary_table(m)
     assert "10 / 1" in table and "30.0%" in table
+    assert any(line.split()[:2] == ["compile", "time"] and "0.500 s" in line for line in table.splitlines())
 
 
 def test_metrics_of_an_empty_run_has_no_rates():
-    m = build_metrics(Stats().to_dict(), [], [], 0.1, 0.0)
+    m = build_metrics(Stats(), RunCounts(), 0.1, 0.0)
     assert m["decode_tok_s"] == {"average": None, "peak": None} and m["ttft_s"]["p50"] is None
-    assert m["prefill_share"] is None and m["bucket_timeline"] == []
+    assert m["prefill_share"] is None and m["bucket_timeline"] == [] and m["compile_seconds"] == 0
     summary_table(m)
 
 
 def test_plot_writes_a_png(tmp_path):
-    stats, _, _ = _random_run(np.random.default_rng(5))
+    stats = _random_run(np.random.default_rng(5))[0]
     path = tmp_path / "run.png"
-    plot_run(stats.to_dict(), 1000.0, str(path))
+    plot_run(stats, 1000.0, str(path))
     data = path.read_bytes()
     assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5000

@@ -27,10 +27,10 @@ def test_smoke_run_writes_valid_json(tmp_path):
     result = main(["--smoke", "--out", str(tmp_path), "--tag", "t"])
     data = json.loads((tmp_path / "serving_t.json").read_text())
     table = (tmp_path / "serving_t.md").read_text()
-    assert all(f"\n| {policy} | " in table for policy in ("serial", "varlen", "mixed"))
+    assert all(f"\n| {policy} | " in table for policy in ("auto", "serial", "varlen", "mixed"))
     assert (tmp_path / "serving_t.png").stat().st_size > 0
     assert data["same_tokens_all_policies"] is True
-    assert set(data["policies"]) == {"serial", "varlen", "mixed"}
+    assert set(data["policies"]) == {"auto", "serial", "varlen", "mixed"}
     for policy, r in data["policies"].items():
         assert r["requests"] == 8 and r["finished"] == {"length": 8}, policy
         assert r["generated_tokens"] == sum(result["policies"][policy]["timeline"]["live"]) + 8

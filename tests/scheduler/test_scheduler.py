@@ -128,11 +128,12 @@ def test_every_request_final_exactly_once_with_cancel_and_should_stop():
     scheduler.run(on_token=on_token, on_finish=finished.append, should_stop=lambda: len(finished) >= 10)
     ids = [o.id for o in finished]
     assert len(ids) == len(set(ids))
-    assert scheduler.results["req29"].finish_reason == "cancelled" and scheduler.results["req29"].tokens == []
-    assert scheduler.results["req0"].finish_reason == "cancelled"
-    assert scheduler.results["req0"].tokens == reference_decode(FakeEngine(V), requests[0].prompt_tokens,
+    results = {o.id: o for o in finished}
+    assert results["req29"].finish_reason == "cancelled" and results["req29"].tokens == []
+    assert results["req0"].finish_reason == "cancelled"
+    assert results["req0"].tokens == reference_decode(FakeEngine(V), requests[0].prompt_tokens,
                                                                 requests[0].params)[:3]
-    assert scheduler.results["bad"].finish_reason == "error"
+    assert results["bad"].finish_reason == "error"
     unstarted = scheduler.unstarted()
     assert unstarted and set(unstarted).isdisjoint(ids) and len(ids) + len(unstarted) == 31
     assert all(scheduler._entries[i].state is RequestState.WAITING for i in unstarted)
@@ -140,8 +141,16 @@ def test_every_request_final_exactly_once_with_cancel_and_should_stop():
     scheduler.run(on_finish=finished.append)
     ids = [o.id for o in finished]
     assert sorted(ids) == sorted([r.id for r in requests] + ["bad"])
+    # results went only to on_finish; nothing per request is left, and cancelling a finished
+    # or unknown id is a no-op
+    assert scheduler.results == {} and scheduler._entries == {}
+    scheduler.cancel("req1")
+    scheduler.cancel("no such id")
+    scheduler.run()
+    assert scheduler.stats.requests_finished == 31 and scheduler.stats.finished["cancelled"] >= 2
+    results = {o.id: o for o in finished}
     for r in requests:
-        out = scheduler.results[r.id]
+        out = results[r.id]
         assert out.finish_reason in ("length", "cancelled")
         if out.finish_reason == "length":
             assert out.tokens == reference_decode(FakeEngine(V), r.prompt_tokens, r.params)
@@ -278,8 +287,11 @@ def test_max_tokens_zero_and_stats_json():
     assert scheduler.results["zero"].tokens == [] and scheduler.results["zero"].finish_reason == "length"
     assert ("compile", (1, 2)) in engine.events
     d = json.loads(json.dumps(scheduler.stats.to_dict()))
-    assert {c["bucket"] for c in d["compiles"]} == {1, 2}
-    assert {r["id"] for r in d["requests"]} == {"zero", "two"}
-    assert d["steps"] and all(s["path"] == "fake" for s in d["steps"])
+    assert {c["what"] for c in d["compiles"]} == {"bucket 1", "bucket 2"}
+    assert {r["id"] for r in d["recent"]["requests"]} == {"zero", "two"}
+    steps = d["recent"]["steps"]
+    assert steps and all(s["path"] == "fake" for s in steps)
+    assert d["totals"]["requests"] == 2 and d["totals"]["generated_tokens"] == 2
+    assert d["totals"]["decode_steps"] == len(steps) and sum(w["steps"] for w in d["timeline"]) == len(steps)
     two = scheduler.results["two"]
     assert two.arrival_time <= two.first_token_time <= two.finish_time
