@@ -63,3 +63,23 @@ def test_log_histogram_bound_on_fresh_random_values():
         got = one.quantile(q)
         assert got == halves[0].quantile(q)
         assert abs(got - want) <= RELATIVE_ERROR * want or (want < one.min_value and got == 0.0)
+
+
+def test_merged_stats_of_replicas_add_up_and_survive_pickling():
+    import pickle
+
+    parts = []
+    for seed in range(3):
+        scheduler = Scheduler(CountingEngine(), SchedulerConfig(max_batch=16))
+        soak(scheduler, 300 + 100 * seed, window=40)
+        parts.append(pickle.loads(pickle.dumps(scheduler.stats)))
+    merged = type(parts[0]).merged(parts)
+    assert merged.requests_finished == sum(p.requests_finished for p in parts) == 1200
+    assert merged.decode_tokens == sum(p.decode_tokens for p in parts)
+    assert merged.ttft.count == 1200 and merged.ttft.max == max(p.ttft.max for p in parts)
+    assert sum(w.steps for w in merged.timeline.points()) == merged.decode_steps
+    times = [s.time for s in merged.steps]
+    assert times == sorted(times)
+    before = parts[0].steps[0].time
+    parts[0].shift_times(10.0)
+    assert parts[0].steps[0].time == before + 10.0 and parts[0].timeline.points()[0].start >= before + 10.0
