@@ -109,10 +109,10 @@ def read_requests(path: str | os.PathLike, skip=frozenset()) -> Iterator[InputRe
             item = parse_line(line_no, text)
             if item.id is not None:
                 if item.id in first_line:
-                    yield InputError(line_no, item.id, f"line {line_no}: duplicate id {item.id!r} "
-                                                       f"(first used on line {first_line[item.id]})", by_line=True)
-                    continue
-                first_line[item.id] = line_no
+                    item = InputError(line_no, item.id, f"line {line_no}: duplicate id {item.id!r} "
+                                                        f"(first used on line {first_line[item.id]})", by_line=True)
+                else:
+                    first_line[item.id] = line_no
             if skip and item_key(item) in skip:
                 yield None
                 continue

@@ -130,4 +130,6 @@ def test_skipping_done_keys_yields_none_and_keeps_duplicate_detection(tmp_path):
     skipped = list(read_requests(path, skip=done))
     assert skipped[:2] == [None, None]
     assert [x for x in skipped if x is not None] == [x for x in full if item_key(x) not in done]
+    done_all = {item_key(x) for x in full}
+    assert list(read_requests(path, skip=done_all)) == [None] * len(full)  # a finished job: all skipped
     assert isinstance(skipped[2], InputError) and "duplicate" in skipped[2].message
