@@ -2,7 +2,7 @@
 
 ``ReplicaSet`` has the surface of ``scheduler.Scheduler`` that rwkv7-generate drives
 (``add``, ``cancel``, ``unstarted``, ``run``, ``config.max_batch``, ``engine.vocab_size``,
-``stats.to_dict()``), so the command's one writer, resume, locking and signal handling
+``stats``), so the command's one writer, resume, locking and signal handling
 stay as they are.
 
 - Threads: each replica runs its ``Scheduler.run`` in its own thread ("replica-i"); every
