@@ -206,7 +206,7 @@ class Prefill:
             return list(self.queue)
         ready, computing = [], set()
         for progress in list(self.queue):
-            first_block = tuple(progress.entry.prompt[:self.prefix_block])
+            first_block = (_namespace(progress.entry), tuple(progress.entry.prompt[:self.prefix_block]))
             if not progress.looked_up:
                 if first_block in computing:
                     continue
