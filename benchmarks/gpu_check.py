@@ -367,6 +367,45 @@ def measure_model(jitted, params, config, kernels, B, T, smoke, roofline) -> dic
             "roofline_fraction": max(bytes_s, flops_s) / step_s}
 
 
+def run_fused_decode(smoke: bool, roofline: dict, budget: Budget, until_left_s: float) -> dict:
+    """kernels="pallas" vs "pallas-fused" (issue 15): float32 parity of the fused path against
+    XLA, then decode tok/s at B = 1, 8, 32, 256 (1.5b shape, bf16) for both, the launches of
+    each compiled step (fusions + custom calls + copies in its HLO) and the per-launch cost
+    they imply: (step_pallas - step_fused) / (launches_pallas - launches_fused)."""
+    kernels = "pallas-fused-interpret" if smoke else "pallas-fused"
+    out = {"parity": [attempt({"config": "odd", "B": B}, model_parity, ODD, B, 1, kernels, 3)
+                      for B in ((1,) if smoke else (1, 5))], "decode": []}
+    dtype = jnp.float32 if smoke else jnp.bfloat16
+    name = "tiny" if smoke else "1.5b"
+    config = named_config(name)
+    params = block(random_params(config, dtype, seed=0))
+    jitted = jax.jit(rwkv_jax.forward_fn, static_argnames=("config", "path", "kernels", "full_output"),
+                     donate_argnames=("state",))
+
+    def launches(kind, B):
+        tokens, state = jnp.zeros((B, 1), jnp.int32), rwkv_jax.init_state(config, B, dtype)
+        text = jitted.lower(params, tokens, state, config=config, path=rwkv_jax.select_path(B, 1),
+                            kernels=kind).compile().as_text()
+        entry = text[text.index("\nENTRY "):]
+        return sum(entry.count(op) for op in (" fusion(", " custom-call(", " copy("))
+
+    for B in (1,) if smoke else (1, 8, 32, 256):
+        pair = {}
+        for kind in ("pallas-interpret" if smoke else "pallas", kernels):
+            if budget.left() - until_left_s < FIRST_COMPILE_GUESS_S:
+                pair[kind] = {"skipped": "time budget"}
+                continue
+            row = attempt({"model": name, "kernels": kind, "B": B, "T": 1},
+                          measure_model, jitted, params, config, kind, B, 1, smoke, roofline)
+            row.update(attempt({}, lambda: {"launches": launches(kind, B)}))
+            pair[kind] = row
+        old, new = pair.values()
+        if "step_ms" in old and "step_ms" in new and old.get("launches", 0) > new.get("launches", 0):
+            pair["per_launch_us"] = (old["step_ms"] - new["step_ms"]) * 1e3 / (old["launches"] - new["launches"])
+        out["decode"].append({"B": B, **pair})
+    return out
+
+
 def goals(rows: list) -> dict:
     """The issue's speed goals, evaluated on the measured rows (None where not measured)."""
     got = {(r["model"], r["kernels"], r["B"], r["T"]): r for r in rows if "tok_s" in r}
@@ -609,6 +648,7 @@ def main(argv=None) -> dict:
     on_models(run_models(args.smoke, results["roofline"], budget, reserve, on_models))
     results["deviceless"] = attempt({}, run_deviceless, args.smoke)
     results["estimate_check"] = estimate_check(results["models"])
+    results["fused_decode"] = run_fused_decode(args.smoke, results["roofline"], budget, reserve)
     save()
     if hook and not args.smoke:
         results["serving"] = attempt({}, hook, out_dir=str(out_dir),

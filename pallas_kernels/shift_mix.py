@@ -17,6 +17,7 @@ from jax.experimental.pallas import triton as plgpu_triton
 from rwkv7_core.constants import LN_EPS
 
 from .common import next_pow2, require, triton_params
+from .segment_linear import SplitSum, sum_splits
 
 
 
@@ -67,7 +68,11 @@ def _kernel(*refs, n_mix: int, C: int, has_delta: bool):
 
     dtype = h_out_ref.dtype
     h = plgpu_triton.load(h_ref, mask=valid, other=0)
-    if has_delta:
+    if has_delta and len(d_ref.shape) == 2:  # split-K partials [splits, C] of this row
+        delta = sum_splits(lambda s: plgpu_triton.load(d_ref.at[s], mask=valid, other=0),
+                           d_ref.shape[0], dtype)
+        h = h + delta.astype(h.dtype)
+    elif has_delta:
         h = h + plgpu_triton.load(d_ref, mask=valid, other=0).astype(h.dtype)
     store(h_out_ref, h)
     hf = h.astype(jnp.float32)
@@ -83,35 +88,47 @@ def _kernel(*refs, n_mix: int, C: int, has_delta: bool):
         store(mixed_ref.at[row], x + diff * load(mix_ref.at[row]))
 
 
-def shift_mix(h, delta, shift, ln_w, ln_b, mix, *, interpret: bool = False):
-    """Pallas version of `shift_mix_reference`; the new shift state aliases `shift`.
+def shift_mix(h, delta, shift, ln_w, ln_b, mix, *, layer: int | None = None, interpret: bool = False):
+    """Pallas version of `shift_mix_reference`; the new shift state aliases `shift`. delta may
+    be a SplitSum (the previous product's split-K partials, summed here: no reduction launch).
 
-    Any C works (blocks are rounded up to a power of two and masked); n = mix.shape[0].
+    Any C works (blocks are rounded up to a power of two and masked); n = mix.shape[0]. With
+    `layer`, shift is the whole [B, L, C] state leaf: row (b, layer) is read and written in
+    place and the returned shift is the whole leaf (nothing is sliced out).
     """
     B, C = h.shape
     n_mix = mix.shape[0]
-    require(shift.shape == (B, C), f"shift_mix: shift must be [B, C]={B, C}, got {shift.shape}")
-    require(delta is None or delta.shape == (B, C),
-            f"shift_mix: delta must be None or [B, C]={B, C}, got {getattr(delta, 'shape', None)}")
+    shift_shape = (B, C) if layer is None else (B, shift.shape[1], C)
+    require(shift.shape == shift_shape, f"shift_mix: shift must be {shift_shape}, got {shift.shape}")
+    require(layer is None or shift.dtype == h.dtype, "shift_mix: an in-place shift leaf must have h's dtype")
+    partials = isinstance(delta, SplitSum)
+    if partials:
+        require(delta.M == B and delta.partials.shape[1] >= B and delta.partials.shape[2] == C,
+                f"shift_mix: delta partials must be [splits, >= {B}, {C}], got {delta.partials.shape}")
+        delta = delta.partials
+    require(delta is None or partials or delta.shape == (B, C),
+            f"shift_mix: delta must be None, a SplitSum or [B, C]={B, C}, got {getattr(delta, 'shape', None)}")
     require(ln_w.shape == (C,) and ln_b.shape == (C,), "shift_mix: ln_w and ln_b must be [C]")
     require(mix.ndim == 2 and mix.shape[1] == C, f"shift_mix: mix must be [n, C], got {mix.shape}")
     Cp = next_pow2(C)
     row = pl.BlockSpec((None, Cp), lambda b: (b, 0))
     vec = pl.BlockSpec((Cp,), lambda b: (0,))
     mixes = pl.BlockSpec((n_mix, Cp), lambda b: (0, 0))
+    state = row if layer is None else pl.BlockSpec((None, None, Cp), lambda b: (b, layer, 0))
     has_delta = delta is not None
     inputs = (h, delta, shift, ln_w, ln_b, mix) if has_delta else (h, shift, ln_w, ln_b, mix)
-    in_specs = [row, row, row, vec, vec, mixes] if has_delta else [row, row, vec, vec, mixes]
+    delta_spec = pl.BlockSpec((delta.shape[0], None, Cp), lambda b: (0, b, 0)) if partials else row
+    in_specs = [row, delta_spec, state, vec, vec, mixes] if has_delta else [row, state, vec, vec, mixes]
     shift_index = 2 if has_delta else 1
     dtype = h.dtype
     return pl.pallas_call(
         functools.partial(_kernel, n_mix=n_mix, C=C, has_delta=has_delta),
         out_shape=(jax.ShapeDtypeStruct((B, C), dtype),
                    jax.ShapeDtypeStruct((n_mix, B, C), dtype),
-                   jax.ShapeDtypeStruct((B, C), dtype)),
+                   jax.ShapeDtypeStruct(shift_shape, dtype)),
         grid=(B,),
         in_specs=in_specs,
-        out_specs=(row, pl.BlockSpec((n_mix, None, Cp), lambda b: (0, b, 0)), row),
+        out_specs=(row, pl.BlockSpec((n_mix, None, Cp), lambda b: (0, b, 0)), state),
         input_output_aliases={shift_index: 2} if shift.dtype == dtype else {},
         name="rwkv7_shift_mix",
         compiler_params=triton_params(num_warps=4 if Cp <= 1024 else 8),

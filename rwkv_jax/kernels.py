@@ -15,11 +15,15 @@ from .paths import Path
 
 class Kernels(str, enum.Enum):
     """XLA: plain jnp ops; PALLAS: the Pallas kernels; PALLAS_INTERPRET: the same kernels run
-    by the Pallas interpreter (any backend, for checks); AUTO: PALLAS on a GPU, else XLA."""
+    by the Pallas interpreter (any backend, for checks); PALLAS_FUSED (+ _INTERPRET): the
+    fewer-launch decode kernels (``rwkv_jax.pallas_ops.fused_ops``; selectable until shown
+    faster on a GPU); AUTO: PALLAS on a GPU, else XLA."""
 
     XLA = "xla"
     PALLAS = "pallas"
     PALLAS_INTERPRET = "pallas-interpret"
+    PALLAS_FUSED = "pallas-fused"
+    PALLAS_FUSED_INTERPRET = "pallas-fused-interpret"
     AUTO = "auto"
 
 
@@ -42,5 +46,7 @@ def ops_for(path: Path, kernels: str | Kernels) -> Ops:
     kind = resolve(kernels)
     if kind is Kernels.XLA:
         return XLA_OPS
-    from .pallas_ops import pallas_ops  # only Pallas runs import the kernels' Triton lowering
-    return pallas_ops(path, interpret=kind is Kernels.PALLAS_INTERPRET)
+    from .pallas_ops import fused_ops, pallas_ops  # only Pallas runs import the Triton lowering
+    interpret = kind in (Kernels.PALLAS_INTERPRET, Kernels.PALLAS_FUSED_INTERPRET)
+    build = fused_ops if kind in (Kernels.PALLAS_FUSED, Kernels.PALLAS_FUSED_INTERPRET) else pallas_ops
+    return build(path, interpret=interpret)

@@ -13,13 +13,12 @@ belong to sequences (token shift, wkv recurrence, which rows give logits).
 """
 from __future__ import annotations
 
-import jax
 import jax.numpy as jnp
 from flax import nnx
 
 from pallas_kernels.shift_mix import layer_norm
+from pallas_kernels.time_mix import TimeMixWeights
 from rwkv7_core.config import ModelConfig
-from rwkv7_core.constants import DECAY_SCALE, GROUP_NORM_EPS, KK_EPS
 
 from .layouts import Layout
 from .ops import Ops
@@ -59,7 +58,7 @@ class TimeMix(nnx.Module):
         p = f"blocks.{layer_id}.att."
         self.layer_id, self.n_head, self.head_size = layer_id, H, N
         self.mix = t.rows([p + f"x_{n}" for n in "rwkvag"], C)
-        self.vecs = t.rows([p + n for n in TIME_MIX_VECS], C, F32)
+        self.vecs = t.rows([p + n for n in TIME_MIX_VECS], C, F32)  # TimeMixWeights.vecs order
         self.r_k = t.get(p + "r_k", (H, N), F32)
         for name in ("receptance", "key", "value", "output"):
             setattr(self, name, t.get(p + name + ".weight", (C, C)))
@@ -68,38 +67,15 @@ class TimeMix(nnx.Module):
             setattr(self, n + "1", t.get(p + n + "1", (d, C), transpose=True))
             setattr(self, n + "2", t.get(p + n + "2", (C, d), transpose=True))
 
+    def weights(self) -> TimeMixWeights:
+        return TimeMixWeights(*(getattr(self, n)[...] for n in TimeMixWeights._fields))
+
     def __call__(self, mixed, S, v_first, *, ops: Ops, rows: Layout):
         """mixed [6, M, C] (order r w k v a g), S (the layout's state rows, float32),
-        v_first [M, C] float32 | None -> (out [M, C] model dtype, S_new, v_first)."""
-        _, M, C = mixed.shape
-        H, N = self.n_head, self.head_size
-        xr, xw, xk, xv, xa, xg = mixed
-        w0, a0, v0, k_k, k_a, lnx_w, lnx_b = self.vecs[...]
-        lin = ops.linear
-
-        r = lin(xr, self.receptance[...]).astype(F32)
-        k = lin(xk, self.key[...]).astype(F32)
-        v = lin(xv, self.value[...]).astype(F32)
-        w_lora = lin(jnp.tanh(lin(xw, self.w1[...])), self.w2[...]).astype(F32)
-        w = jnp.exp(-DECAY_SCALE * jax.nn.sigmoid(w0 + w_lora))
-        a = jax.nn.sigmoid(a0 + lin(lin(xa, self.a1[...]), self.a2[...]).astype(F32))
-        g = lin(jax.nn.sigmoid(lin(xg, self.g1[...])), self.g2[...]).astype(F32)
-
-        kk = (k * k_k).reshape(M, H, N)
-        kk = (kk / jnp.maximum(jnp.linalg.norm(kk, axis=-1, keepdims=True), KK_EPS)).reshape(M, C)
-        k = k * (1 + (a - 1) * k_a)
-        if self.layer_id == 0:
-            v_first = v
-        else:
-            v = v + (v_first - v) * jax.nn.sigmoid(v0 + lin(lin(xv, self.v1[...]), self.v2[...]).astype(F32))
-
-        y, S = rows.wkv(ops, S, *(x.reshape(M, H, N) for x in (r, w, k, v, kk, a)))
-        mean = y.mean(-1, keepdims=True)
-        var = jnp.square(y - mean).mean(-1, keepdims=True)
-        y = ((y - mean) * jax.lax.rsqrt(var + GROUP_NORM_EPS)).reshape(M, C) * lnx_w + lnx_b
-        bonus = (r * k).reshape(M, H, N) * self.r_k[...]
-        y = y + (bonus.sum(-1, keepdims=True) * v.reshape(M, H, N)).reshape(M, C)
-        return lin((y * g).astype(mixed.dtype), self.output[...]), S, v_first
+        v_first [M, C] float32 | None -> (out [M, C] model dtype after the output projection (or
+        its split-K partials, see Ops.time_mix), S_new, v_first)."""
+        return ops.time_mix(mixed, self.weights(), S, v_first, first=self.layer_id == 0,
+                            wkv=lambda S, *xs: rows.wkv(ops, S, *xs))
 
 
 class ChannelMix(nnx.Module):
@@ -122,8 +98,10 @@ class Block(nnx.Module):
 
     def __init__(self, config: ModelConfig, layer_id: int, t: Tensors):
         p = f"blocks.{layer_id}."
-        self.ln = t.rows([p + "ln1.weight", p + "ln1.bias", p + "ln2.weight", p + "ln2.bias"],
-                         config.n_embd, F32)
+        C = config.n_embd
+        # one array each (not stacked): a kernel operand that is a slice costs a copy on the GPU
+        self.ln1_w, self.ln1_b, self.ln2_w, self.ln2_b = (
+            t.get(p + name, (C,), F32) for name in ("ln1.weight", "ln1.bias", "ln2.weight", "ln2.bias"))
         self.att = TimeMix(config, layer_id, t)
         self.ffn = ChannelMix(config, layer_id, t)
 
@@ -132,7 +110,7 @@ class Block(nnx.Module):
         added); layer_state (att_shift, wkv, ffn_shift) in the layout's state rows
         -> (h, delta, layer_state, v_first)."""
         att_shift, S, ffn_shift = layer_state
-        ln1_w, ln1_b, ln2_w, ln2_b = self.ln[...]
+        ln1_w, ln1_b, ln2_w, ln2_b = (x[...] for x in (self.ln1_w, self.ln1_b, self.ln2_w, self.ln2_b))
         h, mixed, att_shift = rows.shift_mix(ops, h, delta, att_shift, ln1_w, ln1_b, self.att.mix[...])
         att_out, S, v_first = self.att(mixed, S, v_first, ops=ops, rows=rows)
         h, mixed, ffn_shift = rows.shift_mix(ops, h, att_out, ffn_shift, ln2_w, ln2_b, self.ffn.mix[...])
@@ -155,16 +133,10 @@ class RWKV7(nnx.Module):
         ffn_shift [P, L, C]) -> (logits float32 [rows.outputs rows, V], new state)."""
         ln0_w, ln0_b, lnout_w, lnout_b = self.ln[...]
         h = layer_norm(jnp.take(self.emb[...], tokens, axis=0), ln0_w, ln0_b)
-        delta, v_first, state = None, None, tuple(state)
+        delta, v_first, states = None, None, ops.state_views(state)
         for layer, block in enumerate(self.blocks):
-            layer_state = tuple(leaf[:, layer] for leaf in state)
-            h, delta, layer_state, v_first = block(h, delta, layer_state, v_first, ops=ops, rows=rows)
-            # Written back layer by layer into the (donated) state: each layer's slice is read
-            # before it is overwritten, so XLA updates the buffer in place; stacking the new
-            # layers instead made XLA:GPU copy the whole wkv state first (100 MB per step at
-            # 1.5b, B=8, measured deviceless).
-            state = tuple(jax.lax.dynamic_update_index_in_dim(leaf, new.astype(leaf.dtype), layer, 1)
-                          for leaf, new in zip(state, layer_state))
+            h, delta, layer_state, v_first = block(h, delta, states.layer(layer), v_first, ops=ops, rows=rows)
+            states.set(layer, layer_state)
         h = rows.outputs(h + delta)
         logits = ops.linear(layer_norm(h, lnout_w, lnout_b), self.head[...]).astype(F32)
-        return logits, state
+        return logits, states.result()

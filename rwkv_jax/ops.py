@@ -22,16 +22,28 @@ dtypes (x dtype = the model dtype unless stated):
   hidden unit owns one contiguous row, which a sparse kernel can skip when its activation
   is exactly zero. float16 keeps the squared activations in float32 (they overflow past
   a pre-activation of ~255); other dtypes round them to the model dtype.
+- ``time_mix(mixed [6, M, C], wts TimeMixWeights, S, v_first [M, C] float32 | None, *, first,
+  wkv) -> (out [M, C], S', v_first)``: the time-mix body through the output projection
+  (``pallas_kernels.time_mix.time_mix_reference``); wkv(S, r, w, k, v, kk, a) is the layout's
+  recurrence. The fused decode ops return `out` (and channel_mix its result) as a
+  ``SplitSum`` (unreduced split-K partials) that their shift_mix takes as `delta` and that
+  ``h + out`` sums.
+- ``state_views(state) -> SlicedState | InPlaceState``: how the layer loop hands each layer its
+  state (``rwkv_jax.state_views``): per-layer slices, or whole leaves updated in place.
 """
 from __future__ import annotations
 
+import functools
 from typing import Callable, NamedTuple
 
 from pallas_kernels.shift_mix import shift_mix_reference
 from pallas_kernels.small_m_linear import linear_reference
 from pallas_kernels.sparse_channel_mix import channel_mix_reference
+from pallas_kernels.time_mix import time_mix_reference
 from pallas_kernels.wkv_seq import wkv_seq_reference
 from pallas_kernels.wkv_step import wkv_step_reference
+
+from .state_views import SlicedState
 
 
 class Ops(NamedTuple):
@@ -42,7 +54,10 @@ class Ops(NamedTuple):
     wkv_step: Callable
     wkv_seq: Callable
     channel_mix: Callable
+    time_mix: Callable
+    state_views: Callable = SlicedState
 
 
 XLA_OPS = Ops(linear=linear_reference, shift_mix=shift_mix_reference, wkv_step=wkv_step_reference,
-              wkv_seq=wkv_seq_reference, channel_mix=channel_mix_reference)
+              wkv_seq=wkv_seq_reference, channel_mix=channel_mix_reference,
+              time_mix=functools.partial(time_mix_reference, linear=linear_reference))

@@ -9,6 +9,12 @@
   token shift and the channel-mix stay XLA (compute-bound GEMMs XLA already does well).
 Shapes a kernel cannot serve (e.g. low-rank widths without a power-of-two divisor >= 16)
 fall back to the XLA op, decided at trace time from static shapes.
+
+``fused_ops`` (``kernels="pallas-fused"``) is the fewer-launch decode variant (B1T1 and
+BATCHED_DECODE; DENSE is as above): the state is updated in place (``InPlaceState``: the
+mixes and wkv kernels read and write their layer of the whole [B, L, ...] leaves), and the
+time-mix runs as three launches (``pallas_kernels.fused_time_mix``) instead of eleven products,
+their reductions and the elementwise fusions between them.
 """
 from __future__ import annotations
 
@@ -19,9 +25,12 @@ from pallas_kernels import small_m_linear as linear_kernel
 from pallas_kernels import sparse_channel_mix as sparse_kernel
 from pallas_kernels import wkv_seq as wkv_seq_kernel
 from pallas_kernels import wkv_step as wkv_step_kernel
+from pallas_kernels import fused_time_mix as fused_time_mix_kernel
+from pallas_kernels.time_mix import time_mix_reference
 
 from .ops import XLA_OPS, Ops
 from .paths import Path
+from .state_views import InPlaceState, LayerSlice
 
 # Rows up to which the sparse channel-mix is used on the decode paths. A guess until
 # measured: `benchmarks/gpu_check.py` times sparse vs dense channel-mix per row count on the
@@ -56,12 +65,52 @@ def pallas_ops(path: Path, interpret: bool) -> Ops:
     if path is Path.DENSE:
         return XLA_OPS._replace(wkv_seq=functools.partial(wkv_seq_kernel.wkv_seq, interpret=interpret))
     max_rows = 1 if path is Path.B1T1 else linear_kernel.MAX_M
+    lin = functools.partial(linear, max_rows=max_rows, interpret=interpret)
     return Ops(
-        linear=functools.partial(linear, max_rows=max_rows, interpret=interpret),
+        linear=lin,
         shift_mix=functools.partial(shift_mix_kernel.shift_mix, interpret=interpret),
         wkv_step=functools.partial(wkv_step_kernel.wkv_step, interpret=interpret),
         wkv_seq=XLA_OPS.wkv_seq,
         channel_mix=functools.partial(channel_mix, max_rows=max_rows, interpret=interpret),
+        time_mix=functools.partial(time_mix_reference, linear=lin),
+    )
+
+
+def in_place_shift_mix(h, delta, shift: LayerSlice, ln_w, ln_b, mix, *, interpret: bool):
+    """Contract shift_mix on a LayerSlice shift (the whole leaf, updated in place)."""
+    h, mixed, full = shift_mix_kernel.shift_mix(h, delta, shift.full, ln_w, ln_b, mix, layer=shift.layer,
+                                                interpret=interpret)
+    return h, mixed, LayerSlice(full, shift.layer)
+
+
+def in_place_time_mix(mixed, wts, S: LayerSlice, v_first, *, first: bool, wkv, linear, interpret: bool):
+    """Contract time_mix on a LayerSlice state: the three fused kernels, or (for shapes they do
+    not serve) the reference on the layer's rows written back."""
+    if fused_time_mix_kernel.supports(mixed.shape[1], wts):
+        out, full, v_first = fused_time_mix_kernel.fused_time_mix(
+            mixed, wts, S.full, v_first, first=first, layer=S.layer, interpret=interpret)
+        return out, LayerSlice(full, S.layer), v_first
+    out, rows, v_first = time_mix_reference(mixed, wts, S.rows(), v_first, first=first, linear=linear, wkv=wkv)
+    return out, S.replace(rows), v_first
+
+
+def fused_channel_mix(xk, w_key, w_val_t, *, fallback, interpret: bool):
+    """Contract channel_mix (a SplitSum result) by the fused kernels, else `fallback`."""
+    if fused_time_mix_kernel.channel_mix_supported(xk.shape[0], w_key, w_val_t):
+        return fused_time_mix_kernel.fused_channel_mix(xk, w_key, w_val_t, interpret=interpret)
+    return fallback(xk, w_key, w_val_t)
+
+
+def fused_ops(path: Path, interpret: bool) -> Ops:
+    """The fewer-launch Pallas Ops for `path` (see module doc); DENSE as in `pallas_ops`."""
+    base = pallas_ops(path, interpret)
+    if path is Path.DENSE:
+        return base
+    return base._replace(
+        shift_mix=functools.partial(in_place_shift_mix, interpret=interpret),
+        time_mix=functools.partial(in_place_time_mix, linear=base.linear, interpret=interpret),
+        channel_mix=functools.partial(fused_channel_mix, fallback=base.channel_mix, interpret=interpret),
+        state_views=InPlaceState,
     )
 
 

@@ -113,3 +113,39 @@ def test_blocks_tile_arrays_exactly_except_in_the_masked_kernel():
     rows = jnp.zeros((5, 192))
     assert _blocked_dims_not_tiling(shift_mix.shift_mix, rows, rows, rows, jnp.zeros(192), jnp.zeros(192),
                                     jnp.zeros((6, 192))) != []
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_fused_decode_kernels_lower_for_cuda(dtype):
+    """The fused decode kernels at the 2.9b shape (LoRA widths 96, 96, 64, 320: not all powers
+    of two) with the state read in place, every decode bucket in bf16, three in other dtypes."""
+    from pallas_kernels import ffn_value, lora_up, segment_linear, wkv_tail
+    from pallas_kernels.segment_linear import padded_rows
+    L, widths = 32, (96, 96, 64, 320)
+    n_total = 3 * C + sum(widths)
+    offsets = [3 * C + sum(widths[:i]) for i in range(4)]
+    buckets = DECODE_BUCKETS if dtype == jnp.bfloat16 else (1, 16, 256)
+    f32 = jnp.float32
+    for B in buckets:
+        Mp = padded_rows(B)
+        weights = [SD((C, C), dtype)] * 3 + [SD((d, C), dtype) for d in widths]
+        lower_for_cuda(lambda xs, *w: segment_linear.segment_linear(xs, w, [0, 2, 3, 1, 4, 3, 5]),
+                       SD((6, B, C), dtype), *weights)
+        lower_for_cuda(lambda p, *u: lora_up.lora_up(p, u, offsets, "wavg", M=B, dtype=dtype),
+                       SD((4, Mp, n_total), f32), *[SD((C, d), dtype) for d in widths])
+        lower_for_cuda(lambda p, lo, vec, rk, vf, S: wkv_tail.wkv_tail(p, lo, vec, rk, vf, S, layer=5),
+                       SD((4, Mp, n_total), f32), SD((4, Mp, C), dtype), SD((7, C), f32), SD((H, N), f32),
+                       SD((B, C), f32), SD((B, L, H, N, N), f32))
+        lower_for_cuda(lambda p, w: ffn_value.ffn_value(p, w, M=B, dtype=dtype),
+                       SD((2, Mp, F), f32), SD((F, C), dtype))
+
+
+def test_whole_model_lowers_for_cuda_with_fused_kernels():
+    config = named_config("tiny")
+    for B in (1, 8, 256):
+        params = jax.eval_shape(lambda: nnx.to_pure_dict(nnx.split(RWKV7(config, None, jnp.bfloat16))[1]))
+        state = jax.eval_shape(lambda: rwkv_jax.init_state(config, B, jnp.bfloat16))
+        fn = functools.partial(rwkv_jax.forward_fn, config=config, path=rwkv_jax.select_path(B, 1),
+                               kernels="pallas-fused")
+        text = lower_for_cuda(fn, params, SD((B, 1), jnp.int32), state)
+        assert text.count(TRITON_CALL) >= 8 * config.n_layer

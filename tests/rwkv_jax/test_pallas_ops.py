@@ -72,3 +72,30 @@ def test_sparse_threshold_is_the_largest_winning_row_count():
     assert sparse_rows_threshold(rows) == 2
     assert sparse_rows_threshold(rows[2:]) == 0
     assert sparse_rows_threshold([]) is None
+
+
+def test_fused_decode_ops_launch_the_fused_kernels_on_whole_state_leaves():
+    from pallas_kernels.segment_linear import SplitSum
+    from pallas_kernels.time_mix import TimeMixWeights
+    from rwkv_jax.pallas_ops import fused_ops
+    from rwkv_jax.state_views import InPlaceState, LayerSlice
+    d = 32
+    z = jnp.zeros
+    wts = TimeMixWeights(z((C, C)), z((C, C)), z((C, C)), z((C, C)), z((d, C)), z((C, d)), z((d, C)),
+                         z((C, d)), z((d, C)), z((C, d)), z((d, C)), z((C, d)), z((7, C)), z((C // N, N)))
+    for path in (Path.B1T1, Path.BATCHED_DECODE):
+        ops = fused_ops(path, interpret=True)
+        assert ops.state_views is InPlaceState
+        M = 1 if path is Path.B1T1 else 3
+        S = LayerSlice(z((M, 4, C // N, N, N)), 2)
+        for first in (True, False):
+            v_first = None if first else z((M, C))
+            assert kernels_called(lambda m, s: ops.time_mix(m, wts, LayerSlice(s, 2), v_first, first=first, wkv=None)[:2],
+                                  z((6, M, C)), S.full) == [
+                "rwkv7_segment_linear", "rwkv7_lora_up", "rwkv7_wkv_tail", "rwkv7_segment_linear"]
+        assert kernels_called(ops.channel_mix, *_ffn(M)) == ["rwkv7_segment_linear", "rwkv7_ffn_value"]
+        assert isinstance(ops.channel_mix(*_ffn(M)), SplitSum)
+        shift = z((M, 4, C))
+        assert kernels_called(lambda h, s: ops.shift_mix(h, None, LayerSlice(s, 1), z(C), z(C), z((6, C)))[1],
+                              z((M, C)), shift) == ["rwkv7_shift_mix"]
+    assert fused_ops(Path.DENSE, interpret=True).state_views is XLA_OPS.state_views

@@ -1,0 +1,81 @@
+"""The channel-mix value product reading the key product's split-K partials: relu² and the
+value weight streamed in one split-K launch, beside the plain-jnp channel-mix it implements.
+
+pre: the key product as ``segment_linear`` partials [splits_in, Mp, F] (float32, unrounded, as
+``channel_mix_reference``'s pre-activation is). Each program of the grid (row blocks, C blocks,
+F splits) sums the partials of its F tiles, squares the ReLU (``relu_square``: float32, rounded
+to the model dtype, float16 kept float32) and accumulates hidden @ w_val_t [F, C] over its F
+range into float32 partials [splits, Mp, C] (a ``SplitSum``: the next shift_mix or ``h + delta``
+reduces them). Dense: every hidden unit is read (``sparse_channel_mix`` skips zero ones, at the
+price of the XLA launches that list them).
+"""
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as plgpu_triton
+
+from .common import pow2_divisor, require, triton_params
+from .segment_linear import choose_splits, row_block, sum_splits
+from .sparse_channel_mix import channel_mix_reference, relu_square
+
+MAX_BLOCK_C = 64
+MAX_BLOCK_F = 256      # F tile of the one-row (vector) path
+MAX_BLOCK_F_DOT = 32   # F tile of the tensor-core path (M > 1)
+TARGET_PROGRAMS = 528
+
+ffn_value_reference = channel_mix_reference  # the value product is the channel-mix's second half
+
+
+def supports(F: int, C: int) -> bool:
+    return pow2_divisor(F, MAX_BLOCK_F) >= 16 and pow2_divisor(C, MAX_BLOCK_C) >= 16
+
+
+def _kernel(p_ref, w_ref, o_ref, *, splits_in, tiles, bf, dtype):
+    bm = o_ref.shape[0]
+    hidden_dtype = relu_square(jnp.zeros((), jnp.float32), dtype).dtype
+
+    def body(t, acc):
+        cols = pl.ds(pl.multiple_of(t * bf, bf), bf)
+        pre = sum_splits(lambda s: p_ref[s, :, cols], splits_in)
+        h = relu_square(pre, dtype)
+        w = w_ref[cols, :]
+        if bm == 1:
+            return acc + jnp.sum(h.astype(jnp.float32).reshape(bf, 1) * w.astype(jnp.float32), axis=0)[None, :]
+        exact = False if hidden_dtype == jnp.float32 else None
+        return acc + plgpu_triton.dot(h, w.astype(hidden_dtype), allow_tf32=exact).astype(jnp.float32)
+
+    o_ref[...] = jax.lax.fori_loop(0, tiles, body, jnp.zeros(o_ref.shape, jnp.float32))
+
+
+def ffn_value(pre_partials, w_val_t, *, M: int, dtype, splits: int | None = None, interpret: bool = False):
+    """Pallas: pre_partials float32 [splits_in, Mp, F] (the key product), w_val_t [F, C] ->
+    value partials float32 [splits, Mp, C] (see module doc; M real rows, dtype the model's)."""
+    splits_in, Mp, F = pre_partials.shape
+    Fw, C = w_val_t.shape
+    require(Fw == F, f"ffn_value: w_val_t must be [F={F}, C], got {w_val_t.shape}")
+    require(supports(F, C), f"ffn_value: unsupported F={F}, C={C}")
+    bm = row_block(M)
+    require(Mp % bm == 0, f"ffn_value: partials rows {Mp} must be a multiple of {bm}")
+    # the dot path holds splits_in partial tiles [bm, bf] in registers: narrow F tiles keep it
+    # spill-free (bm = 32, bf = 256 spilled 232 B in bf16)
+    bf = pow2_divisor(F, MAX_BLOCK_F if bm == 1 else MAX_BLOCK_F_DOT)
+    bc = pow2_divisor(C, MAX_BLOCK_C)
+    tiles = F // bf
+    splits = splits or choose_splits((Mp // bm) * (C // bc), tiles, TARGET_PROGRAMS)
+    require(tiles % splits == 0, f"ffn_value: splits={splits} must divide {tiles}")
+    f_chunk = F // splits
+    return pl.pallas_call(
+        functools.partial(_kernel, splits_in=splits_in, tiles=f_chunk // bf, bf=bf, dtype=jnp.dtype(dtype)),
+        out_shape=jax.ShapeDtypeStruct((splits, Mp, C), jnp.float32),
+        grid=(Mp // bm, C // bc, splits),
+        in_specs=[pl.BlockSpec((splits_in, bm, f_chunk), lambda m, c, s: (0, m, s)),
+                  pl.BlockSpec((f_chunk, bc), lambda m, c, s: (s, c))],
+        out_specs=pl.BlockSpec((None, bm, bc), lambda m, c, s: (s, m, c)),
+        compiler_params=triton_params(num_warps=4, num_stages=3),
+        name="rwkv7_ffn_value",
+        interpret=interpret,
+    )(pre_partials, w_val_t)

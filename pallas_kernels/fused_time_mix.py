@@ -1,0 +1,60 @@
+"""The decode time-mix (``time_mix_reference`` on one-token rows) in four launches:
+``segment_linear`` (r, k, v and the LoRA down products over the mixes in place), ``lora_up``
+(the four up products), ``wkv_tail`` (operands, wkv step on the state in place, GroupNorm,
+bonus, gate) and the output projection; and the decode channel-mix in two (the key product,
+``ffn_value``). The split-K partials go from one kernel to the next unreduced; both mixes
+return a ``SplitSum`` the next shift_mix reduces.
+"""
+from __future__ import annotations
+
+from . import ffn_value as ffn_value_kernel
+from . import lora_up as lora_up_kernel
+from . import segment_linear as segment_kernel
+from .segment_linear import SplitSum
+from .time_mix import TimeMixWeights
+from .wkv_tail import wkv_tail
+
+
+def supports(M: int, wts: TimeMixWeights) -> bool:
+    """Whether the three kernels serve M rows of these weights (else use the reference)."""
+    downs, _ = wts.down(first=False)
+    C = wts.receptance.shape[1]
+    ups = wts.ups(first=False)
+    return (segment_kernel.supports(M, [w.shape[0] for w in downs], C)
+            and lora_up_kernel.supports(C, [u.shape[1] for u in ups]))
+
+
+def fused_time_mix(mixed, wts: TimeMixWeights, S, v_first, *, first: bool, layer: int | None = None,
+                   interpret: bool = False):
+    """mixed [6, B, C] (model dtype), S float32 [B, H, N, N] (or [B, L, H, N, N] with `layer`,
+    updated in place), v_first [B, C] float32 | None -> (out SplitSum [B, C] model dtype, S',
+    v_first): ``time_mix_reference`` with one wkv step per row."""
+    _, M, C = mixed.shape
+    downs, inputs = wts.down(first)
+    partials = segment_kernel.segment_linear(mixed, downs, inputs, interpret=interpret)
+    ups = wts.ups(first)
+    offsets, col = [], 3 * C
+    for w in downs[3:]:
+        offsets.append(col)
+        col += w.shape[0]
+    kinds = "wa" + ("" if first else "v") + "g"
+    lora = lora_up_kernel.lora_up(partials, ups, offsets, kinds, M=M, dtype=mixed.dtype, interpret=interpret)
+    y, S, v_first = wkv_tail(partials, lora, wts.vecs, wts.r_k, v_first, S, layer=layer, interpret=interpret)
+    out = segment_kernel.segment_linear(y[None], [wts.output], [0], interpret=interpret)
+    return SplitSum(out, M, mixed.dtype), S, v_first
+
+
+def channel_mix_supported(M: int, w_key, w_val_t) -> bool:
+    F, C = w_key.shape
+    return segment_kernel.supports(M, [F], C) and ffn_value_kernel.supports(F, C)
+
+
+def fused_channel_mix(xk, w_key, w_val_t, *, interpret: bool = False) -> SplitSum:
+    """xk [M, C], w_key [F, C], w_val_t [F, C] -> SplitSum [M, C] in xk.dtype:
+    ``channel_mix_reference`` as the key product and ``ffn_value``. The key product uses half
+    the usual programs (>= 2 per SM): its partials are re-read by every value program."""
+    M = xk.shape[0]
+    pre = segment_kernel.segment_linear(xk[None], [w_key], [0], target=segment_kernel.TARGET_PROGRAMS // 2,
+                                        interpret=interpret)
+    return SplitSum(ffn_value_kernel.ffn_value(pre, w_val_t, M=M, dtype=xk.dtype, interpret=interpret),
+                    M, xk.dtype)
