@@ -182,6 +182,10 @@ def markdown(rows: list) -> str:
              "MB touched | Pallas programs per kernel | est. step ms | est. tok/s (Albatross) |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in sorted(rows, key=lambda r: (r["config"], r["B"], r["label"], r["kernels"])):
+        if "error" in r:
+            lines.append(f"| {r['config']} | {r['label']} | {r['kernels']} | {r['B']} | {r['error'][:80]} |"
+                         + " |" * 7)
+            continue
         est = estimate_ms(r)
         anchor = ANCHORS.get(r["B"]) if r["config"] == "1.5b" else None
         programs = ", ".join(f"{k.removeprefix('rwkv7_')} {'/'.join(map(str, v))}"
@@ -237,11 +241,22 @@ def main(argv=None) -> None:
     from rwkv7_core.config import named_config
     config = named_config(a.config)
     sharding = h200_sharding(a.target)
-    rows = []
+
+    def save(row):  # after every row: a long sweep cut short keeps what it measured
+        if a.json:
+            old = json.load(open(a.json)) if os.path.exists(a.json) else []
+            json.dump(old + [row], open(a.json, "w"), indent=1)
+
     for kernels in a.kernels.split(","):
         for B in map(int, a.batch.split(",")):
             dump = tempfile.mkdtemp(prefix=f"nodes_{a.config}_{kernels}_B{B}_", dir=a.keep_dumps)
-            seconds = compile_step(config, DTYPES[a.dtype], kernels, B, dump, sharding)
+            try:
+                seconds = compile_step(config, DTYPES[a.dtype], kernels, B, dump, sharding)
+            except Exception as e:  # a shape that does not compile is a result too
+                print(f"{a.config} {a.dtype} {kernels} B={B} FAILED: {type(e).__name__}: {str(e)[:300]}", flush=True)
+                save({"label": a.label, "config": a.config, "dtype": a.dtype, "kernels": kernels, "B": B,
+                      "error": f"{type(e).__name__}: {str(e)[:300]}"})
+                continue
             from rwkv7_core.state import state_shapes
             records = thunks(dump, tuple(state_shapes(config, B).values()), config.n_layer)
             row = {"label": a.label, "config": a.config, "dtype": a.dtype, "kernels": kernels, "B": B,
@@ -250,7 +265,6 @@ def main(argv=None) -> None:
                                 for r in records if r["name"].startswith("rwkv7")]}
             if a.ptxas:
                 row["ptxas"] = ptxas_resources(dump)
-            rows.append(row)
             print(f"{a.config} {a.dtype} {kernels:>15} B={B:<3} nodes {row['nodes']:4d} "
                   f"({row['nodes_per_layer']:.1f}/layer)  kernels {row['kernel_launches']:4d} "
                   f"(pallas {sum(row['pallas_launches'].values())}, xla {row['xla_kernels']})  "
@@ -261,9 +275,7 @@ def main(argv=None) -> None:
                 print(f"    ptxas: {len(row['ptxas'])} Pallas entries, spilling: {spills or 'none'}")
             if not a.keep_dumps:
                 subprocess.run(["rm", "-rf", dump])
-    if a.json:
-        old = json.load(open(a.json)) if os.path.exists(a.json) else []
-        json.dump(old + rows, open(a.json, "w"), indent=1)
+            save(row)
 
 
 if __name__ == "__main__":

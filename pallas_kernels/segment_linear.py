@@ -99,25 +99,24 @@ def _kernel(*refs, starts, inputs, M, tiles, bk, vector):
     x_ref, w_refs, o_ref = refs[0], refs[1:1 + n_seg], refs[-1]
     n = pl.program_id(1)
     seg = sum((n >= s).astype(jnp.int32) for s in starts[1:])
+    mix = sum(jnp.where(seg == i, jnp.int32(j), jnp.int32(0)) for i, j in enumerate(inputs))
     bm = o_ref.shape[0]
     row_ok = (pl.program_id(0) * bm + jnp.arange(bm)) < M
 
-    def branch(i):
-        def run():
-            def body(t, acc):
-                cols = pl.ds(pl.multiple_of(t * bk, bk), bk)
-                w = w_refs[i][:, cols]
-                if vector:
-                    x = x_ref[jnp.int32(inputs[i]), :, cols].astype(jnp.float32)
-                    return acc + jnp.sum(w.astype(jnp.float32) * x, axis=1)[None, :]
-                x = plgpu_triton.load(x_ref.at[jnp.int32(inputs[i]), :, cols], mask=row_ok[:, None], other=0)
-                exact = False if x.dtype == jnp.float32 else None  # no TF32 for float32 inputs
-                return acc + plgpu_triton.dot(x, w, trans_b=True, allow_tf32=exact).astype(jnp.float32)
+    def body(t, acc):
+        cols = pl.ds(pl.multiple_of(t * bk, bk), bk)
+        # one loop and one product for every segment: only the weight tile's source differs
+        # (a loop per segment would give each its own shared-memory pipeline buffers)
+        w = jax.lax.switch(seg, [lambda i=i: w_refs[i][:, cols] for i in range(n_seg)]) if n_seg > 1 \
+            else w_refs[0][:, cols]
+        if vector:
+            x = x_ref[mix, :, cols].astype(jnp.float32)
+            return acc + jnp.sum(w.astype(jnp.float32) * x, axis=1)[None, :]
+        x = plgpu_triton.load(x_ref.at[mix, :, cols], mask=row_ok[:, None], other=0)
+        exact = False if x.dtype == jnp.float32 else None  # no TF32 for float32 inputs
+        return acc + plgpu_triton.dot(x, w, trans_b=True, allow_tf32=exact).astype(jnp.float32)
 
-            o_ref[...] = jax.lax.fori_loop(0, tiles, body, jnp.zeros(o_ref.shape, jnp.float32))
-        return run
-
-    jax.lax.switch(seg, [branch(i) for i in range(n_seg)])
+    o_ref[...] = jax.lax.fori_loop(0, tiles, body, jnp.zeros(o_ref.shape, jnp.float32))
 
 
 def segment_linear(xs, weights, inputs, *, splits: int | None = None, target: int = TARGET_PROGRAMS,
@@ -154,7 +153,9 @@ def segment_linear(xs, weights, inputs, *, splits: int | None = None, target: in
         in_specs=[pl.BlockSpec((n_in, bm, k_chunk), lambda m, n, s: (0, m, s))]
                  + [weight_spec(i) for i in range(len(Ns))],
         out_specs=pl.BlockSpec((None, bm, bn), lambda m, n, s: (s, m, n)),
-        compiler_params=triton_params(num_warps=4, num_stages=3),
+        # software pipelining of the switched weight loads overflows shared memory (336 KB at
+        # 1.5b, M = 2): several segments stream unpipelined
+        compiler_params=triton_params(num_warps=4, num_stages=3 if len(Ns) == 1 else 1),
         name="rwkv7_segment_linear",
         interpret=interpret,
     )(xs, *weights)
