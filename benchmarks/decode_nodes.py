@@ -75,7 +75,7 @@ def hlo_bytes(dump: str, per_layer: tuple = (), n_layer: int = 1) -> dict:
     entry = text[text.index("\nENTRY "):]
     head, body = entry.split("\n", 1)
     sizes = {name: 0 if name.startswith("params__emb__") else array_bytes(t, per_layer, n_layer)
-             for name, t in re.findall(r"(\w[\w.\-]*): ([^,)]+(?:\[[^\]]*\])?)", head)}
+             for name, t in re.findall(r"(\w[\w.\-]*): ((?:pred|[subf]\d+)\[[\d,]*\])", head)}
     out = {}
     for line in body.split("\n"):
         m = re.match(r"\s*(?:ROOT )?%([\w.\-]+) = (.*?) ([\w\-]+)\((.*)", line)
@@ -178,13 +178,13 @@ def estimate_ms(row: dict, per_node_us: float = PER_NODE_US) -> float:
 
 def markdown(rows: list) -> str:
     """The before/after table: one line per (config, kernels, B, label)."""
-    lines = ["| config | label | kernels | B | nodes | nodes/layer | kernels (pallas) | copies (MB) | "
-             "MB touched | Pallas programs per kernel | est. step ms | est. tok/s (Albatross) |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| config | label | kernels | B | nodes | nodes/layer | kernels (pallas) | copies | "
+             "Pallas programs per kernel | est. step ms | est. tok/s (Albatross) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in sorted(rows, key=lambda r: (r["config"], r["B"], r["label"], r["kernels"])):
         if "error" in r:
             lines.append(f"| {r['config']} | {r['label']} | {r['kernels']} | {r['B']} | {r['error'][:80]} |"
-                         + " |" * 7)
+                         + " |" * 6)
             continue
         est = estimate_ms(r)
         anchor = ANCHORS.get(r["B"]) if r["config"] == "1.5b" else None
@@ -192,7 +192,7 @@ def markdown(rows: list) -> str:
                              for k, v in r["pallas_programs"].items())
         lines.append(f"| {r['config']} | {r['label']} | {r['kernels']} | {r['B']} | {r['nodes']} | "
                      f"{r['nodes_per_layer']:.1f} | {r['kernel_launches']} ({sum(r['pallas_launches'].values())}) | "
-                     f"{r['copies']} ({r['copy_bytes'] / 1e6:.2f}) | {r['kernel_bytes'] / 1e6:,.0f} | {programs} | "
+                     f"{r['copies']} | {programs} | "
                      f"{est:.3f} | {r['B'] / est * 1e3:,.0f}{f' ({anchor:,})' if anchor else ''} |")
     return "\n".join(lines) + "\n"
 
