@@ -1,7 +1,9 @@
 """A/B of the XLA decode step on the CPU between two source trees, interleaved in one run.
 
-Each round runs one subprocess per tree (PYTHONPATH = that tree) that times the jitted
-kernels="xla" forward step of a random 0.1b-shape model (state donated and carried) at
+First, per tree, the XLA:CPU compiled decode program's cost analysis (flops, bytes accessed,
+fusion and copy counts at 0.1b, B = 1 and 8, float32 and bfloat16): equal numbers mean the
+same program, whatever the timing noise of a loaded machine. Then each round runs one
+subprocess per tree (PYTHONPATH = that tree) that times the jitted kernels="xla" forward step of a random 0.1b-shape model (state donated and carried) at
 B = 1, 8, 32 in float32 and bfloat16; rounds alternate the trees so machine load hits both
 alike. Prints the median ms per step per tree and writes --out (JSON).
 
@@ -44,9 +46,28 @@ print("RESULT " + json.dumps(out))
 """
 
 
-def run(tree: str) -> dict:
+PROGRAM = r"""
+import json, jax, jax.numpy as jnp, rwkv_jax
+from rwkv7_core.config import named_config
+from rwkv_jax.random_params import params_struct
+out, c = {}, named_config("0.1b")
+fn = jax.jit(rwkv_jax.forward_fn, static_argnames=("config", "path", "kernels"), donate_argnames=("state",))
+for B in (1, 8):
+    for dt in ("float32", "bfloat16"):
+        state = jax.eval_shape(lambda: rwkv_jax.init_state(c, B, getattr(jnp, dt)))
+        comp = fn.lower(params_struct(c, getattr(jnp, dt)), jax.ShapeDtypeStruct((B, 1), jnp.int32), state,
+                        config=c, path=rwkv_jax.select_path(B, 1), kernels="xla").compile()
+        cost, text = comp.cost_analysis(), comp.as_text()
+        cost = cost[0] if isinstance(cost, list) else cost
+        out[f"{dt} B={B}"] = {"flops": cost.get("flops"), "bytes": cost.get("bytes accessed"),
+                              "fusions": text.count(" fusion("), "copies": text.count(" copy(")}
+print("RESULT " + json.dumps(out))
+"""
+
+
+def run(tree: str, child: str = CHILD) -> dict:
     env = {**os.environ, "PYTHONPATH": os.path.abspath(tree), "JAX_PLATFORMS": "cpu"}
-    res = subprocess.run([sys.executable, "-c", CHILD], env=env, capture_output=True, text=True, check=True)
+    res = subprocess.run([sys.executable, "-c", child], env=env, capture_output=True, text=True, check=True)
     line = [x for x in res.stdout.splitlines() if x.startswith("RESULT ")][-1]
     return json.loads(line[len("RESULT "):])
 
@@ -58,6 +79,8 @@ def main(argv=None) -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--out", default="benchmarks/results/cpu_decode_ab.json")
     a = ap.parse_args(argv)
+    program = {name: run(getattr(a, name), PROGRAM) for name in ("before", "after")}
+    print("same compiled XLA:CPU program:", program["before"] == program["after"])
     runs = {"before": [], "after": []}
     for i in range(a.rounds):
         order = ("before", "after") if i % 2 == 0 else ("after", "before")
@@ -66,7 +89,8 @@ def main(argv=None) -> None:
     table = {case: {name: statistics.median(r[case] for r in runs[name]) for name in runs} for case in runs["after"][0]}
     for case, t in table.items():
         print(f"{case:16s} before {t['before']:8.2f} ms  after {t['after']:8.2f} ms  after/before {t['after'] / t['before']:.3f}")
-    json.dump({"median_ms": table, "runs": runs, "load_avg": os.getloadavg()}, open(a.out, "w"), indent=1)
+    json.dump({"compiled_program": program, "median_ms": table, "runs": runs, "load_avg": os.getloadavg()},
+              open(a.out, "w"), indent=1)
 
 
 if __name__ == "__main__":
