@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -71,3 +72,14 @@ def _tokens(rows, as_torch: bool):
         import torch
         return torch.tensor(rows, dtype=torch.int64)
     return np.asarray(rows, dtype=np.int32)
+
+
+def wait_for_lines(path: Path, n: int, proc: subprocess.Popen, timeout: float = 180) -> None:
+    """Block until ``path`` holds at least n complete lines (fails if the process ends first)."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if path.exists() and path.read_bytes().count(b"\n") >= n:
+            return
+        assert proc.poll() is None, proc.communicate()[1][-3000:]
+        time.sleep(0.02)
+    raise AssertionError(f"no {n} results within {timeout} s")

@@ -6,25 +6,13 @@ from __future__ import annotations
 
 import json
 import signal
-import time
 
 import numpy as np
 
 from tests.rwkv7_apps.cli_harness import (greedy_reference, random_token_requests, read_results, run_cli, start_cli,
-                                     write_jsonl)
+                                         wait_for_lines, write_jsonl)
 
 N_REQUESTS = 24
-
-
-def _wait_for_lines(path, n: int, proc, timeout: float = 180) -> None:
-    """Block until ``path`` holds at least n complete lines (fails if the process ends first)."""
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if path.exists() and path.read_bytes().count(b"\n") >= n:
-            return
-        assert proc.poll() is None, proc.communicate()[1][-3000:]
-        time.sleep(0.02)
-    raise AssertionError(f"no {n} results within {timeout} s")
 
 
 def _check_complete(results, reqs, model) -> None:
@@ -48,7 +36,7 @@ def test_sigkill_midway_then_rerun(tiny_ckpt, tmp_path):
     out = tmp_path / "out.jsonl"
     args = ["--model", tiny_ckpt, "--backend", "torch", "--input", inp, "--output", out, "--max-batch", 2]
     proc = start_cli(args, tmp_path)
-    _wait_for_lines(out, 3, proc)
+    wait_for_lines(out, 3, proc)
     proc.send_signal(signal.SIGKILL)
     proc.communicate(timeout=60)
     before = read_results(out)
@@ -74,7 +62,7 @@ def test_sigint_stops_cleanly_then_rerun_completes(tmp_path, monkeypatch):
     out = tmp_path / "out.jsonl"
     args = ["--random-model", "tiny", "--backend", "torch", "--input", inp, "--output", out, "--max-batch", 2]
     proc = start_cli(args, tmp_path)
-    _wait_for_lines(out, 3, proc)
+    wait_for_lines(out, 3, proc)
     proc.send_signal(signal.SIGINT)
     stdout, stderr = proc.communicate(timeout=120)
     assert proc.returncode == 128 + signal.SIGINT, stderr[-3000:]

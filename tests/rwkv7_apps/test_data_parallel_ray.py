@@ -13,13 +13,13 @@ import os
 import signal
 import subprocess
 import sys
-import time
 
 import numpy as np
 import pytest
 
 from rwkv7_apps.ray_replicas import LOCAL_ENV
-from tests.rwkv7_apps.cli_harness import cli_env, greedy_reference, random_token_requests, read_results, write_jsonl
+from tests.rwkv7_apps.cli_harness import (cli_env, greedy_reference, random_token_requests, read_results,
+                                         wait_for_lines, write_jsonl)
 
 os.environ.update(LOCAL_ENV)  # before Ray is imported: the test's cluster stays on 127.0.0.1
 ray = pytest.importorskip("ray")
@@ -38,16 +38,6 @@ def _run(args, tmp_path) -> subprocess.CompletedProcess:
 def _start(args, tmp_path) -> subprocess.Popen:
     return subprocess.Popen(_cli(args, tmp_path), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env=cli_env(tmp_path))
-
-
-def _wait_for_lines(path, n: int, proc, timeout: float = 180) -> None:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if path.exists() and path.read_bytes().count(b"\n") >= n:
-            return
-        assert proc.poll() is None, proc.communicate()[1][-3000:]
-        time.sleep(0.02)
-    raise AssertionError(f"no {n} results within {timeout} s")
 
 
 def _check(out, reqs, model) -> list[dict]:
@@ -115,7 +105,7 @@ def _a_killed_actor_has_its_requests_rerun(cluster, tiny_ckpt, model, tmp_path):
     inp, out, metrics = write_jsonl(tmp_path / "in.jsonl", reqs), tmp_path / "out.jsonl", tmp_path / "m.json"
     proc = _start(["--model", tiny_ckpt, "--input", inp, "--output", out, "--max-batch", 2, "--ray", cluster,
                    "--data-parallel", 2, "--metrics", metrics], tmp_path)
-    _wait_for_lines(out, 2, proc)
+    wait_for_lines(out, 2, proc)
     actor = ray.get_actor(f"rwkv7-generate-{proc.pid}-1", namespace="rwkv7")
     os.kill(ray.get(actor.pid.remote()), signal.SIGKILL)
     _, stderr = proc.communicate(timeout=300)
@@ -133,7 +123,7 @@ def _driver_sigkill_then_rerun_resumes(cluster, tiny_ckpt, model, tmp_path):
     args = ["--model", tiny_ckpt, "--input", inp, "--output", out, "--max-batch", 2, "--ray", cluster,
             "--data-parallel", 2]
     proc = _start(args, tmp_path)
-    _wait_for_lines(out, 3, proc)
+    wait_for_lines(out, 3, proc)
     proc.send_signal(signal.SIGKILL)
     proc.communicate(timeout=60)
     before = read_results(out)
