@@ -21,7 +21,11 @@ MODEL = "random-tiny"
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("serve_tiny")
-    with running_server(["--random-model", "tiny", "--max-batch", "32", "--max-waiting", MAX_WAITING,
+    # One prompt per prefill call: exact batch invariance (tokens equal to a request run alone)
+    # holds for that policy. The default `auto` flattens concurrent prompts into one varlen
+    # call, the same math in another float summation order, which can flip a near-tie argmax.
+    with running_server(["--random-model", "tiny", "--prefill", "serial", "--max-batch", "32",
+                         "--max-waiting", MAX_WAITING,
                          "--max-prompt-tokens", 64,
                          "--max-body-bytes", 20000, "--seed", 3], tmp) as s:
         yield s
