@@ -146,7 +146,7 @@ async def _handle(ctx: Context, metrics: ServerMetrics, body, request: Request, 
 
     async def collect():
         async for batch in generation.events(ctx, job, queue):
-            for choice, delta, _ in batch:
+            for choice, delta, _, _ in batch:
                 texts[choice.index] = texts.get(choice.index, "") + delta
 
     task = asyncio.create_task(collect())
@@ -176,12 +176,12 @@ async def _stream(ctx: Context, job, queue, prompt_scores):
     try:
         async for batch in generation.events(ctx, job, queue):
             parts = []
-            for choice, delta, finished in batch:
+            for choice, delta, finished, token in batch:
                 error = generation.failure(choice) if finished else None
                 if error is not None:
                     parts.append(sse(error.body()))
                 else:
-                    parts += generation.stream_chunks(ctx, job, choice, delta, finished, prompt_scores)
+                    parts += generation.stream_chunks(ctx, job, choice, delta, finished, prompt_scores, token)
             if parts:
                 yield "".join(parts)
         options = job.body.stream_options

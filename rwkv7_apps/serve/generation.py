@@ -188,17 +188,18 @@ def cancel(ctx: Context, job: Job) -> None:
             ctx.service.cancel(c.request_id)
 
 
-async def events(ctx: Context, job: Job, queue: asyncio.Queue) -> AsyncIterator[list[tuple[Choice, str, bool]]]:
-    """Batches of (choice, text delta, finished): each batch is every event available at
-    one wake-up (so a stream sends one write per step), until every choice is final.
-    Choices with max_tokens 0 finish at once."""
+async def events(ctx: Context, job: Job, queue: asyncio.Queue
+                 ) -> AsyncIterator[list[tuple[Choice, str, bool, Token | None]]]:
+    """Batches of (choice, text delta, finished, the Token drawn or None): each batch is every
+    event available at one wake-up (so a stream sends one write per step; one choice may have
+    several tokens in it), until every choice is final. Choices with max_tokens 0 finish at once."""
     by_id = {c.request_id: c for c in job.choices}
     pending = set(by_id)
     if job.max_tokens == 0:
         for c in job.choices:
             c.output = RequestOutput(c.request_id, [], "length", None, len(job.prompts[c.prompt_index]), 0,
                                      0.0, None, 0.0)
-        yield [(c, "", True) for c in job.choices]
+        yield [(c, "", True, None) for c in job.choices]
         return
     while pending:
         items = [await queue.get()]
@@ -211,11 +212,11 @@ async def events(ctx: Context, job: Job, queue: asyncio.Queue) -> AsyncIterator[
                 choice.tokens.append(event.id)
                 if event.logprobs is not None:
                     choice.scores.append(event.logprobs)
-                batch.append((choice, choice.text.push(token_bytes(ctx, event.id)), False))
+                batch.append((choice, choice.text.push(token_bytes(ctx, event.id)), False, event))
             else:
                 choice.output = event
                 pending.discard(rid)
-                batch.append((choice, choice.text.finish(), True))
+                batch.append((choice, choice.text.finish(), True, None))
         yield batch
 
 
@@ -331,12 +332,12 @@ def chunk(ctx: Context, job: Job, choices: list[dict], with_usage: bool = False)
 
 
 def stream_chunks(ctx: Context, job: Job, choice: Choice, delta: str, finished: bool,
-                  prompt_scores: list) -> list[str]:
-    """SSE chunks for one event of a streamed response."""
+                  prompt_scores: list, token: Token | None = None) -> list[str]:
+    """SSE chunks for one event of a streamed response (``token``: the one this event drew)."""
     chunks = []
     item: dict[str, Any] = {"index": choice.index}
-    new_tokens = choice.tokens[-1:] if not finished else []
-    new_scores = choice.scores[-1:] if (not finished and job.logprobs is not None) else []
+    new_tokens = [token.id] if token is not None else []
+    new_scores = [token.logprobs] if token is not None and job.logprobs is not None else []
     if job.kind == "chat":
         if not choice.sent_role:
             choice.sent_role = True

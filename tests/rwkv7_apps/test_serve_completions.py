@@ -21,9 +21,7 @@ MODEL = "random-tiny"
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("serve_tiny")
-    # One prompt per prefill call: exact batch invariance (tokens equal to a request run alone)
-    # holds for that policy. The default `auto` flattens concurrent prompts into one varlen
-    # call, the same math in another float summation order, which can flip a near-tie argmax.
+    # One prompt per prefill call, so only the decode batch differs from a request run alone.
     with running_server(["--random-model", "tiny", "--prefill", "serial", "--max-batch", "32",
                          "--max-waiting", MAX_WAITING,
                          "--max-prompt-tokens", 64,
@@ -51,15 +49,20 @@ def test_models_and_health(server, client):
 
 
 def test_concurrent_streams_equal_each_alone(client):
-    """24 greedy streams of different prompt lengths, run together, give each the tokens it
-    gets alone (batch invariance over HTTP; the batch grows and shrinks across buckets)."""
+    """24 greedy streams of different prompt lengths, run together in buckets up to 32, give
+    each the tokens it gets alone (batch invariance over HTTP) up to float rounding: a row's
+    float32 logits differ from a lone row's by ~5e-6 (batch-dependent summation order), so a
+    stream may diverge only where the lone run's two best logits nearly tie."""
     rng = np.random.default_rng()
     vocab = _tiny_vocab()
     prompts = [rng.integers(1, vocab, int(n)).tolist() for n in rng.integers(1, 40, 24)]
     lengths = rng.integers(2, 10, 24).tolist()
     common = dict(model=MODEL, temperature=0, extra_body={"return_token_ids": True, "stop_token_ids": []})
-    alone = [_ids(client.completions.create(prompt=p, max_tokens=m, **common).choices[0])
-             for p, m in zip(prompts, lengths)]
+    alone = []
+    for p, m in zip(prompts, lengths):
+        choice = client.completions.create(prompt=p, max_tokens=m, logprobs=2, **common).choices[0]
+        gaps = [abs(a - b) for a, b in (list(top.values()) for top in choice.logprobs.top_logprobs)]
+        alone.append((_ids(choice), gaps))
 
     async def together():
         aclient = openai.AsyncOpenAI(base_url=client.base_url, api_key="unused", max_retries=0)
@@ -79,9 +82,10 @@ def test_concurrent_streams_equal_each_alone(client):
             await aclient.close()
 
     streamed = asyncio.run(together())
-    for (ids, chunks), expected, m in zip(streamed, alone, lengths):
-        assert len(expected) == m
-        assert ids == expected
+    for (ids, chunks), (expected, gaps), m in zip(streamed, alone, lengths):
+        assert len(expected) == len(ids) == m
+        first = next((i for i, (a, b) in enumerate(zip(ids, expected)) if a != b), None)
+        assert first is None or gaps[first] < 1e-4, (ids, expected, gaps)
         assert chunks >= m  # one chunk per token at least: tokens are flushed as drawn
 
 
