@@ -8,14 +8,15 @@ row on device; only the drawn int32 [bucket] tokens come back to the host.
 
 Every executable is compiled ahead of time and kept in the engine's one ``executables``
 cache, keyed (kind, shape): per bucket the step, the empty batch, the slot insert and the
-slot extract; a fresh and a copied B=1 row (the starts of prefill); per pair of buckets the gather used by ``resize`` (so a shrink never waits on
-a compile); per prompt piece length the prefill: a prompt of T tokens runs as pieces of the
-allowed lengths ``prefill_pieces`` (default 1, 2, 4, ..., 256), largest first, so any T
-needs at most len(prefill_pieces) prefill executables; per flat size the varlen prefill
-and per (bucket, flat size) the mixed step (the two optional capabilities); for the
-``Logprobs`` capability, compiled on first use: per bucket the step that also scores the
-drawn tokens, the first-token scoring, and per piece length the full-output prompt scoring
-(the plain step stays as lean as before).
+slot extract; a fresh and a copied B=1 row (the starts of prefill); per pair of buckets the
+gather used by ``resize`` (compiled with the buckets when they are compiled together, as
+``--precompile`` does, else by the first resize between them); per prompt piece length the
+prefill: a prompt of T tokens runs as pieces of the allowed lengths ``prefill_pieces``
+(default 1, 2, 4, ..., 256), largest first, so any T needs at most len(prefill_pieces)
+prefill executables; per flat size the varlen prefill and per (bucket, flat size) the mixed
+step (the two optional capabilities); for the ``Logprobs`` capability, compiled on first
+use: per bucket the step that also scores the drawn tokens, the first-token scoring, and
+per piece length the full-output prompt scoring (the plain step stays as lean as before).
 """
 from __future__ import annotations
 
@@ -215,19 +216,21 @@ class JaxEngine:
 
     # -- Engine contract -----------------------------------------------------------------
     def compile(self, buckets: Sequence[int]) -> dict[int, float]:
-        """Compile step/empty/insert/extract for each bucket and the resize gathers between it
-        and every bucket compiled before, then run each new executable once on scratch data
+        """Compile step/empty/insert/extract for each bucket and the resize gathers between
+        the buckets of this call (a resize between other buckets compiles its gather when it
+        first runs: most pairs never do), then run each new executable once on scratch data
         (an executable's first run pays one-off set-up, tens of ms on CPU, which would
         otherwise land on the first step after a bucket switch). Returns {bucket: seconds}."""
-        seconds = {}
+        seconds, done = {}, []
         for b in buckets:
             start = time.perf_counter()
             before = set(self.executables.keys())
             for kind in ("step", "empty", "insert", "extract"):
                 self._compile(kind, b)
-            for other in {shape for kind, shape in before if kind == "step"} - {b}:
+            for other in set(done) - {b}:
                 self._compile("gather", (other, b))
                 self._compile("gather", (b, other))
+            done.append(b)
             new = set(self.executables.keys()) - before
             if new:
                 self._warm_up(new)

@@ -52,6 +52,8 @@ def test_engine_under_scheduler(backend, monkeypatch):
     check_prefix_cache_hits_equal_misses(engine)
     check_slot_ops_and_host_rows_round_trip(engine)
     check_failed_step_fails_its_requests_and_engine_recovers(name, model, engine, monkeypatch)
+    if name == "jax":
+        check_resize_gathers_compile_with_their_buckets_or_on_first_use(engine)
 
 
 def check_greedy_batch_invariance(model, engine):
@@ -59,7 +61,8 @@ def check_greedy_batch_invariance(model, engine):
     requests = [Request(f"r{i}", rng.integers(0, V, int(rng.integers(1, 61))).tolist(),
                         SamplingParams(max_tokens=int(rng.integers(1, 41)), stop_tokens=()))
                 for i in range(24)]
-    scheduler = Scheduler(engine, SchedulerConfig(max_batch=8))
+    # precompiled: every shrink is to a compiled bucket, so the batch moves through them all
+    scheduler = Scheduler(engine, SchedulerConfig(max_batch=8, precompile=True))
     for r in requests:
         scheduler.add(r)
     scheduler.run()
@@ -121,6 +124,28 @@ def check_slot_ops_and_host_rows_round_trip(engine):
     assert all(np.array_equal(a, b) for a, b in zip(state[:3], host[:3]))
     with pytest.raises(ValueError, match="slot"):
         engine.insert(3, row, SamplingParams())
+
+
+def check_resize_gathers_compile_with_their_buckets_or_on_first_use(engine):
+    """compile([a]) then compile([b]) compiles no gather between them (most bucket pairs
+    never resize into each other); the first resize compiles it, reported as a compile
+    event; buckets compiled in one call (``--precompile``) get theirs up front."""
+    cache, events = engine.executables, []
+    engine.add_compile_listener(lambda what, start, seconds: events.append(what))
+    engine.compile([3])
+    engine.compile([5])
+    assert ("gather", (3, 5)) not in cache and ("gather", (5, 3)) not in cache
+    rng = np.random.default_rng()
+    row = engine.prefill(rng.integers(0, V, int(rng.integers(2, 9))).astype(np.int32))
+    engine.resize([], 5)
+    slot = int(rng.integers(0, 5))
+    engine.insert(slot, row, SamplingParams())
+    engine.resize([slot], 3)
+    assert "gather:(5, 3)" in events
+    kept = engine.to_host(engine.extract(0))
+    assert all(np.array_equal(a, b) for a, b in zip(kept[:3], engine.to_host(row)[:3]))
+    engine.compile([6, 3])
+    assert ("gather", (3, 6)) in cache and ("gather", (6, 3)) in cache and ("gather", (5, 6)) not in cache
 
 
 @pytest.mark.parametrize("name", ["jax", "torch"])
