@@ -1,4 +1,4 @@
-"""Scheduler configuration (immutable) and the bucket ladder."""
+"""Scheduler configuration (immutable), the bucket ladder and when a shrink pays."""
 from __future__ import annotations
 
 import enum
@@ -77,3 +77,17 @@ def bucket_for(n: int, buckets: Sequence[int]) -> int:
         if b >= n:
             return b
     return buckets[-1]
+
+
+def shrink_pays(current: int, target: int, step_seconds: float | None, steps_left: int,
+                compile_seconds: float) -> bool:
+    """Whether moving the batch from bucket ``current`` down to the not yet compiled bucket
+    ``target`` saves more decode time than compiling it costs. Saving: ``steps_left`` (the
+    most tokens a live row may still draw, an upper bound) times the current step time
+    scaled by the share of rows dropped (an upper bound too: a step has fixed costs).
+    ``compile_seconds``: what compiling a bucket took so far in this run (small when the
+    persistent compilation cache has it; 0 for engines that compile nothing: always shrink).
+    An unmeasured step time shrinks."""
+    if compile_seconds <= 0 or step_seconds is None:
+        return True
+    return step_seconds * (1 - target / current) * steps_left > compile_seconds

@@ -8,8 +8,9 @@ Every loop iteration of ``run()``: report finished/cancelled requests, admit REA
 (at most ``max_batch`` live rows), resize the batch to the smallest bucket holding the live
 rows plus the prompt in prefill (which joins soon: no shrink-then-grow) if that differs
 from the current one (compacting live slots to the front; compiling a new bucket first
-unless precompiled), insert the admitted rows into free slots, run one engine step, and
-account the drawn tokens. MIXED has no worker and runs prompt chunks inside the decode
+unless precompiled; a shrink to a bucket not compiled yet only when it saves more decode
+time than the compile costs, ``config.shrink_pays``), insert the admitted rows into free
+slots, run one engine step, and account the drawn tokens. MIXED has no worker and runs prompt chunks inside the decode
 step.
 Serving: ``run(serve_until=...)`` keeps waiting for new requests (added from any thread)
 instead of returning when idle; ``add_group`` prefills one prompt once for several
@@ -33,7 +34,7 @@ import numpy as np
 from rwkv7_core.engine import Engine, Logprobs, ReportsCompiles
 from rwkv7_core.sampling import NONFINITE_TOKEN, SamplingParams, TokenLogprobs
 
-from .config import PrefillPolicy, SchedulerConfig, bucket_for
+from .config import PrefillPolicy, SchedulerConfig, bucket_for, shrink_pays
 from .prefill import Prefill, check_engine_supports
 from .prefix_cache import PrefixCache
 from .prefix_disk import DiskPrefixStore
@@ -106,6 +107,8 @@ class Scheduler:
         self._admitting = True
         self._stop_worker = False
         self._compiled: set[int] = set()
+        self._bucket_compile_seconds = 0.0       # the last bucket compile's seconds
+        self._step_seconds: dict[int, float] = {}  # bucket -> recent decode step seconds
         self._prefill_compiled = False
         self._on_token = self._on_finish = self._on_logprobs = None
         self._resize_slots(0, [])
@@ -517,6 +520,7 @@ class Scheduler:
             return
         start = time.perf_counter()
         seconds = self.engine.compile(todo)
+        self._bucket_compile_seconds = max(seconds.values())
         if not isinstance(self.engine, ReportsCompiles):  # otherwise its listener reported them
             for b in todo:
                 self.stats.record_compile(CompileEvent(start, f"bucket {b}", seconds[b]))
@@ -539,7 +543,7 @@ class Scheduler:
         with self._cond:  # a prompt in prefill joins soon: keep room for it (no shrink-then-grow)
             prefilling = self._prefilling
         rows = min(len(self._live) + len(admitted) + prefilling, self.config.max_batch)
-        target = bucket_for(rows, self.config.buckets)
+        target = self._target_bucket(rows, admitted)
         try:
             if target != len(self._slot_entry):
                 self._ensure_compiled([target])
@@ -573,7 +577,22 @@ class Scheduler:
             return
         self._hand_over_pieces(PrefillPolicy.MIXED)
         self.stats.record_step(clock[1], target, len(self._live), engine.last_path, seconds)
+        last = self._step_seconds.get(target)
+        self._step_seconds[target] = seconds if last is None else 0.8 * last + 0.2 * seconds
         self._account(out, scored)
+
+    def _target_bucket(self, rows: int, admitted: list[_Entry]) -> int:
+        """The smallest bucket holding ``rows``, unless that is a shrink to a bucket not yet
+        compiled that would not pay for its compile (then the current bucket)."""
+        target, current = bucket_for(rows, self.config.buckets), len(self._slot_entry)
+        if target >= current or target in self._compiled:
+            return target
+        steps_left = max([int(self._remaining[self._live_mask].max(initial=0))]
+                         + [e.params.max_tokens - len(e.tokens) for e in admitted])
+        if shrink_pays(current, target, self._step_seconds.get(current), steps_left,
+                       self._bucket_compile_seconds):
+            return target
+        return current
 
     def _fail_batch(self, admitted: list[_Entry], message: str) -> None:
         failing = {**{e.id: e for e in admitted if not e.state.is_final}, **self._live}  # each once

@@ -6,7 +6,9 @@ The "model" is a tiny recurrence: hidden h [D] float64, ``h = tanh(0.9 h + E[tok
 logits = sum_d h[d] * P[d, :]. Its state row is ``[h (D), tokens seen, first prompt token]``.
 Fault injection: a prompt starting with ``poison_token`` gets NaN logits once it has seen
 ``poison_after`` tokens; a prompt containing ``crash_token`` makes prefill raise; step number
-i (counting from 0) raises when i is in ``fail_steps``. ``events`` logs every call.
+i (counting from 0) raises when i is in ``fail_steps``. ``compile_seconds``: what ``compile``
+reports for each bucket it had not compiled (no time passes: a stand-in for a real compile's
+cost, for the scheduler's shrink decisions). ``events`` logs every call.
 """
 from __future__ import annotations
 
@@ -23,7 +25,8 @@ class FakeEngine:
     def __init__(self, vocab_size: int = 64, hidden: int = 8, seed: int = 0, *,
                  step_seconds: float = 0.0, prefill_seconds_per_token: float = 0.0,
                  poison_token: int | None = None, poison_after: int = 0,
-                 crash_token: int | None = None, fail_steps: Sequence[int] = ()):
+                 crash_token: int | None = None, fail_steps: Sequence[int] = (),
+                 compile_seconds: float = 0.0):
         rng = np.random.default_rng(seed)
         self.vocab_size = vocab_size
         self.embed = rng.standard_normal((vocab_size, hidden))
@@ -34,6 +37,8 @@ class FakeEngine:
         self.poison_token, self.poison_after = poison_token, poison_after
         self.crash_token = crash_token
         self.fail_steps = set(fail_steps)
+        self.compile_seconds = compile_seconds
+        self.compiled: set[int] = set()
         self.bucket = 0
         self.last_path = "fake"
         self.events: list[tuple] = []
@@ -66,7 +71,9 @@ class FakeEngine:
     # -- Engine protocol -----------------------------------------------------------------
     def compile(self, buckets):
         self.events.append(("compile", tuple(buckets)))
-        return {b: 0.0 for b in buckets}
+        seconds = {b: 0.0 if b in self.compiled else self.compile_seconds for b in buckets}
+        self.compiled.update(buckets)
+        return seconds
 
     def compile_prefill(self):
         return {}
