@@ -22,10 +22,27 @@ from .segment_linear import row_block, sum_splits
 from .time_mix import LORA_ACTIVATIONS
 
 BLOCK_C = 16  # output columns per program (C / 16 programs per row block)
+MAX_CHUNK = 128  # widest LoRA piece multiplied at once
+MAX_CHUNK_ELEMENTS = 2048  # summed-partials elements per piece (bm x width)
 
 
 def supports(C: int, widths) -> bool:
     return pow2_divisor(C, BLOCK_C) == BLOCK_C and min(widths) >= 16
+
+
+def chunks(d: int, cap: int) -> list[tuple[int, int]]:
+    """(start, width) pieces covering [0, d): cap-wide ones, then the rest rounded up to a power
+    of two (>= 16; the loads mask columns >= d)."""
+    out = [(s, cap) for s in range(0, d - d % cap, cap)]
+    if d % cap:
+        out.append((d - d % cap, max(16, next_pow2(d % cap))))
+    return out
+
+
+def max_chunk(bm: int) -> int:
+    """Widest LoRA piece for row blocks of bm: the summed partials [bm, width] float32 stay
+    within MAX_CHUNK_ELEMENTS (a [16, 256] tile spilled in bf16)."""
+    return max(16, min(MAX_CHUNK, MAX_CHUNK_ELEMENTS // bm))
 
 
 def _kernel(p_ref, *refs, offsets, widths, kinds, splits, M, dtype):
@@ -33,19 +50,20 @@ def _kernel(p_ref, *refs, offsets, widths, kinds, splits, M, dtype):
     bm = o_ref.shape[1]
     vector = bm == 1
     for i, (off, d, kind) in enumerate(zip(offsets, widths, kinds)):
-        dp = next_pow2(d)
-        col_ok = jnp.arange(dp) < d
-        h = sum_splits(lambda s: plgpu_triton.load(p_ref.at[s, :, pl.ds(off, dp)], mask=col_ok[None, :],
-                                                   other=0), splits, dtype)
         act = LORA_ACTIVATIONS[kind]
-        if act is not None:
-            h = act(h).astype(dtype).astype(jnp.float32)
-        w = plgpu_triton.load(w_refs[i], mask=col_ok[None, :], other=0)
-        if vector:
-            out = jnp.sum(w.astype(jnp.float32) * h, axis=1)[None, :]
-        else:
-            exact = False if dtype == jnp.float32 else None
-            out = plgpu_triton.dot(h.astype(dtype), w, trans_b=True, allow_tf32=exact)
+        out = jnp.zeros((bm, BLOCK_C), jnp.float32)
+        for start, width in chunks(d, max_chunk(bm)):
+            col_ok = start + jnp.arange(width) < d
+            h = sum_splits(lambda s: plgpu_triton.load(p_ref.at[s, :, pl.ds(off + start, width)],
+                                                       mask=col_ok[None, :], other=0), splits, dtype)
+            if act is not None:
+                h = act(h).astype(dtype).astype(jnp.float32)
+            w = plgpu_triton.load(w_refs[i].at[:, pl.ds(start, width)], mask=col_ok[None, :], other=0)
+            if vector:
+                out = out + jnp.sum(w.astype(jnp.float32) * h, axis=1)[None, :]
+            else:
+                exact = False if dtype == jnp.float32 else None
+                out = out + plgpu_triton.dot(h.astype(dtype), w, trans_b=True, allow_tf32=exact)
         o_ref[jnp.int32(i)] = out.astype(o_ref.dtype)
 
 

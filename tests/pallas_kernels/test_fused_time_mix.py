@@ -22,18 +22,18 @@ from pallas_kernels.wkv_step import wkv_step_reference
 H, N = 2, 64
 C = H * N
 WIDTHS = {"w": 48, "a": 32, "v": 16, "g": 80}   # LoRA widths not powers of two
+WIDE = {"w": 176, "a": 32, "v": 16, "g": 320}    # lora_up multiplies these in several pieces
 
 
 def _keys(seed, n):
     return iter(jax.random.split(jax.random.key(seed), n))
 
 
-def _weights(seed, dtype) -> TimeMixWeights:
+def _weights(seed, dtype, d=WIDTHS) -> TimeMixWeights:
     ks = _keys(seed, 24)
     mat = lambda o, i: (jax.random.normal(next(ks), (o, i)) / math.sqrt(i)).astype(dtype)  # noqa: E731
     vecs = jnp.stack([jax.random.normal(next(ks), (C,)) for _ in range(7)]) * 0.5
     vecs = vecs.at[5].add(1.0)  # ln_x.weight around 1
-    d = WIDTHS
     return TimeMixWeights(mat(C, C), mat(C, C), mat(C, C), mat(C, C), mat(d["w"], C), mat(C, d["w"]), mat(d["a"], C),
                           mat(C, d["a"]), mat(d["v"], C), mat(C, d["v"]), mat(d["g"], C), mat(C, d["g"]),
                           vecs, 0.5 * jax.random.normal(next(ks), (H, N)))
@@ -59,9 +59,11 @@ def test_segment_linear_matches_reference(M):
     _close(got[:M], want, 1e-4)
 
 
-@pytest.mark.parametrize("M,first", [(1, False), (3, True)])
-def test_lora_up_matches_reference(M, first):
-    wts = _weights(10 + M, jnp.float32)
+@pytest.mark.parametrize("M,first,widths", [(1, False, WIDTHS), (3, True, WIDTHS), (1, False, WIDE), (3, False, WIDE),
+                                            (20, True, WIDE), (40, False, WIDE)])
+def test_lora_up_matches_reference(M, first, widths):
+    """Row blocks of 1, 16, 32 and 64 (pieces of 128, 128, 64 and 32 columns)."""
+    wts = _weights(10 + M, jnp.float32, widths)
     downs, inputs = wts.down(first)
     xs = jax.random.normal(jax.random.key(M), (6, M, C))
     partials = segment_linear.segment_linear(xs, downs, inputs, interpret=True)
