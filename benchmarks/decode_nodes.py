@@ -11,8 +11,9 @@ step (XLA puts the whole step in one command buffer, so each thunk is one graph 
 - nodes / layer = (kernels + copies) / n_layer; the Pallas launches by kernel name.
 
 ``--ptxas`` also runs ptxas (the triton wheel's ``ptxas-blackwell``: XLA emits PTX 8.8) on every
-Pallas entry for registers and spills. Needs jax's CUDA plugin installed (compiling for a GPU
-target needs no device); the H200 target description is ``--target`` (a .txtpb).
+Pallas entry for registers and spills. Needs jax's CUDA plugin (installed, or in the folder
+``RWKV7_CUDA_PLUGIN_DIR`` names; compiling for a GPU target needs no device); the target is
+``--target`` (default: the package's H200 description, ``rwkv_jax/gpu_targets/h200.txtpb``).
 
 usage: JAX_PLATFORMS=cpu python benchmarks/decode_nodes.py --config 1.5b --kernels pallas,xla
        --batch 1,8 [--dtype bfloat16] [--ptxas] [--json benchmarks/results/decode_nodes.json]
@@ -35,7 +36,7 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 
-DEFAULT_TARGET = "/work/shared/gpu_targets/h200.txtpb"
+DEFAULT_TARGET = "h200"  # bundled with the package: rwkv_jax/gpu_targets/h200.txtpb
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 BYTES = {"pred": 1, "s8": 1, "u8": 1, "bf16": 2, "f16": 2, "s16": 2, "u16": 2, "f32": 4, "s32": 4,
          "u32": 4, "f64": 8, "s64": 8, "u64": 8}
@@ -197,13 +198,6 @@ def markdown(rows: list) -> str:
     return "\n".join(lines) + "\n"
 
 
-def h200_sharding(target: str):
-    from jax.experimental import topologies
-    from jax.sharding import NamedSharding, PartitionSpec
-    topo = topologies.get_topology_desc(platform="cuda", topology="1x1x1", target_config=open(target).read())
-    return NamedSharding(topologies.make_mesh(topo, (1,), ("x",)), PartitionSpec())
-
-
 def compile_step(config, dtype, kernels: str, B: int, dump: str, sharding) -> float:
     """Deviceless compile of the forward decode step (B sequences, T = 1); returns seconds."""
     from rwkv_jax.forward import forward_fn
@@ -228,7 +222,8 @@ def main(argv=None) -> None:
     ap.add_argument("--dtype", default="bfloat16", choices=sorted(DTYPES))
     ap.add_argument("--kernels", default="pallas,xla", help="comma list of rwkv_jax.Kernels values")
     ap.add_argument("--batch", default="1", help="comma list of batch sizes (T = 1)")
-    ap.add_argument("--target", default=DEFAULT_TARGET, help="GPU target description (.txtpb)")
+    ap.add_argument("--target", default=DEFAULT_TARGET,
+                    help="bundled GPU target (rwkv_jax/gpu_targets) or a GpuTargetConfig .txtpb file")
     ap.add_argument("--ptxas", action="store_true", help="ptxas -v every Pallas entry (regs, spills)")
     ap.add_argument("--keep-dumps", help="keep the XLA dumps under this folder")
     ap.add_argument("--json", help="append the rows to this JSON file (a list)")
@@ -239,8 +234,9 @@ def main(argv=None) -> None:
         open(a.markdown, "w").write(markdown(json.load(open(a.json))))
         return
     from rwkv7_core.config import named_config
+    from rwkv_jax import deviceless
     config = named_config(a.config)
-    sharding = h200_sharding(a.target)
+    sharding = deviceless.target_device(deviceless.load_target(a.target))
 
     def save(row):  # after every row: a long sweep cut short keeps what it measured
         if a.json:
