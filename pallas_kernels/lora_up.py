@@ -5,8 +5,10 @@ The down products (``segment_linear``'s partials [splits, Mp, N_total]; segment 
 pair's activation (tanh for the decay, none for ``a`` and the value mix, sigmoid for the gate)
 and multiplied by the up weights ups[i] [C, d_i]: out [n, Mp, C] in the model dtype (the
 products ``lora_up_reference`` returns). Grid (C blocks, row blocks); every program loops over
-the n pairs, so one launch serves all of them. The widths d_i need not be powers of two: the
-loads are masked (blocks rounded up).
+the n pairs, so one launch serves all of them, and multiplies each pair in pieces of the LoRA
+width (``chunks``: at most 128 columns, fewer for taller row blocks) accumulated in float32, so
+no tile outgrows the registers. The widths d_i need not be powers of two: the last piece is
+rounded up and its loads are masked.
 """
 from __future__ import annotations
 
@@ -22,8 +24,8 @@ from .segment_linear import row_block, sum_splits
 from .time_mix import LORA_ACTIVATIONS
 
 BLOCK_C = 16  # output columns per program (C / 16 programs per row block)
-MAX_CHUNK = 128  # widest LoRA piece multiplied at once
-MAX_CHUNK_ELEMENTS = 2048  # summed-partials elements per piece (bm x width)
+MAX_CHUNK = 128            # widest piece of a LoRA width multiplied at once
+MAX_CHUNK_ELEMENTS = 2048  # elements of a piece's summed partials (row block x width)
 
 
 def supports(C: int, widths) -> bool:
@@ -40,9 +42,10 @@ def chunks(d: int, cap: int) -> list[tuple[int, int]]:
 
 
 def max_chunk(bm: int) -> int:
-    """Widest LoRA piece for row blocks of bm: the summed partials [bm, width] float32 stay
-    within MAX_CHUNK_ELEMENTS (a [16, 256] tile spilled in bf16)."""
-    return max(16, min(MAX_CHUNK, MAX_CHUNK_ELEMENTS // bm))
+    """Widest piece for row blocks of bm (1..64): its summed partials float32 [bm, width] stay
+    within MAX_CHUNK_ELEMENTS (whole widths spilled in bf16: [16, 256] at 1.5b 24 B, [16..64, 512]
+    at 2.9b 1.4-8.5 KB)."""
+    return min(MAX_CHUNK, MAX_CHUNK_ELEMENTS // bm)
 
 
 def _kernel(p_ref, *refs, offsets, widths, kinds, splits, M, dtype):

@@ -1,6 +1,7 @@
 """Every Pallas kernel compiles for an H200 on this CPU-only machine (a deviceless XLA:GPU
 compile: Triton lowering, PTX, ptxas), for each supported dtype and every default decode
-bucket; ptxas (sm_90a) finds no register spill and the shared memory fits the H200's opt-in
+bucket (the fused decode kernels of ``kernels="pallas-fused"``: at each row block their tiles
+depend on); ptxas (sm_90a) finds no register spill and the shared memory fits the H200's opt-in
 limit. All the cases of one kernel and dtype go into one compile (one executable, many
 kernels). A kernel that cannot compile, spills or overflows shared memory fails here."""
 from __future__ import annotations
@@ -13,7 +14,8 @@ import pytest
 from flax import nnx
 
 import rwkv_jax
-from pallas_kernels import shift_mix, small_m_linear, sparse_channel_mix, wkv_seq, wkv_step
+from pallas_kernels import fused_time_mix, shift_mix, small_m_linear, sparse_channel_mix, wkv_seq, wkv_step
+from pallas_kernels.time_mix import TimeMixWeights
 from rwkv7_core.config import named_config
 from rwkv_jax import deviceless
 from rwkv_jax.modules import RWKV7
@@ -22,19 +24,10 @@ from scheduler.config import bucket_ladder
 from tests.gpu_target import H200, PLUGIN_DIR
 
 DECODE_BUCKETS = bucket_ladder(256)              # (1, 2, 4, ..., 256)
+FUSED_BUCKETS = (1, 8, 32, 256)                  # each row block of the fused kernels (1, 16, 32, 64)
 DTYPES = (jnp.bfloat16, jnp.float16, jnp.float32)
 C, H, N, F, V = 2560, 40, 64, 10240, 65536       # 2.9b-shape sizes
 SD = jax.ShapeDtypeStruct
-TRITON_CALL = "__gpu$xla.gpu.triton"
-
-
-def lower_for_cuda(fn, *structs) -> str:
-    """StableHLO text of fn lowered for CUDA; asserts a Pallas Triton kernel is in it. The
-    opt-in pallas-fused kernels (issue 15) are only cross-lowered here, not compiled with the
-    no-spill check: their `lora_up` still spills a few bytes at M > 1 in bf16."""
-    text = jax.jit(fn).trace(*structs).lower(lowering_platforms=("cuda",)).as_text()
-    assert TRITON_CALL in text, "no Pallas Triton kernel in the lowered module"
-    return text
 
 
 def compile_cases(cases) -> deviceless.StepReport:
@@ -131,37 +124,42 @@ def test_blocks_tile_arrays_exactly_except_in_the_masked_kernel():
                                     jnp.zeros((6, 192))) != []
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
-def test_fused_decode_kernels_lower_for_cuda(dtype):
-    """The fused decode kernels at the 2.9b shape (LoRA widths 96, 96, 64, 320: not all powers
-    of two) with the state read in place, every decode bucket in bf16, three in other dtypes."""
-    from pallas_kernels import ffn_value, lora_up, segment_linear, wkv_tail
-    from pallas_kernels.segment_linear import padded_rows
-    L, widths = 32, (96, 96, 64, 320)
-    n_total = 3 * C + sum(widths)
-    offsets = [3 * C + sum(widths[:i]) for i in range(4)]
-    buckets = DECODE_BUCKETS if dtype == jnp.bfloat16 else (1, 16, 256)
-    f32 = jnp.float32
-    for B in buckets:
-        Mp = padded_rows(B)
-        weights = [SD((C, C), dtype)] * 3 + [SD((d, C), dtype) for d in widths]
-        lower_for_cuda(lambda xs, *w: segment_linear.segment_linear(xs, w, [0, 2, 3, 1, 4, 3, 5]),
-                       SD((6, B, C), dtype), *weights)
-        lower_for_cuda(lambda p, *u: lora_up.lora_up(p, u, offsets, "wavg", M=B, dtype=dtype),
-                       SD((4, Mp, n_total), f32), *[SD((C, d), dtype) for d in widths])
-        lower_for_cuda(lambda p, lo, vec, rk, vf, S: wkv_tail.wkv_tail(p, lo, vec, rk, vf, S, layer=5),
-                       SD((4, Mp, n_total), f32), SD((4, Mp, C), dtype), SD((7, C), f32), SD((H, N), f32),
-                       SD((B, C), f32), SD((B, L, H, N, N), f32))
-        lower_for_cuda(lambda p, w: ffn_value.ffn_value(p, w, M=B, dtype=dtype),
-                       SD((2, Mp, F), f32), SD((F, C), dtype))
+def _fused_layer(h, mixed, wts, S, v_first, shift_c, shift_t, ln, mix_c, mix_t, w_key, w_val_t):
+    """One fused decode layer (not the first: four LoRA pairs) and the next layer's mixes, as
+    kernels="pallas-fused" chains them (the state leaves [B, L, ...] updated in place)."""
+    out, S, v_first = fused_time_mix.fused_time_mix(mixed, wts, S, v_first, first=False, layer=5)
+    h, xk, shift_c = shift_mix.shift_mix(h, out, shift_c, ln[0], ln[1], mix_c, layer=5)
+    ffn = fused_time_mix.fused_channel_mix(xk[0], w_key, w_val_t)
+    h, mixed, shift_t = shift_mix.shift_mix(h, ffn, shift_t, ln[2], ln[3], mix_t, layer=6)
+    return h, mixed, S, v_first, shift_c, shift_t
 
 
-def test_whole_model_lowers_for_cuda_with_fused_kernels():
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16])
+def test_fused_decode_kernels_compile(dtype):
+    """The eight fused decode kernels at the 2.9b shape (LoRA widths 96, 96, 64, 320: not all
+    powers of two) at B = 1, 8, 32, 256 (lora_up's row blocks of 1, 16, 32, 64), state read in place."""
+    L, f32 = 32, jnp.float32
+    wts = TimeMixWeights(
+        *[SD((C, C), dtype)] * 4, *[s for d in (96, 96, 64, 320) for s in (SD((d, C), dtype), SD((C, d), dtype))],
+        SD((7, C), f32), SD((H, N), f32))
+    cases = [(_fused_layer, [SD((B, C), dtype), SD((6, B, C), dtype), wts, SD((B, L, H, N, N), f32), SD((B, C), f32),
+                             SD((B, L, C), dtype), SD((B, L, C), dtype), SD((4, C), f32), SD((1, C), dtype),
+                             SD((6, C), dtype), SD((F, C), dtype), SD((F, C), dtype)]) for B in FUSED_BUCKETS]
+    report = compile_cases(cases)
+    per_layer = {"rwkv7_segment_linear": 3, "rwkv7_lora_up": 1, "rwkv7_wkv_tail": 1, "rwkv7_ffn_value": 1,
+                 "rwkv7_shift_mix": 2}
+    assert report.launch_counts("rwkv7") == {k: n * len(FUSED_BUCKETS) for k, n in per_layer.items()}
+
+
+def test_whole_model_compiles_with_fused_kernels():
+    """kernels="pallas-fused": 8 Pallas launches per layer (and a few around them)."""
     config = named_config("tiny")
+    params = jax.eval_shape(lambda: nnx.to_pure_dict(nnx.split(RWKV7(config, None, jnp.bfloat16))[1]))
+    cases = []
     for B in (1, 8, 256):
-        params = jax.eval_shape(lambda: nnx.to_pure_dict(nnx.split(RWKV7(config, None, jnp.bfloat16))[1]))
-        state = jax.eval_shape(lambda: rwkv_jax.init_state(config, B, jnp.bfloat16))
+        state = jax.eval_shape(lambda B=B: rwkv_jax.init_state(config, B, jnp.bfloat16))
         fn = functools.partial(rwkv_jax.forward_fn, config=config, path=rwkv_jax.select_path(B, 1),
                                kernels="pallas-fused")
-        text = lower_for_cuda(fn, params, SD((B, 1), jnp.int32), state)
-        assert text.count(TRITON_CALL) >= 8 * config.n_layer
+        cases.append((fn, [params, SD((B, 1), jnp.int32), state]))
+    report = compile_cases(cases)
+    assert sum(report.launch_counts("rwkv7").values()) >= 3 * 8 * config.n_layer
