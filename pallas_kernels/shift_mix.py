@@ -131,8 +131,7 @@ def shift_mix(h, delta, shift, ln_w, ln_b, mix, *, layer: int | None = None, int
         out_specs=(row, pl.BlockSpec((n_mix, None, Cp), lambda b: (0, b, 0)), state),
         input_output_aliases={shift_index: 2} if shift.dtype == dtype else {},
         name="rwkv7_shift_mix",
-        # 8 columns per thread (4..16 warps): 8 warps at 2.9b (C = 2560 in 4096-wide blocks)
-        # spilled (8 B stores) with split-K partials deltas
-        compiler_params=triton_params(num_warps=min(16, max(4, Cp // 256))),
+        # 8 warps spilled 16-72 B (fp16 C = 2048 in place, bf16 C = 2560 with partials deltas)
+        compiler_params=triton_params(num_warps=4 if Cp <= 1024 else 16),
         interpret=interpret,
     )(*inputs)

@@ -62,15 +62,23 @@ def _no_delta(h, s, w, b, m):
     return shift_mix.shift_mix(h, None, s, w, b, m)
 
 
+def _in_place(h, d, s, w, b, m):
+    return shift_mix.shift_mix(h, d, s, w, b, m, layer=5)
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_shift_mix_compiles_for_every_decode_bucket(dtype):
-    vec = SD((C,), jnp.float32)
+    """At the 2.9b width, and in place on a [B, L, C] leaf at the 1.5b one (C = 2048)."""
+    vec, vec15 = SD((C,), jnp.float32), SD((2048,), jnp.float32)
     cases = []
     for B in DECODE_BUCKETS:
         rows = SD((B, C), dtype)
         cases += [(shift_mix.shift_mix, [rows, rows, rows, vec, vec, SD((6, C), dtype)]),
                   (shift_mix.shift_mix, [rows, rows, rows, vec, vec, SD((1, C), dtype)]),
                   (_no_delta, [rows, rows, vec, vec, SD((6, C), dtype)])]
+        rows, leaf = SD((B, 2048), dtype), SD((B, 24, 2048), dtype)
+        cases += [(_in_place, [rows, rows, leaf, vec15, vec15, SD((6, 2048), dtype)]),
+                  (_in_place, [rows, None, leaf, vec15, vec15, SD((6, 2048), dtype)])]
     compile_cases(cases)
 
 
