@@ -177,15 +177,24 @@ def estimate_ms(row: dict, per_node_us: float = PER_NODE_US) -> float:
     return (max(moved / HBM_BYTES_S, flops / MATMUL_FLOP_S) + row["nodes"] * per_node_us * 1e-6) * 1e3
 
 
+def spills(row: dict) -> str:
+    """The Pallas entries ptxas found spilling ("none (n entries)"; "-" where it did not run)."""
+    if "ptxas" not in row:
+        return "-"
+    bad = [f"{k.removeprefix('rwkv7_')} {v.get('spill_stores', '?')}/{v.get('spill_loads', '?')} B"
+           for k, v in row["ptxas"].items() if v.get("spill_stores") or v.get("spill_loads") or "error" in v]
+    return ", ".join(bad) or f"none ({len(row['ptxas'])} entries)"
+
+
 def markdown(rows: list) -> str:
     """The before/after table: one line per (config, kernels, B, label)."""
     lines = ["| config | label | kernels | B | nodes | nodes/layer | kernels (pallas) | copies | "
-             "Pallas programs per kernel | est. step ms | est. tok/s (Albatross) |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "Pallas programs per kernel | ptxas spills (stores/loads) | est. step ms | est. tok/s (Albatross) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in sorted(rows, key=lambda r: (r["config"], r["B"], r["label"], r["kernels"])):
         if "error" in r:
             lines.append(f"| {r['config']} | {r['label']} | {r['kernels']} | {r['B']} | {r['error'][:80]} |"
-                         + " |" * 6)
+                         + " |" * 7)
             continue
         est = estimate_ms(r)
         anchor = ANCHORS.get(r["B"]) if r["config"] == "1.5b" else None
@@ -193,7 +202,7 @@ def markdown(rows: list) -> str:
                              for k, v in r["pallas_programs"].items())
         lines.append(f"| {r['config']} | {r['label']} | {r['kernels']} | {r['B']} | {r['nodes']} | "
                      f"{r['nodes_per_layer']:.1f} | {r['kernel_launches']} ({sum(r['pallas_launches'].values())}) | "
-                     f"{r['copies']} | {programs} | "
+                     f"{r['copies']} | {programs} | {spills(r)} | "
                      f"{est:.3f} | {r['B'] / est * 1e3:,.0f}{f' ({anchor:,})' if anchor else ''} |")
     return "\n".join(lines) + "\n"
 
