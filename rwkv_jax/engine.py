@@ -104,7 +104,7 @@ class JaxEngine:
         self.bucket = 0
         self.last_path = ""
         self.slots: Slots | None = None
-        self.executables = ExecutableCache(self.lower)
+        self.executables = ExecutableCache(self.lower, model.executables.options)
         self._static = dict(config=self.config, kernels=model.kernels)
         static_path = ("config", "path", "kernels")
         self._jit = {

@@ -6,12 +6,17 @@ State. Inside a trace the dict is bound back to an abstract NNX skeleton (built 
 per config), so tracing pays the module bookkeeping and the executable does not.
 
 Layers are unrolled (static Python loop) over per-layer weight arrays rather than run
-under ``lax.scan`` over layer-stacked weights: on XLA:CPU a (dynamic or static) slice
-of a stacked weight is copied before each matrix product. Measured on 2 cores with the
-0.1b FFN shapes: per-layer arrays 19 GB/s effective at B=1 and 55 GFLOP/s at B=32;
-``lax.scan`` over stacked weights 7 GB/s / 47 GFLOP/s; unrolled static slices of a
-stacked array 1.5 GB/s. The price is more leaves (19 per layer; ~0.4 us each per call)
-and a compile time linear in L (see ``benchmarks/cpu_model_bench.py``).
+under ``lax.scan`` over layer-stacked weights. Measured (``benchmarks/compile_speed.py``,
+``benchmarks/results/compile_speed.md``, 2 idle cores): on XLA:CPU the scan compiles the
+0.1b step 2.3-3.5x faster (0.9 s vs 3.2 s at B=1) but decodes 20-31% slower (B=1 29.5 vs
+42.9 tok/s, B=32 244 vs 314) and prefills 14% slower, because XLA:CPU copies a stacked
+weight's layer slice before its products; for an H200 (deviceless, 1.5b bf16) it compiles
+5-15x faster (1.6 s vs 7.7 s at B=1, 3.1 s vs 45 s at B=32) but runs a device while loop
+that executes more launches per step (794 vs 654 at B=1, 1,602 vs 747 at B=32), and the
+fused decode kernels need a static layer index. So both backends unroll, and pay the
+compile once per executable (kept by the persistent cache; the scheduler only compiles a
+smaller bucket when that pays, ``scheduler.config.shrink_pays``). The price is more leaves
+(19 per layer; ~0.4 us each per call) and a compile time linear in L.
 """
 from __future__ import annotations
 

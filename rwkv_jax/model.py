@@ -12,7 +12,7 @@ from rwkv7_core.checkpoint import read_checkpoint
 from rwkv7_core.config import ModelConfig
 from rwkv7_core.state import check_tokens
 
-from .compilation import ExecutableCache
+from .compilation import ExecutableCache, compiler_options, platform_of
 from .forward import forward_fn
 from .kernels import Kernels, ops_for, resolve
 from .modules import RWKV7
@@ -47,7 +47,7 @@ class Model:
         self.path_counts: Counter = Counter()
         self._jitted = jax.jit(forward_fn, static_argnames=("config", "path", "kernels", "full_output"),
                                donate_argnames=("state",))
-        self.executables = ExecutableCache(self.lower)
+        self.executables = ExecutableCache(self.lower, compiler_options(platform_of(self.params)))
 
     def on_device(self):
         """Context in which new arrays and lowered executables land on ``device``."""

@@ -115,3 +115,17 @@ def test_targets_carry_the_device_facts():
     assert h100.memory_bandwidth == 3.35e12 and h100.sm_count == 132
     with pytest.raises(ValueError, match="unknown GPU target"):
         deviceless.load_target("h999")
+
+
+def test_cpu_executables_get_the_cpu_compile_options_and_gpu_ones_xla_defaults():
+    """XLA:CPU compiles at LLVM level 1 (compile_speed.md: less compile, same speed); a model
+    placed on the H200 target keeps XLA's defaults for the GPU, and both compile."""
+    from rwkv_jax.compilation import CPU_COMPILER_OPTIONS
+    from rwkv_jax.random_params import random_model
+
+    cpu = random_model(CONFIGS["tiny"], "float32")
+    assert cpu.executables.options == CPU_COMPILER_OPTIONS
+    assert cpu.compile([(2, 1)])[(2, 1)] > 0
+    gpu = _engine("tiny", "bfloat16", "xla")
+    assert gpu.executables.options == {} and gpu.model.executables.options == {}
+    assert compile_ok("tiny", "xla", "2x1").report.launches
