@@ -22,7 +22,7 @@ from rwkv7_core.sampling import SamplingParams, TokenLogprobs
 from scheduler import Request, RequestOutput
 
 from . import chat
-from .protocol import APIError, ChatCompletionRequest, CompletionRequest, prompt_list
+from .protocol import APIError, prompt_list
 from .service import Service, Token
 from .streaming import TextStream, sse
 
