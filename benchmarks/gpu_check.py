@@ -367,11 +367,39 @@ def measure_model(jitted, params, config, kernels, B, T, smoke, roofline) -> dic
             "roofline_fraction": max(bytes_s, flops_s) / step_s}
 
 
+def measure_engine_step(params, config, kernels, B, smoke) -> dict:
+    """The engine's whole decode step (forward + on-device sampling + the host reading the
+    drawn tokens, as rwkv7-generate runs it) at bucket B: ms per step with every row greedy,
+    and with one row sampling (temperature 1, top-k 50, top-p 0.9: the sampler's
+    conditionals and threshold loops then run; they are a device while loop each on a GPU)."""
+    from rwkv_jax.engine import JaxEngine
+    from rwkv7_core.sampling import SamplingParams
+
+    engine = JaxEngine(Model(params, config, params["emb"].dtype, kernels), prefill_pieces=(1,))
+    t0 = time.perf_counter()
+    engine.compile([B])
+    out = {"engine_compile_s": time.perf_counter() - t0}
+    engine.resize([], B)
+    tokens, positions = np.zeros(B, np.int32), np.zeros(B, np.int32)
+    for label in ("greedy", "sampled"):
+        if label == "sampled":
+            engine.insert(0, engine.prefill(np.array([1], np.int32)),
+                          SamplingParams(temperature=1.0, top_k=50, top_p=0.9, seed=0))
+        engine.step(tokens, positions)
+        n, start = (3 if smoke else 50), time.perf_counter()
+        for _ in range(n):
+            engine.step(tokens, positions)
+        out[f"engine_step_{label}_ms"] = (time.perf_counter() - start) / n * 1e3
+    return out
+
+
 def run_fused_decode(smoke: bool, roofline: dict, budget: Budget, until_left_s: float) -> dict:
     """kernels="pallas" vs "pallas-fused" (issue 15): float32 parity of the fused path against
     XLA, then decode tok/s at B = 1, 8, 32, 256 (1.5b shape, bf16) for both, the launches of
     each compiled step (fusions + custom calls + copies in its HLO) and the per-launch cost
-    they imply: (step_pallas - step_fused) / (launches_pallas - launches_fused)."""
+    they imply: (step_pallas - step_fused) / (launches_pallas - launches_fused); and, for the
+    fused kernels, the engine's whole decode step greedy and sampling (``measure_engine_step``:
+    what sampling adds to the forward's step_ms)."""
     kernels = "pallas-fused-interpret" if smoke else "pallas-fused"
     out = {"parity": [attempt({"config": "odd", "B": B}, model_parity, ODD, B, 1, kernels, 3)
                       for B in ((1,) if smoke else (1, 5))], "decode": []}
@@ -398,6 +426,8 @@ def run_fused_decode(smoke: bool, roofline: dict, budget: Budget, until_left_s: 
             row = attempt({"model": name, "kernels": kind, "B": B, "T": 1},
                           measure_model, jitted, params, config, kind, B, 1, smoke, roofline)
             row.update(attempt({}, lambda: {"launches": launches(kind, B)}))
+            if kind == kernels and budget.left() - until_left_s > FIRST_COMPILE_GUESS_S:
+                row.update(attempt({}, measure_engine_step, params, config, kind, B, smoke))
             pair[kind] = row
         old, new = pair.values()
         if "step_ms" in old and "step_ms" in new and old.get("launches", 0) > new.get("launches", 0):
@@ -568,6 +598,9 @@ def markdown(results: dict) -> str:
     for r in results.get("estimate_check", []):
         lines.append(f"- estimate {r['model']} {r['kernels']} B={r['B']}: measured {r['measured_us']:.0f} us vs "
                      f"estimated {r['estimated_us']:.0f} us (x{r['measured_over_estimate']:.2f})")
+    if results.get("fused_decode"):
+        lines += ["", "## pallas vs pallas-fused decode (and the engine's whole step)", "", "```",
+                  json.dumps(results["fused_decode"], indent=1, default=str)[:6000], "```"]
     if results.get("serving"):
         lines += ["", "## Serving", "", "```", json.dumps(results["serving"], indent=1)[:4000], "```"]
     return "\n".join(lines) + "\n"

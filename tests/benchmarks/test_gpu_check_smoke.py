@@ -42,8 +42,11 @@ def test_gpu_check_smoke_writes_a_complete_report(tmp_path):
     assert set(results["goals"]) and results["serving"]["status"] in ("absent", "skipped in --smoke")
     deviceless = results["deviceless"]  # the CPU side: compiled for the H200 and serialized
     assert deviceless["ok"] and deviceless["serialized_bytes"] > 0 and not deviceless["loaded"], deviceless
+    fused = results["fused_decode"]["decode"][0]["pallas-fused-interpret"]  # the engine's whole step too
+    assert "error" not in fused, fused
+    assert fused["step_ms"] > 0 and fused["engine_step_greedy_ms"] > 0 and fused["engine_step_sampled_ms"] > 0
     markdown = (tmp_path / "gpu_check.md").read_text()
-    assert "## Parity: all ok" in markdown and "## Models" in markdown
+    assert "## Parity: all ok" in markdown and "## Models" in markdown and "engine_step_sampled_ms" in markdown
 
 
 def test_gpu_check_refuses_a_full_run_without_gpu(tmp_path):
