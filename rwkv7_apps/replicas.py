@@ -115,6 +115,7 @@ class Replica:
         self.work = 0               # outstanding prompt + generation tokens routed here
         self.wake = threading.Event()
         self.thread: threading.Thread | None = None
+        self.death: str | None = None  # why its thread died, set by the thread before it ends
 
     def report(self) -> dict[str, Any]:
         """{device, requests, generated_tokens, failed, stats} (stats: the scheduler's Stats)."""
@@ -263,12 +264,13 @@ class ReplicaSet:
                                       on_finish=lambda out: put(("finish", index, out.id, out)),
                                       should_stop=lambda: self._stopping or replica.failed is not None)
         except BaseException as e:  # noqa: BLE001 - a dying replica is reported, not raised
+            replica.death = f"its thread died: {type(e).__name__}: {e}"
             put(("died", index, None, e))
 
     def _check_threads(self) -> None:
         for r in self._healthy():
             if r.thread is not None and not r.thread.is_alive() and not self._closing:
-                self._take_out(r, "its thread ended")
+                self._take_out(r, r.death or "its thread ended")  # the "died" event may be queued still
 
     def _close(self) -> None:
         self._closing = True
@@ -281,7 +283,7 @@ class ReplicaSet:
         replica = self.replicas[index]
         if kind == "died":
             if replica.failed is None:
-                self._take_out(replica, f"its thread died: {type(payload).__name__}: {payload}")
+                self._take_out(replica, replica.death)
             return
         track = self._internal.get(internal_id)
         if track is None or track.replica is not replica or replica.failed is not None:
