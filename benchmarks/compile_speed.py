@@ -191,31 +191,18 @@ def h200_section(configs: list[str], batches: list[int], n_layer: int | None = N
 
 
 def _launches(dump: str, n_layer: int) -> dict:
-    """Launch thunks in the step's thunk sequence: listed, and executed per step (a while
-    loop's condition and body counted once per layer it runs: L - 1 times)."""
-    text = open(sorted(glob.glob(os.path.join(dump, "*.thunk_sequence.txt")))[0]).read()
-    kinds = collections.Counter(re.findall(r"^\s*\d+: (k\w+)", text, re.M))
-    structural = ("kWhile", "kSequential", "kCommandBuffer", "kConditional")
-    listed = sum(n for k, n in kinds.items() if k not in structural)
-    body = _while_body_launches(text, structural)
-    return dict(launches_listed=listed, while_loops=kinds.get("kWhile", 0), body_launches=body,
-                launches_executed=listed + body * (n_layer - 2), copies_listed=kinds.get("kCopy", 0))
+    """Launches in the step's thunk sequence (``rwkv_jax.gpu_dump.step_report``: kernels and
+    copies, a loop body listed once): listed, and executed per step (a while loop's condition
+    and body counted once per layer it runs: L - 1 times)."""
+    from rwkv_jax.gpu_dump import step_report
 
-
-def _while_body_launches(text: str, structural) -> int:
-    """Launch thunks of the first kWhile's condition and body (run once per iteration): the
-    indented thunk lines after it, up to the next top-level thunk."""
-    lines = text.splitlines()
-    start = next((i for i, line in enumerate(lines) if re.match(r"^\d+: kWhile", line)), None)
-    if start is None:
-        return 0
-    count = 0
-    for line in lines[start + 1:]:
-        if re.match(r"^\d+: ", line):
-            break
-        m = re.match(r"^\s+\d+: (k\w+)", line)
-        count += bool(m) and m[1] not in structural
-    return count
+    report = step_report(dump, ptxas=False)
+    thunks = report.launches + report.copies
+    body = sum(t.in_loop for t in thunks)
+    sequence = open(sorted(glob.glob(os.path.join(dump, "*.thunk_sequence.txt")))[0]).read()
+    return dict(launches_listed=len(thunks), while_loops=len(re.findall(r"^\s*\d+: kWhile", sequence, re.M)),
+                body_launches=body, launches_executed=len(thunks) + body * (n_layer - 2),
+                copies_listed=len(report.copies))
 
 
 # --------------------------------------------------------------------------- anatomy
