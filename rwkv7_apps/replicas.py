@@ -265,7 +265,7 @@ class ReplicaSet:
                                       should_stop=lambda: self._stopping or replica.failed is not None)
         except BaseException as e:  # noqa: BLE001 - a dying replica is reported, not raised
             replica.death = f"its thread died: {type(e).__name__}: {e}"
-            put(("died", index, None, e))
+            put(("died", index, None, None))  # the reason is replica.death
 
     def _check_threads(self) -> None:
         for r in self._healthy():
