@@ -168,7 +168,6 @@ def h200_section(configs: list[str], batches: list[int], n_layer: int | None = N
     from rwkv_jax.random_params import params_struct
 
     target = deviceless.load_target("h200")
-    sharding = deviceless.target_device(target)
     rows = []
     for name in configs:
         config = named_config(name)
@@ -177,11 +176,13 @@ def h200_section(configs: list[str], batches: list[int], n_layer: int | None = N
         for B in batches:
             state = jax.eval_shape(lambda: init_state(config, B, jnp.bfloat16))
             for loop, (_, make) in LOOPS.items():
-                args = deviceless.placed((jax.eval_shape(lambda p: make(p, config.n_layer), params),
-                                          jax.ShapeDtypeStruct((B, 1), jnp.int32), state), sharding)
+                structs = (jax.eval_shape(lambda p: make(p, config.n_layer), params),
+                           jax.ShapeDtypeStruct((B, 1), jnp.int32), state)
                 with tempfile.TemporaryDirectory(prefix="rwkv7_loop_dump_") as dump:
                     start = time.perf_counter()
-                    _jitted(loop, config, B, 1).trace(*args).lower().compile({"xla_dump_to": dump})
+                    with deviceless.on_target(target) as sharding:
+                        lowered = _jitted(loop, config, B, 1).trace(*deviceless.placed(structs, sharding)).lower()
+                    lowered.compile(deviceless.dump_options(dump))
                     seconds = time.perf_counter() - start
                     launches = _launches(dump, config.n_layer)
                 rows.append(dict(config=name, n_layer=config.n_layer, B=B, T=1, dtype="bfloat16", kernels="xla", loop=loop,

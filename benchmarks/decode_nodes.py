@@ -10,8 +10,8 @@ step (XLA puts the whole step in one command buffer, so each thunk is one graph 
 - copies: device-to-device copies (``kCopy`` thunks and ``wrapped_slice`` / ``copy`` fusions);
 - nodes / layer = (kernels + copies) / n_layer; the Pallas launches by kernel name.
 
-``--ptxas`` also runs ptxas (the triton wheel's ``ptxas-blackwell``: XLA emits PTX 8.8) on every
-Pallas entry for registers and spills. Needs jax's CUDA plugin (installed, or in the folder
+``--ptxas`` also runs ptxas (the newest found, ``rwkv_jax.gpu_dump.ptxas``) on every Pallas
+entry for registers and spills. Needs jax's CUDA plugin (installed, or in the folder
 ``RWKV7_CUDA_PLUGIN_DIR`` names; compiling for a GPU target needs no device); the target is
 ``--target`` (default: the package's H200 description, ``rwkv_jax/gpu_targets/h200.txtpb``).
 
@@ -117,8 +117,8 @@ def thunks(dump: str, per_layer: tuple = (), n_layer: int = 1) -> list[dict]:
 
 def ptxas_resources(dump: str, prefix: str = "rwkv7") -> dict:
     """{Pallas entry: registers, stack, spill stores/loads} from ptxas -v on the dumped PTX."""
-    import triton
-    exe = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas-blackwell")
+    from rwkv_jax.gpu_dump import ptxas
+    exe = ptxas()[0]  # the newest on the machine (XLA's PTX ISA version grows with jax)
     res = {}
     for f in glob.glob(os.path.join(dump, "*.ptx")):
         if not re.search(rf"\.entry {prefix}", open(f).read()):
@@ -207,21 +207,22 @@ def markdown(rows: list) -> str:
     return "\n".join(lines) + "\n"
 
 
-def compile_step(config, dtype, kernels: str, B: int, dump: str, sharding) -> float:
+def compile_step(config, dtype, kernels: str, B: int, dump: str, target) -> float:
     """Deviceless compile of the forward decode step (B sequences, T = 1); returns seconds."""
     from rwkv_jax.forward import forward_fn
     from rwkv_jax.paths import select_path
     from rwkv_jax.random_params import params_struct
     from rwkv_jax.state import init_state
+    from rwkv_jax.deviceless import dump_options, on_target, placed
     params = params_struct(config, dtype)
     state = jax.eval_shape(lambda: init_state(config, B, dtype))
     tokens = jax.ShapeDtypeStruct((B, 1), jnp.int32)
-    args = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding),
-                        (params, tokens, state))
     static = dict(config=config, path=select_path(B, 1), kernels=kernels)
     t0 = time.perf_counter()
     jitted = jax.jit(forward_fn, static_argnames=tuple(static), donate_argnames=("state",))
-    jitted.trace(*args, **static).lower().compile({"xla_dump_to": dump})
+    with on_target(target) as sharding:
+        lowered = jitted.trace(*placed((params, tokens, state), sharding), **static).lower()
+    lowered.compile(dump_options(dump))
     return time.perf_counter() - t0
 
 
@@ -245,7 +246,7 @@ def main(argv=None) -> None:
     from rwkv7_core.config import named_config
     from rwkv_jax import deviceless
     config = named_config(a.config)
-    sharding = deviceless.target_device(deviceless.load_target(a.target))
+    target = deviceless.load_target(a.target)
 
     def save(row):  # after every row: a long sweep cut short keeps what it measured
         if a.json:
@@ -256,7 +257,7 @@ def main(argv=None) -> None:
         for B in map(int, a.batch.split(",")):
             dump = tempfile.mkdtemp(prefix=f"nodes_{a.config}_{kernels}_B{B}_", dir=a.keep_dumps)
             try:
-                seconds = compile_step(config, DTYPES[a.dtype], kernels, B, dump, sharding)
+                seconds = compile_step(config, DTYPES[a.dtype], kernels, B, dump, target)
             except Exception as e:  # a shape that does not compile is a result too
                 print(f"{a.config} {a.dtype} {kernels} B={B} FAILED: {type(e).__name__}: {str(e)[:300]}", flush=True)
                 save({"label": a.label, "config": a.config, "dtype": a.dtype, "kernels": kernels, "B": B,

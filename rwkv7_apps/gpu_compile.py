@@ -2,15 +2,18 @@
 GPU) on a machine without one, and report what was built.
 
     rwkv7-gpu-compile (--model PATH | --shape NAME) [--dtype bfloat16|float16|float32]
-        [--kernels pallas|xla] [--buckets 1x1,2x1,...,256x1,1x256] [--target h200|h100|FILE.txtpb]
-        [--json OUT] [--plugin-dir DIR] [--pallas-only-ptxas]
+        [--kernels pallas,pallas-fused,xla] [--buckets 1x1,2x1,...,256x1,1x256]
+        [--target h200|h100|FILE.txtpb] [--json OUT] [--plugin-dir DIR] [--pallas-only-ptxas] [--strict]
 
 Buckets: ``BxT`` with T=1 is the decode step with sampling, B=1 and T>1 a prefill piece,
 otherwise the forward over B x T tokens; ``varlen:T`` and ``mixed:BxT`` the varlen prefill and
 mixed step. Prints one line per bucket (launches and device copies per run, the Pallas
-kernels' worst registers / spills / shared memory) and the Pallas kernels' resources; exits
-0 only if every bucket compiled (1 otherwise, 2 for bad options). Needs the CUDA plugin of
-the installed jax (see rwkv_jax.deviceless); JAX_PLATFORMS defaults to cpu.
+kernels' worst registers / spills / shared memory) and the Pallas kernels' resources, for
+each kernels option given; exits 0 only if every bucket compiled (1 otherwise, 2 for bad
+options); ``--strict`` also fails on a resource problem (spill, shared memory over the limit)
+or when ptxas could not report registers. Needs a CUDA plugin of the installed jax (cuda12 or
+cuda13, see rwkv_jax.deviceless; the header names the one used and the ptxas);
+JAX_PLATFORMS defaults to cpu.
 """
 from __future__ import annotations
 
@@ -24,6 +27,7 @@ import sys  # noqa: E402
 
 from rwkv7_core.config import NAMED_CONFIGS, named_config  # noqa: E402
 
+KERNELS = ("pallas", "pallas-fused", "xla")
 DECODE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 DEFAULT_BUCKETS = ",".join([f"{b}x1" for b in DECODE_BUCKETS] + ["1x256"])
 PALLAS_PREFIX = "rwkv7"
@@ -35,14 +39,21 @@ def parse_args(argv):
     src.add_argument("--model", help="checkpoint (.pth or .safetensors): its shapes are used")
     src.add_argument("--shape", choices=sorted(NAMED_CONFIGS), help="a named shape (no weights are made)")
     p.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16", "float32"))
-    p.add_argument("--kernels", default="pallas", choices=("pallas", "xla"))
+    p.add_argument("--kernels", default="pallas", help=f"comma-separated, of {', '.join(KERNELS)} (default pallas)")
     p.add_argument("--buckets", default=DEFAULT_BUCKETS, help=f"comma-separated (default {DEFAULT_BUCKETS})")
     p.add_argument("--target", default="h200", help="bundled target name (h200, h100) or a GpuTargetConfig .txtpb")
     p.add_argument("--json", help="write the results here")
     p.add_argument("--plugin-dir", help="directory holding the jax CUDA plugin (else $RWKV7_CUDA_PLUGIN_DIR)")
     p.add_argument("--pallas-only-ptxas", action="store_true",
                    help="run ptxas on the Pallas kernels only (faster; XLA's kernels get no registers)")
-    return p.parse_args(argv)
+    p.add_argument("--strict", action="store_true",
+                   help="exit 1 on any resource problem or when ptxas reported no registers")
+    args = p.parse_args(argv)
+    args.kernels = [k.strip() for k in args.kernels.split(",") if k.strip()]
+    unknown = sorted(set(args.kernels) - set(KERNELS))
+    if unknown or not args.kernels:
+        p.error(f"--kernels: unknown {unknown or 'empty'}; choose from {', '.join(KERNELS)}")
+    return args
 
 
 def pallas_rows(result) -> list:
@@ -81,41 +92,53 @@ def main(argv=None) -> int:
             json_dir = os.path.dirname(os.path.abspath(args.json))
             if not os.access(json_dir, os.W_OK):
                 raise ValueError(f"--json {args.json}: directory not writable")
-        engine = deviceless.abstract_engine(config, args.dtype, args.kernels, target, args.plugin_dir)
+        engines = {k: deviceless.abstract_engine(config, args.dtype, k, target, args.plugin_dir) for k in args.kernels}
     except (ValueError, RuntimeError) as e:
         print(f"rwkv7-gpu-compile: {e}", file=sys.stderr)
         return 2
     import jax
 
+    from rwkv_jax.gpu_dump import ptxas
+    found = ptxas()
+    tools = {"jax": jax.__version__, "cuda_plugin": deviceless.cuda_plugin(),
+             "ptxas": f"{found[1][0]}.{found[1][1]} ({found[0]})" if found else None}
     print(f"{target.device} ({target.arch}, {target.sm_count} SMs, {target.shared_memory_optin} B opt-in shared "
-          f"memory); {args.model or args.shape} {args.dtype} kernels={args.kernels}; jax {jax.__version__}")
-    print(f"{'bucket':>12} {'kind':>7} {'path':>14} {'compile':>8} {'launches':>8} {'copies':>6} {'copy MB':>9} "
-          f"{'pallas':>7} {'regs':>5} {'spill B':>7} {'smem B':>8}")
-    results = []
-    for bucket in buckets:
-        result = deviceless.compile_bucket(engine, bucket, target,
-                                           entry_prefix=PALLAS_PREFIX if args.pallas_only_ptxas else "")
-        results.append(result)
-        print(bucket_line(result), flush=True)
+          f"memory); {args.model or args.shape} {args.dtype}; "
+          + "; ".join(f"{k} {v}" for k, v in tools.items()))
+    results, problems = [], []
+    for kernels, engine in engines.items():
+        print(f"\nkernels={kernels}")
+        print(f"{'bucket':>12} {'kind':>7} {'path':>14} {'compile':>8} {'launches':>8} {'copies':>6} {'copy MB':>9} "
+              f"{'pallas':>7} {'regs':>5} {'spill B':>7} {'smem B':>8}")
+        for bucket in buckets:
+            result = deviceless.compile_bucket(engine, bucket, target,
+                                               entry_prefix=PALLAS_PREFIX if args.pallas_only_ptxas else "")
+            results.append((kernels, result))
+            print(bucket_line(result), flush=True)
+            problems += [f"{kernels} {bucket.label()} {p}"
+                         for p in deviceless.resource_problems(result.report, target, no_spill=True)]
+            if result.report and result.report.ptxas_error:
+                problems.append(f"{kernels} {bucket.label()} {result.report.ptxas_error}")
+            if result.ok and any(k.registers is None for k in pallas_rows(result)):
+                problems.append(f"{kernels} {bucket.label()}: Pallas kernels without registers (ptxas did not run)")
     print("\nPallas kernels per bucket (registers and spills per thread, shared memory per block):")
-    for r in results:
+    for kernels, r in results:
         for k in pallas_rows(r):
-            print(f"  {r.bucket.label():>12} {k.name:32} x{k.launches:<4} grid {tuple(k.grid)} threads "
+            print(f"  {kernels:>12} {r.bucket.label():>8} {k.name:32} x{k.launches:<4} grid {tuple(k.grid)} threads "
                   f"{k.threads[0] if k.threads else '-'} regs {k.registers} spill {k.spill_bytes} B shared {k.shared_bytes} B")
-    problems = [f"{r.bucket.label()} {p}" for r in results
-                for p in deviceless.resource_problems(r.report, target, no_spill=True)]
-    problems += [f"{r.bucket.label()} {r.report.ptxas_error}" for r in results if r.report and r.report.ptxas_error]
     for p in problems:
         print(f"WARNING {p}")
-    failed = [r.bucket.label() for r in results if not r.ok]
-    print(f"\n{len(results) - len(failed)}/{len(results)} buckets compiled" + (f"; FAILED: {failed}" if failed else ""))
+    failed = [f"{kernels} {r.bucket.label()}" for kernels, r in results if not r.ok]
+    print(f"\n{len(results) - len(failed)}/{len(results)} buckets compiled" + (f"; FAILED: {failed}" if failed else "")
+          + (f"; {len(problems)} resource problems" if problems else ""))
     if args.json:
-        doc = {"target": target.name, "device": target.device, "jax_version": jax.__version__,
+        doc = {"target": target.name, "device": target.device, "jax_version": jax.__version__, **tools,
                "model": args.model or args.shape, "dtype": args.dtype, "kernels": args.kernels,
-               "resource_problems": problems, "buckets": [r.as_dict() for r in results]}
+               "resource_problems": problems,
+               "buckets": [{"kernels": kernels, **r.as_dict()} for kernels, r in results]}
         with open(args.json, "w") as f:
             json.dump(doc, f, indent=1)
-    return 1 if failed else 0
+    return 1 if failed or (args.strict and problems) else 0
 
 
 if __name__ == "__main__":

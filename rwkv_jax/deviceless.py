@@ -12,14 +12,17 @@ runs for a bucket and reports what was built (``rwkv_jax.gpu_dump.step_report``)
 - ``Bucket("varlen", 1, T)`` / ``Bucket("mixed", B, T)``: the varlen prefill of T flat tokens
   and the mixed step of B slots plus T prompt tokens.
 
-Needs the CUDA PJRT plugin of the installed jax (``jax-cuda12-plugin`` and
-``jax-cuda12-pjrt`` of the same version, no CUDA libraries). It may live outside the
+Needs a CUDA PJRT plugin of the installed jax: ``jax-cuda13-plugin`` + ``jax-cuda13-pjrt`` or
+the ``cuda12`` pair, of the same version (no CUDA libraries). It may live outside the
 environment (``pip install --target DIR ...``): name DIR with ``plugin_dir`` or the
-``RWKV7_CUDA_PLUGIN_DIR`` variable. Keep ``JAX_PLATFORMS=cpu`` so the CPU stays the default
-backend. Nothing here is imported by the rest of the package.
+``RWKV7_CUDA_PLUGIN_DIR`` variable; ``RWKV7_CUDA_PLUGIN=cuda12|cuda13`` picks one where DIR
+holds both (default: cuda13 first); ``cuda_plugin()`` says which is loaded. Keep
+``JAX_PLATFORMS=cpu`` so the CPU stays the default backend. Works on jax 0.10.2 to 0.12
+(``on_target``, ``gpu_dump.dump_options``). Nothing here is imported by the rest of the package.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib
 import os
@@ -35,7 +38,7 @@ import jax
 from rwkv7_core.config import ModelConfig
 
 from .engine import JaxEngine
-from .gpu_dump import StepReport, base_name, step_report  # noqa: F401 (base_name: re-exported)
+from .gpu_dump import StepReport, base_name, dump_options, step_report  # noqa: F401 (base_name: re-exported)
 from .kernels import Kernels
 from .model import DTYPES, Model
 from .paths import select_path
@@ -93,19 +96,47 @@ def load_target(name_or_path: str) -> GpuTarget:
                      shared_memory_optin=number("shared_memory_per_block_optin"))
 
 
+CUDA_PLUGINS = ("cuda13", "cuda12")
+"""jax's CUDA PJRT plugins (``jax-<name>-plugin`` + ``jax-<name>-pjrt``), in order of preference."""
+PLUGIN_ENV = "RWKV7_CUDA_PLUGIN"
+
+
+def _plugin_names() -> tuple[str, ...]:
+    """The plugins to try: the one ``$RWKV7_CUDA_PLUGIN`` names, else every known one."""
+    named = os.environ.get(PLUGIN_ENV)
+    if named and named not in CUDA_PLUGINS:
+        raise ValueError(f"{PLUGIN_ENV}={named!r}: choose one of {CUDA_PLUGINS}")
+    return (named,) if named else CUDA_PLUGINS
+
+
+def cuda_plugin() -> str | None:
+    """'jax-cuda13-plugin 0.11.2'-style name of the CUDA plugin jax has loaded, or None."""
+    for name in CUDA_PLUGINS:
+        module = sys.modules.get(f"jax_plugins.xla_{name}")
+        if module is not None:
+            try:
+                version = importlib.import_module(f"jax_plugins.xla_{name}.version").__version__
+            except (ImportError, AttributeError):
+                version = "?"
+            return f"jax-{name}-plugin {version}"
+    return None
+
+
 def _register_cuda_plugin(plugin_dir: str | None) -> bool:
-    """Put plugin_dir on sys.path and register its CUDA plugin with jax; False if it has none."""
+    """Put plugin_dir on sys.path and register the first CUDA plugin found there with jax."""
     if not plugin_dir or not os.path.isdir(plugin_dir):
         return False
     if plugin_dir not in sys.path:
         sys.path.insert(0, plugin_dir)
     importlib.invalidate_caches()
-    try:
-        plugin = importlib.import_module("jax_plugins.xla_cuda12")
-    except ImportError:
-        return False
-    plugin.initialize()  # the plugin's registration entry point (what jax calls at discovery)
-    return True
+    for name in _plugin_names():
+        try:
+            plugin = importlib.import_module(f"jax_plugins.xla_{name}")
+        except ImportError:
+            continue
+        plugin.initialize()  # the plugin's registration entry point (what jax calls at discovery)
+        return True
+    return False
 
 
 @functools.lru_cache(maxsize=None)
@@ -119,10 +150,11 @@ def _topology(target: GpuTarget, plugin_dir: str | None):
         return make()
     except NotImplementedError:  # jax has no CUDA plugin (yet): register the one in plugin_dir
         if not _register_cuda_plugin(plugin_dir):
+            v = jax.__version__
             raise RuntimeError(
-                f"deviceless GPU compiles need the CUDA plugin of jax {jax.__version__}: "
-                f"pip install --target DIR jax-cuda12-plugin=={jax.__version__} jax-cuda12-pjrt=={jax.__version__} "
-                f"and set {PLUGIN_DIR_ENV}=DIR") from None
+                f"deviceless GPU compiles need a CUDA plugin of jax {v} ({' or '.join(_plugin_names())}): "
+                f"pip install --no-deps --target DIR jax-cuda13-plugin=={v} jax-cuda13-pjrt=={v} "
+                f"(or the cuda12 pair) and set {PLUGIN_DIR_ENV}=DIR") from None
         return make()
 
 
@@ -133,6 +165,19 @@ def target_device(target: GpuTarget, plugin_dir: str | None = None):
 
     topo = _topology(target, plugin_dir or os.environ.get(PLUGIN_DIR_ENV))
     return NamedSharding(topologies.make_mesh(topo, (1,), ("gpu",)), PartitionSpec())
+
+
+@contextlib.contextmanager
+def on_target(target: GpuTarget, plugin_dir: str | None = None):
+    """Trace and lower inside this (``with on_target(t) as sharding:``) to compile for target.
+
+    The target's mesh becomes the abstract mesh, so lowering rules that ask which GPU they
+    compile for see it: from jax 0.11 the Pallas Triton lowering reads the device kind from
+    the abstract mesh or the default device (a CPU here) and fails without it; 0.10 assumed
+    compute capability 9.0. Yields ``target_device(target)``."""
+    sharding = target_device(target, plugin_dir)
+    with jax.sharding.use_abstract_mesh(sharding.mesh.abstract_mesh):
+        yield sharding
 
 
 def placed(tree, sharding):
@@ -234,7 +279,9 @@ def compile_bucket(engine: JaxEngine, bucket: Bucket, target: GpuTarget, *, ptxa
         dump = dump_dir or tmp
         start = time.perf_counter()
         try:
-            compiled = bucket.lower(engine).compile({"xla_dump_to": dump})
+            with on_target(target):
+                lowered = bucket.lower(engine)
+            compiled = lowered.compile(dump_options(dump))
         except Exception as e:  # the compile's failure is the result
             message = " ".join(str(e).split())
             return BucketResult(bucket, False, f"{type(e).__name__}: {message[:2000]}", time.perf_counter() - start)
@@ -247,9 +294,9 @@ def compile_function(fn, args, target: GpuTarget, *, plugin_dir: str | None = No
                      entry_prefix: str = "") -> StepReport:
     """Compile ``jax.jit(fn)`` for target on args (a tuple of pytrees of arrays or structs,
     placed on the target device here) and return its StepReport; a failing compile raises."""
-    structs = placed(args, target_device(target, plugin_dir))
-    with tempfile.TemporaryDirectory(prefix="rwkv7_gpu_dump_") as dump:
-        jax.jit(fn).trace(*structs).lower().compile({"xla_dump_to": dump})
+    with on_target(target, plugin_dir) as sharding, tempfile.TemporaryDirectory(prefix="rwkv7_gpu_dump_") as dump:
+        lowered = jax.jit(fn).trace(*placed(args, sharding)).lower()
+        lowered.compile(dump_options(dump))
         return step_report(dump, ptxas=ptxas, entry_prefix=entry_prefix, arch=target.arch)
 
 

@@ -1,4 +1,4 @@
-"""What an XLA:GPU compile built, read from its dump (``compile({"xla_dump_to": DIR})``).
+"""What an XLA:GPU compile built, read from its dump (``compile(dump_options(DIR))``).
 
 - ``step_report(dump_dir)``: every GPU operation one run of the executable issues, in
   order: kernel launches (name, grid, threads, dynamic shared memory) and device copies
@@ -7,9 +7,10 @@
   ``*.thunk_metadata.txt`` (thunk id -> HLO instruction) and the optimized HLO (copy shapes);
   plus, per kernel, registers / spill bytes / static shared memory from ``ptxas -v`` on the
   dumped PTX (``ptxas_resources``).
-- ``ptxas_resources(ptx_files)``: ``({entry name: PtxasResources}, errors)``. The ptxas is the one the
-  ``triton`` wheel ships (``ptxas-blackwell``: XLA writes PTX 8.8, which the older bundled
-  ``ptxas`` rejects); it runs on any x86-64 CPU.
+- ``ptxas_resources(ptx_files)``: ``({entry name: PtxasResources}, errors)``, from the newest
+  ptxas on the machine (``ptxas()``: the ``nvidia-cuda-nvcc`` wheel's, the ``triton``
+  wheel's, CUDA's); it runs on any x86-64 CPU. A PTX file the ptxas cannot read is an error
+  naming both versions, never a silently missing figure.
 
 Plain Python and regular expressions: nothing here needs a GPU or the CUDA plugin.
 """
@@ -21,7 +22,9 @@ import glob
 import importlib.util
 import os
 import re
+import shutil
 import subprocess
+import sys
 from dataclasses import dataclass, field
 
 CONTAINERS = {"kWhile", "kConditional", "kSequential", "kCommandBuffer"}
@@ -113,6 +116,13 @@ class StepReport:
                     for c in sorted(self.copies, key=lambda c: -c.bytes)[:3]]}
 
 
+def dump_options(dump_dir: str) -> dict:
+    """Compile options that dump what ``step_report`` reads into dump_dir. From jax 0.11 XLA
+    writes PTX only for emitters matching ``xla_dump_emitter_re``; "ptx" selects exactly the
+    PTX files (".*" adds LLVM IR of every emitter and makes compiles ~10x slower)."""
+    return {"xla_dump_to": dump_dir, "xla_dump_emitter_re": "ptx"}
+
+
 def base_name(name: str | None) -> str:
     """A kernel name without the __N suffix XLA adds to repeated names."""
     return re.sub(r"__\d+$", "", name or "")
@@ -166,22 +176,54 @@ def parse_thunks(dump_dir: str) -> list[Thunk]:
     return thunks
 
 
-@functools.lru_cache(maxsize=None)
-def ptxas_path() -> str | None:
-    """The triton wheel's ptxas-blackwell (accepts XLA's PTX 8.8 for sm_90a), or None."""
+PTXAS_ENV = "RWKV7_PTXAS"
+
+
+def _ptxas_candidates() -> list[str]:
+    """Every ptxas this machine has: ``$RWKV7_PTXAS``, the ``nvidia-cuda-nvcc`` wheel's (on
+    sys.path, e.g. beside the CUDA plugin), the ``triton`` wheel's two, PATH's and CUDA's."""
+    found = [os.environ.get(PTXAS_ENV, "")]
+    for root in sys.path:
+        found += glob.glob(os.path.join(root or ".", "nvidia", "cu*", "bin", "ptxas"))
     spec = importlib.util.find_spec("triton")
-    if spec is None or not spec.origin:
-        return None
-    exe = os.path.join(os.path.dirname(spec.origin), "backends", "nvidia", "bin", "ptxas-blackwell")
-    return exe if os.access(exe, os.X_OK) else None
+    if spec is not None and spec.origin:
+        triton_bin = os.path.join(os.path.dirname(spec.origin), "backends", "nvidia", "bin")
+        found += [os.path.join(triton_bin, "ptxas-blackwell"), os.path.join(triton_bin, "ptxas")]
+    found += [shutil.which("ptxas") or "", "/usr/local/cuda/bin/ptxas"]
+    return list(dict.fromkeys(p for p in found if p and os.access(p, os.X_OK)))
+
+
+def _ptxas_version(exe: str) -> tuple:
+    """(major, minor) of a ptxas's CUDA release, (0, 0) if it does not say."""
+    run = subprocess.run([exe, "--version"], capture_output=True, text=True)
+    m = re.search(r"release (\d+)\.(\d+)", run.stdout)
+    return (int(m[1]), int(m[2])) if m else (0, 0)
+
+
+@functools.lru_cache(maxsize=None)
+def ptxas() -> tuple[str, tuple] | None:
+    """(path, CUDA release) of the newest ptxas found, or None. The newest accepts the PTX
+    of every older release; XLA writes PTX ISA 8.8 (jax 0.10-0.11, CUDA 12 plugin), 9.0
+    (0.11, CUDA 13) or 9.4 (0.12), which need ptxas 12.9, 13.0 and 13.4 or newer."""
+    versions = {exe: _ptxas_version(exe) for exe in _ptxas_candidates()}
+    return max(versions.items(), key=lambda kv: kv[1], default=None)
+
+
+def ptx_version(path: str) -> str:
+    """The PTX ISA version a PTX file declares (``.version 9.0``), '?' if none."""
+    with open(path) as f:
+        m = re.search(r"^\.version (\S+)", f.read(4096), re.M)
+    return m[1] if m else "?"
 
 
 def ptxas_resources(ptx_files, arch: str = "sm_90a", entry_prefix: str = "") -> tuple[dict, list[str]]:
     """({entry: PtxasResources}, errors) for the kernel entries (starting with entry_prefix)
-    of the PTX files; errors names each file ptxas rejected. RuntimeError if ptxas is missing."""
-    exe = ptxas_path()
-    if exe is None:
-        raise RuntimeError("ptxas not found: install the triton wheel (it ships backends/nvidia/bin/ptxas-blackwell)")
+    of the PTX files, from the newest ptxas found; errors names each file ptxas rejected,
+    with the PTX and ptxas versions. RuntimeError if no ptxas is found."""
+    found = ptxas()
+    if found is None:
+        raise RuntimeError(f"no ptxas found: install nvidia-cuda-nvcc (or triton), or set {PTXAS_ENV}")
+    exe, release = found
     out, errors = {}, []
     for path in ptx_files:
         entries = ptx_entries(path)
@@ -190,7 +232,8 @@ def ptxas_resources(ptx_files, arch: str = "sm_90a", entry_prefix: str = "") -> 
         run = subprocess.run([exe, "-v", f"-arch={arch}", path, "-o", os.devnull], capture_output=True, text=True)
         text = run.stdout + run.stderr
         if run.returncode:
-            errors.append(f"ptxas rejected {os.path.basename(path)}: {' '.join(text.split())[:300]}")
+            errors.append(f"ptxas {release[0]}.{release[1]} ({exe}) rejected {os.path.basename(path)} "
+                          f"(PTX ISA {ptx_version(path)}): {' '.join(text.split())[:300]}")
             continue
         for name, body in re.findall(r"Compiling entry function '(\w+)'.*?\n(.*?)(?=Compiling entry|\Z)", text, re.S):
             stack = re.search(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads", body)
@@ -217,8 +260,11 @@ def step_report(dump_dir: str, ptxas: bool = True, entry_prefix: str = "", arch:
                         copies=[t for t in thunks if t.kind in COPIES])
     resources = {}
     if ptxas:
+        ptx_files = sorted(glob.glob(os.path.join(dump_dir, "*.ptx")))
         try:
-            resources, errors = ptxas_resources(sorted(glob.glob(os.path.join(dump_dir, "*.ptx"))), arch, entry_prefix)
+            resources, errors = ptxas_resources(ptx_files, arch, entry_prefix)
+            if not ptx_files:
+                errors.append(f"no PTX in {dump_dir}: compile with dump_options(dir)")
             report.ptxas_error = "; ".join(errors) or None
         except RuntimeError as e:
             report.ptxas_error = str(e)

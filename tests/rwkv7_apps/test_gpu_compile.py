@@ -21,12 +21,14 @@ def run(*args, timeout=900):
 
 def test_compiles_buckets_prints_a_table_and_writes_json(tmp_path):
     out = tmp_path / "r.json"
-    result = run("--shape", "tiny", "--kernels", "pallas", "--buckets", "1x1,4x1,2x17", "--json", str(out))
+    result = run("--shape", "tiny", "--kernels", "pallas", "--buckets", "1x1,4x1,2x17", "--json", str(out), "--strict")
     assert result.returncode == 0, result.stderr[-3000:]
     assert "NVIDIA H200" in result.stdout and "3/3 buckets compiled" in result.stdout
     assert re.search(r"^\s+4x1\s+step\s+BATCHED_DECODE\s+[\d.]+\s+\d+", result.stdout, re.M)
     doc = json.loads(out.read_text())
     assert doc["target"] == "h200" and doc["jax_version"] and doc["resource_problems"] == []
+    assert re.fullmatch(r"jax-cuda1[23]-plugin \S+", doc["cuda_plugin"]) and doc["ptxas"], doc
+    assert doc["cuda_plugin"] in result.stdout
     rows = {(b["B"], b["T"]): b for b in doc["buckets"]}
     assert set(rows) == {(1, 1), (4, 1), (2, 17)}
     for row in rows.values():
@@ -55,6 +57,7 @@ def test_a_failing_compile_exits_1_and_is_recorded(tmp_path):
 def test_bad_options_exit_2_with_one_line():
     for args, needle in ((["--shape", "tiny", "--buckets", "2xq"], "bad bucket"),
                          (["--shape", "tiny", "--target", "h999"], "unknown GPU target"),
-                         (["--model", "/nonexistent.pth"], "no such file")):
+                         (["--model", "/nonexistent.pth"], "no such file"),
+                         (["--shape", "tiny", "--kernels", "pallas,cuda"], "unknown ['cuda']")):
         result = run(*args, timeout=300)
         assert result.returncode == 2 and needle in result.stderr, (args, result.stderr[-1000:])

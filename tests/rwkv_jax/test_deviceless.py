@@ -33,6 +33,10 @@ def compile_ok(shape: str, kernels: str, label: str, dtype: str = "bfloat16", pt
     assert result.ok, result.error
     assert result.report.launches
     assert deviceless.resource_problems(result.report, H200, no_spill=True) == []
+    if ptxas:  # registers reported for every Pallas kernel: a blind report must fail, not pass
+        assert result.report.ptxas_error is None, result.report.ptxas_error
+        pallas = [k for k in result.report.kernels if k.name.startswith("rwkv7")]
+        assert pallas and all(k.registers for k in pallas), [k.as_dict() for k in pallas]
     return result
 
 
@@ -129,3 +133,25 @@ def test_cpu_executables_get_the_cpu_compile_options_and_gpu_ones_xla_defaults()
     gpu = _engine("tiny", "bfloat16", "xla")
     assert gpu.executables.options == {} and gpu.model.executables.options == {}
     assert compile_ok("tiny", "xla", "2x1").report.launches
+
+
+def test_the_cuda_plugin_and_ptxas_in_use_are_named(monkeypatch):
+    import re
+
+    _engine("tiny", "bfloat16", "xla")  # registers the plugin of $RWKV7_CUDA_PLUGIN_DIR
+    assert re.fullmatch(r"jax-cuda1[23]-plugin \S+", deviceless.cuda_plugin() or ""), deviceless.cuda_plugin()
+    monkeypatch.setenv(deviceless.PLUGIN_ENV, "cuda11")
+    with pytest.raises(ValueError, match="cuda11"):
+        deviceless._plugin_names()
+
+
+def test_ptxas_rejecting_a_newer_ptx_names_both_versions(tmp_path):
+    """A PTX ISA newer than every ptxas here is a reported error, never a silent gap."""
+    from rwkv_jax import gpu_dump
+
+    ptx = tmp_path / "k.ptx"
+    ptx.write_text(".version 99.9\n.target sm_90a\n.address_size 64\n.visible .entry rwkv7_k()\n{\nret;\n}\n")
+    resources, errors = gpu_dump.ptxas_resources([str(ptx)], "sm_90a", "rwkv7")
+    exe, release = gpu_dump.ptxas()
+    assert resources == {} and len(errors) == 1
+    assert "PTX ISA 99.9" in errors[0] and f"ptxas {release[0]}.{release[1]}" in errors[0], errors
