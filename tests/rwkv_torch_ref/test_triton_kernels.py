@@ -14,6 +14,9 @@ import torch
 import rwkv_torch_ref
 from rwkv_torch_ref.triton_kernels import wkv7_seq, wkv7_step
 from rwkv_torch_ref.wkv import CoreParams
+from tests.rwkv_torch_ref.triton_interpreter import RUNTIME_LOOPS_BROKEN
+
+needs_runtime_loops = pytest.mark.skipif(RUNTIME_LOOPS_BROKEN is not None, reason=str(RUNTIME_LOOPS_BROKEN))
 
 B, H, N, STEPS = 2, 2, 64, 64
 TOL = 2e-5
@@ -35,6 +38,7 @@ def _seq_inputs(T, seed):
     return rnd(B, T, H, N), w, rnd(B, T, H, N), rnd(B, T, H, N), kk, a, S
 
 
+@needs_runtime_loops
 def test_wkv7_seq_matches_reference():
     inputs = _seq_inputs(STEPS, seed=0)
     S_before = inputs[-1].clone()
@@ -47,6 +51,7 @@ def test_wkv7_seq_matches_reference():
     assert dy <= TOL and ds <= TOL
 
 
+@needs_runtime_loops
 def test_wkv7_seq_chunks_carry_state():
     r, w, k, v, kk, a, S = _seq_inputs(12, seed=1)
     y_all, S_all = wkv7_seq.wkv7_seq(r, w, k, v, kk, a, S)
@@ -88,6 +93,7 @@ def test_kernels_reject_non_power_of_two_head():
 
 
 @pytest.mark.parametrize("fixture, batch, prompt_len", [("tiny_ckpt", 2, 9), ("odd_ckpt", 1, 6)])
+@needs_runtime_loops
 def test_model_triton_vs_torch(request, fixture, batch, prompt_len):
     path = request.getfixturevalue(fixture)
     ref = rwkv_torch_ref.load(path, dtype="float32", kernels="torch")
