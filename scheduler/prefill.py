@@ -88,11 +88,11 @@ class Prefill:
     Entries are the scheduler's request records: read ``id``, ``prompt`` (list of ints),
     ``params``, ``initial`` (an InitialState or None); written: ``row``, ``first_token``,
     ``first_token_time``, ``cached_tokens``, ``prefill_seconds``, ``error``. Finished (or
-    failed) entries collect in ``completed`` for the scheduler to take. Stats get one
-    PrefillRecord per piece; a call's seconds (less the compiles it
-    triggered) are shared among its pieces by token count (in
-    a mixed step the decode rows count as one token each, so only the pieces' share counts
-    as prefill).
+    failed) entries collect in ``completed`` for the scheduler to take. Stats count each
+    successful call by kind (serial, varlen, mixed) and get one PrefillRecord per piece; a
+    call's seconds (less the compiles it triggered) are shared among its pieces by token
+    count (in a mixed step the decode rows count as one token each, so only the pieces'
+    share counts as prefill).
     """
 
     def __init__(self, engine, policy: PrefillPolicy, chunk: int, stats, prefix_cache=None,
@@ -159,6 +159,7 @@ class Prefill:
         except Exception as e:  # those prompts fail; the queue goes on
             self._fail(taken, f"prefill failed: {type(e).__name__}: {e}")
             return
+        self.stats.record_prefill_call((PrefillPolicy.SERIAL if serial else PrefillPolicy.VARLEN).value)
         self._advance(taken, rows, clock[1], self.stats.call_seconds(clock), extra_rows=0)
 
     def mixed_step(self, tokens: np.ndarray, positions: np.ndarray) -> np.ndarray:
@@ -173,6 +174,7 @@ class Prefill:
         except Exception as e:
             self._fail(taken, f"engine step failed: {type(e).__name__}: {e}")
             raise
+        self.stats.record_prefill_call(PrefillPolicy.MIXED.value)
         self._advance(taken, rows, clock[1], self.stats.call_seconds(clock), extra_rows=len(tokens))
         return drawn
 
