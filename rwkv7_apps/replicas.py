@@ -61,9 +61,10 @@ class InjectedThreadDeath(BaseException):
 
 
 class EngineGuard:
-    """An engine seen through the replica layer: forwards everything, and counts the
-    exceptions of each guarded call kind (``raised``: total; ``consecutive``: since that
-    kind last succeeded). Optionally injects a ``Fault``."""
+    """An engine seen through the replica layer: forwards everything (``capabilities``
+    explicitly, the rest through ``__getattr__``), and counts the exceptions of each guarded
+    call kind (``raised``: total; ``consecutive``: since that kind last succeeded).
+    Optionally injects a ``Fault``."""
 
     def __init__(self, engine, fault: Fault | None = None):
         self.engine = engine
@@ -71,6 +72,11 @@ class EngineGuard:
         self.consecutive: dict[str, int] = {}
         self._fault = fault
         self._steps = 0
+
+    @property
+    def capabilities(self):
+        """The wrapped engine's declared ``frozenset[Capability]``."""
+        return self.engine.capabilities
 
     def __getattr__(self, name: str):
         attr = getattr(self.engine, name)  # AttributeError for a capability the engine lacks
@@ -354,12 +360,15 @@ def build_replica_set(engines: list, devices: list[str], config, tokenizer=None,
                       fault: Fault | None = None, prefix_store=None) -> ReplicaSet:
     """A ReplicaSet of one Scheduler per engine, each on an EngineGuard (``fault``, e.g.
     ``Fault.from_env()``, injected into its replica), all sharing ``prefix_store`` (the
-    prefix cache's disk tier, or None). ValueError as Scheduler raises it (e.g. a prefill
-    policy the engine does not support)."""
+    prefix cache's disk tier, or None). ValueError or TypeError as Scheduler raises them (e.g.
+    a prefill policy the engine does not support, a capability it declares without its
+    methods: checked on the engine itself, so the message names its class, not the guard)."""
+    from rwkv7_core.engine import check_capabilities
     from scheduler import Scheduler
 
     replicas = []
     for i, (engine, device) in enumerate(zip(engines, devices)):
+        check_capabilities(engine)
         guard = EngineGuard(engine, fault if fault is not None and fault.replica == i else None)
         replicas.append(Replica(i, Scheduler(guard, config, tokenizer=tokenizer, prefix_store=prefix_store),
                                 guard, device))

@@ -4,8 +4,8 @@ timeline downsampled (``Timeline``), every compile as an event, and only the mos
 ``recent`` records of each per-step / per-request / per-prefill / per-switch kind (for
 inspection and tests; the totals and percentiles cover the whole run).
 
-Throughput figures exclude compile time: an engine call that compiled (an engine with the
-``ReportsCompiles`` capability says so, in the compiling thread) has its compile seconds
+Throughput figures exclude compile time: an engine call that compiled (an engine with
+``Capability.REPORTS_COMPILES`` says so, in the compiling thread) has its compile seconds
 subtracted before its seconds are recorded; TTFT is wall time and keeps them.
 """
 from __future__ import annotations
