@@ -28,6 +28,7 @@ RESULTS = Path(__file__).parent / "results"
 
 class ZeroCostEngine:
     """Engine protocol with no model: every step returns token 1 for every slot."""
+    capabilities = frozenset()
     vocab_size = 65536
     last_path = "none"
 

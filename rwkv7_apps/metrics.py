@@ -9,6 +9,10 @@ Definitions (all times in seconds):
 - compile seconds: every compile (decode buckets, slot and resize executables, prefill
   pieces, varlen/mixed shapes), ahead of time or lazily during the run.
 - prefill share: prompt tokens / (prompt + generated tokens) over successful requests.
+- prefill calls: engine calls that ran prompt pieces, by kind ("serial": one prompt at
+  B=1, "varlen": flattened pieces of several, "mixed": pieces inside a decode step), so
+  the prefill policy at work shows (auto: serial and varlen calls; serial only on an
+  engine without Capability.VARLEN_PREFILL).
 - TTFT: first token time - arrival time, per request (wall time: compiles included);
   inter-token latency: the gap between consecutive tokens of one request. Their p50/p99
   come from log histograms: within ``percentiles_relative_error`` (1%) of the exact order
@@ -85,6 +89,7 @@ def build_metrics(stats: Stats, counts: RunCounts, wall_time: float, t0: float,
         "tokens": {"prompt": prompt, "generated": generated, "prefilled": stats.prefill_tokens,
                    "decoded_in_steps": stats.decode_tokens},
         "prefill_tok_s": stats.prefill_tok_s,
+        "prefill_calls": dict(sorted(stats.prefill_calls.items())),
         "decode_tok_s": {"average": decode_avg, "peak": decode_peak},
         "compile_seconds": stats.compile_seconds,
         "prefill_share": prompt / (prompt + generated) if prompt + generated else None,
@@ -143,6 +148,7 @@ def summary_table(m: dict[str, Any]) -> str:
          + (f"  ({req['skipped_already_done']:,} already done)" if req["skipped_already_done"] else "")),
         ("prompt / generated tokens", f"{tok['prompt']:,} / {tok['generated']:,}"),
         ("prefill tok/s (no compiles)", fmt(m["prefill_tok_s"])),
+        ("prefill calls", ", ".join(f"{kind} {n:,}" for kind, n in m["prefill_calls"].items()) or "-"),
         ("decode tok/s avg / peak", f"{fmt(m['decode_tok_s']['average'])} / {fmt(m['decode_tok_s']['peak'])}"),
         ("prefill share of tokens", fmt(None if m["prefill_share"] is None else 100 * m["prefill_share"], "%")),
         ("TTFT p50 / p99", f"{fmt(ms(m['ttft_s']['p50']), ' ms')} / {fmt(ms(m['ttft_s']['p99']), ' ms')}"),

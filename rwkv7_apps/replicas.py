@@ -7,7 +7,10 @@ stay as they are.
 
 - Threads: each replica runs its ``Scheduler.run`` in its own thread ("replica-i"); every
   callback (``on_token``, ``on_finish``) and every ``add`` happens in the thread that calls
-  ``ReplicaSet.run``, so the caller's state needs no locks.
+  ``ReplicaSet.run``, so the caller's state needs no locks. When a run ends with nothing
+  left to do (all delivered, stopped, or every replica failed) the set closes: it wakes
+  its threads and joins them (``join_seconds`` in all), so none is still inside the engine
+  when the process exits; one that does not end in time is reported through ``notify``.
 - Routing: a new request goes to the healthy replica with the least outstanding work
   (prompt tokens not yet prefilled + tokens still to generate).
 - Failure: a replica whose engine raises ``MAX_FAILURES`` times in a row (per engine call
@@ -27,10 +30,14 @@ import os
 import queue
 import sys
 import threading
+import time
 from typing import Any, Callable, NamedTuple
 
 MAX_FAILURES = 3
 """Consecutive engine exceptions (of one call kind) that take a replica out."""
+JOIN_SECONDS = 30.0
+"""How long closing a set waits for its replica threads to end, all together (the default
+of ``ReplicaSet.join_seconds``)."""
 FAULT_ENV = "RWKV7_REPLICA_FAULT"
 GUARDED_CALLS = ("step", "prefill", "prefill_varlen", "mixed_step", "insert", "resize", "sample")
 
@@ -61,9 +68,10 @@ class InjectedThreadDeath(BaseException):
 
 
 class EngineGuard:
-    """An engine seen through the replica layer: forwards everything, and counts the
-    exceptions of each guarded call kind (``raised``: total; ``consecutive``: since that
-    kind last succeeded). Optionally injects a ``Fault``."""
+    """An engine seen through the replica layer: forwards everything (``capabilities``
+    explicitly, the rest through ``__getattr__``), and counts the exceptions of each guarded
+    call kind (``raised``: total; ``consecutive``: since that kind last succeeded).
+    Optionally injects a ``Fault``."""
 
     def __init__(self, engine, fault: Fault | None = None):
         self.engine = engine
@@ -71,6 +79,11 @@ class EngineGuard:
         self.consecutive: dict[str, int] = {}
         self._fault = fault
         self._steps = 0
+
+    @property
+    def capabilities(self):
+        """The wrapped engine's declared ``frozenset[Capability]``."""
+        return self.engine.capabilities
 
     def __getattr__(self, name: str):
         attr = getattr(self.engine, name)  # AttributeError for a capability the engine lacks
@@ -155,7 +168,8 @@ class ReplicaSet:
     replicas: Replica records (``build_replica_set`` makes them); engine: one replica's
     engine, for model facts such as ``vocab_size``; tokenizer: the schedulers' tokenizer.
     ``config``: the first replica's config with ``max_batch`` the set's total rows;
-    ``notify(message)`` reports failures (default: stderr).
+    ``notify(message)`` reports failures (default: stderr); ``join_seconds``: float, how
+    long closing waits for the replica threads.
     """
 
     def __init__(self, replicas: list[Replica], engine, tokenizer=None, notify: Callable[[str], None] | None = None):
@@ -164,6 +178,7 @@ class ReplicaSet:
         config = replicas[0].scheduler.config
         self.config = config._replace(max_batch=sum(r.scheduler.config.max_batch for r in replicas))
         self.notify = notify or (lambda m: print(f"rwkv7-generate: {m}", file=sys.stderr, flush=True))
+        self.join_seconds = JOIN_SECONDS
         self._tracks: dict[str, _Track] = {}       # request id -> track
         self._internal: dict[str, _Track] = {}     # scheduler-side id -> track
         self._events: queue.SimpleQueue = queue.SimpleQueue()
@@ -206,6 +221,7 @@ class ReplicaSet:
         for r in self.replicas:
             if r.failed is None and (r.thread is None or not r.thread.is_alive()):
                 r.thread = threading.Thread(target=self._serve, args=(r,), name=f"replica-{r.index}", daemon=True)
+                r.wake.set()  # it may hold requests from a stopped run already
                 r.thread.start()
         try:
             while True:
@@ -220,7 +236,7 @@ class ReplicaSet:
                     continue
                 self._dispatch(event, on_token, on_finish)
         finally:
-            if not self._tracks or self._stopping:
+            if not self._tracks or self._stopping or not self._healthy():
                 self._close()
 
     # ---- routing -----------------------------------------------------------------------
@@ -273,9 +289,19 @@ class ReplicaSet:
                 self._take_out(r, r.death or "its thread ended")  # the "died" event may be queued still
 
     def _close(self) -> None:
+        """Wake every replica thread to end and join them; report one still alive after
+        ``join_seconds`` (it may be inside the engine: exiting now could abort the process)."""
         self._closing = True
         for r in self.replicas:
             r.wake.set()
+        deadline = time.monotonic() + self.join_seconds
+        for r in self.replicas:
+            if r.thread is None:
+                continue
+            r.thread.join(max(0.0, deadline - time.monotonic()))
+            if r.thread.is_alive():
+                self.notify(f"replica {r.index} ({r.device}): its thread did not end within "
+                            f"{self.join_seconds:g} s of closing the replica set")
 
     # ---- events ------------------------------------------------------------------------
     def _dispatch(self, event, on_token, on_finish) -> None:
@@ -354,12 +380,15 @@ def build_replica_set(engines: list, devices: list[str], config, tokenizer=None,
                       fault: Fault | None = None, prefix_store=None) -> ReplicaSet:
     """A ReplicaSet of one Scheduler per engine, each on an EngineGuard (``fault``, e.g.
     ``Fault.from_env()``, injected into its replica), all sharing ``prefix_store`` (the
-    prefix cache's disk tier, or None). ValueError as Scheduler raises it (e.g. a prefill
-    policy the engine does not support)."""
+    prefix cache's disk tier, or None). ValueError or TypeError as Scheduler raises them (e.g.
+    a prefill policy the engine does not support, a capability it declares without its
+    methods: checked on the engine itself, so the message names its class, not the guard)."""
+    from rwkv7_core.engine import check_capabilities
     from scheduler import Scheduler
 
     replicas = []
     for i, (engine, device) in enumerate(zip(engines, devices)):
+        check_capabilities(engine)
         guard = EngineGuard(engine, fault if fault is not None and fault.replica == i else None)
         replicas.append(Replica(i, Scheduler(guard, config, tokenizer=tokenizer, prefix_store=prefix_store),
                                 guard, device))

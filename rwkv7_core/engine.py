@@ -10,13 +10,17 @@ sits in which slot; the engine never sees request ids. Two kinds of handle cross
 - ``HostRow``: the same as a tuple of numpy arrays (for the host-side prefix cache); its
   size is ``host_row_bytes(row)``.
 
-Every engine implements ``Engine``. Optional capabilities are declared protocols of their
-own, checked with ``isinstance``: ``VarlenPrefill`` (several prompt pieces flattened into
-one call) and ``MixedStep`` (a decode step that also carries prompt pieces), both taking at
-most ``MAX_PIECES`` pieces padded to ``token_rows`` flat tokens (``varlen_shape``); and
+Every engine implements ``Engine``. Optional capabilities are declared, not inferred: an
+engine lists the ``Capability`` members it has in its ``capabilities`` frozenset, and callers
+test ``Capability.X in engine.capabilities`` (so a wrapper that forwards attributes, e.g.
+the replica layer's EngineGuard, keeps them). Each capability's methods are documented by a
+protocol of its own: ``VarlenPrefill`` (several prompt pieces flattened into one call) and
+``MixedStep`` (a decode step that also carries prompt pieces), both taking at most
+``MAX_PIECES`` pieces padded to ``token_rows`` flat tokens (``varlen_shape``);
 ``Logprobs`` (log-probabilities of drawn tokens and of a given prompt, sampling.py's
 ``TokenLogprobs``); and ``ReportsCompiles`` (the engine tells a listener about every compile,
-so throughput figures can leave compile time out).
+so throughput figures can leave compile time out). ``check_capabilities`` verifies that a
+declaration does not lie (the scheduler runs it once per engine).
 
 Rows are values: ``insert`` copies a row into its slot and never consumes or aliases it, so
 one prefilled row may be inserted into several slots (``n`` choices of one prompt), each
@@ -27,14 +31,17 @@ request's tokens do not depend on its slot, its neighbours or the bucket (see sa
 """
 from __future__ import annotations
 
-from typing import Any, Callable, NamedTuple, Protocol, Sequence, runtime_checkable
+import enum
+import inspect
+from typing import Any, Callable, NamedTuple, Protocol, Sequence
 
 import numpy as np
 
 from .sampling import NONFINITE_TOKEN, SamplingParams, SamplingRows, TokenLogprobs
 
-__all__ = ["Engine", "HostRow", "Logprobs", "MAX_PIECES", "MixedStep", "NONFINITE_TOKEN", "ReportsCompiles",
-           "Row", "Slots", "TokenLogprobs", "VarlenPrefill", "host_row_bytes", "varlen_shape"]
+__all__ = ["Capability", "Engine", "HostRow", "Logprobs", "MAX_PIECES", "MixedStep", "NONFINITE_TOKEN",
+           "ReportsCompiles", "Row", "Slots", "TokenLogprobs", "VarlenPrefill", "check_capabilities",
+           "host_row_bytes", "varlen_shape"]
 
 Row = Any
 HostRow = tuple
@@ -51,8 +58,22 @@ class Slots(NamedTuple):
     rows: SamplingRows    # [B] per-slot sampling parameters
 
 
-@runtime_checkable
+class Capability(enum.Enum):
+    """An optional part of the engine contract; ``methods``: the method names it adds (those
+    of its protocol below)."""
+    VARLEN_PREFILL = "varlen_prefill"
+    MIXED_STEP = "mixed_step"
+    LOGPROBS = "logprobs"
+    REPORTS_COMPILES = "reports_compiles"
+
+    @property
+    def methods(self) -> tuple[str, ...]:
+        protocol = _PROTOCOLS[self]
+        return tuple(n for n, v in vars(protocol).items() if inspect.isfunction(v) and not n.startswith("_"))
+
+
 class Engine(Protocol):
+    capabilities: frozenset[Capability]  # the optional capabilities it implements
     vocab_size: int
     bucket: int          # current number of slots; 0 before the first resize
     last_path: str       # kernel-path name of the last step (e.g. "B1T1", "BATCHED_DECODE")
@@ -103,9 +124,8 @@ class Engine(Protocol):
         """Inverse of ``to_host``."""
 
 
-@runtime_checkable
 class VarlenPrefill(Protocol):
-    """Capability: several prompt pieces in one flattened prefill call."""
+    """``Capability.VARLEN_PREFILL``: several prompt pieces in one flattened prefill call."""
 
     def prefill_varlen(self, prompts: Sequence[np.ndarray], starts: Sequence[Row | None],
                        token_rows: int) -> list[Row]:
@@ -117,9 +137,8 @@ class VarlenPrefill(Protocol):
         """Compile ``prefill_varlen`` for ``token_rows`` ahead of time; seconds (0.0 if done)."""
 
 
-@runtime_checkable
 class MixedStep(Protocol):
-    """Capability: one decode step of every slot that also carries prompt pieces."""
+    """``Capability.MIXED_STEP``: one decode step of every slot that also carries prompt pieces."""
 
     def mixed_step(self, tokens: np.ndarray, positions: np.ndarray, prompts: Sequence[np.ndarray],
                    starts: Sequence[Row | None], token_rows: int) -> tuple[np.ndarray, list[Row]]:
@@ -130,9 +149,8 @@ class MixedStep(Protocol):
         """Compile ``mixed_step`` for (bucket, token_rows) ahead of time; seconds (0.0 if done)."""
 
 
-@runtime_checkable
 class Logprobs(Protocol):
-    """Capability: log-probabilities (``TokenLogprobs``, defined by sampling.py's
+    """``Capability.LOGPROBS``: log-probabilities (``TokenLogprobs``, defined by sampling.py's
     ``token_logprobs``) of drawn tokens and of prompts. The plain ``step`` computes none."""
 
     def step_logprobs(self, tokens: np.ndarray, positions: np.ndarray) -> tuple[np.ndarray, TokenLogprobs]:
@@ -147,16 +165,32 @@ class Logprobs(Protocol):
         t+1 under the logits after tokens[:t+1]. Touches no slot (like ``prefill``)."""
 
 
-@runtime_checkable
 class ReportsCompiles(Protocol):
-    """Capability: compile events, however a call triggered them (lazily inside ``prefill``,
-    ``step``, ``resize``... or ahead of time in ``compile*``)."""
+    """``Capability.REPORTS_COMPILES``: compile events, however a call triggered them (lazily
+    inside ``prefill``, ``step``, ``resize``... or ahead of time in ``compile*``)."""
 
     def add_compile_listener(self, listener: Callable[[str, float, float], None]) -> None:
         """Call ``listener(what, start, seconds)`` after every compile, in the thread that
         compiled, before the engine call that needed it returns: ``what`` names the
         executable (e.g. "step:8", "prefill:64"), ``start`` is the time.perf_counter() at
         which the compile began, ``seconds`` its duration."""
+
+
+_PROTOCOLS = {Capability.VARLEN_PREFILL: VarlenPrefill, Capability.MIXED_STEP: MixedStep,
+              Capability.LOGPROBS: Logprobs, Capability.REPORTS_COMPILES: ReportsCompiles}
+
+
+def check_capabilities(engine) -> None:
+    """TypeError, one line naming the engine, when ``engine.capabilities`` is not a frozenset
+    of Capability or a declared capability's method is missing."""
+    name = type(engine).__name__
+    declared = getattr(engine, "capabilities", None)
+    if not isinstance(declared, frozenset) or not all(isinstance(c, Capability) for c in declared):
+        raise TypeError(f"{name}.capabilities must be a frozenset of Capability members, got {declared!r}")
+    for capability in (c for c in Capability if c in declared):
+        for method in capability.methods:
+            if not callable(getattr(engine, method, None)):
+                raise TypeError(f"{name} declares {capability} but has no method {method}()")
 
 
 def varlen_shape(n_tokens: int, min_tokens: int = 16) -> int:

@@ -46,7 +46,7 @@ class SamplingParams:
     scheduler has a tokenizer. ``seed`` fixes the draws; the same request and seed give the
     same tokens whatever batch or bucket it runs in. ``logprobs`` (None = off, else 0 to
     TOP_LOGPROBS) asks for each emitted token's ``TokenLogprobs`` with that many alternatives
-    (needs an engine with the ``Logprobs`` capability; the draws do not change).
+    (needs an engine with ``Capability.LOGPROBS``; the draws do not change).
     """
     max_tokens: int = 16
     temperature: float = 0.0

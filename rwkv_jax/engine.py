@@ -14,7 +14,7 @@ gather used by ``resize`` (compiled with the buckets when they are compiled toge
 prefill: a prompt of T tokens runs as pieces of the allowed lengths ``prefill_pieces``
 (default 1, 2, 4, ..., 256), largest first, so any T needs at most len(prefill_pieces)
 prefill executables; per flat size the varlen prefill and per (bucket, flat size) the mixed
-step (the two optional capabilities); for the ``Logprobs`` capability, compiled on first
+step (Capability.VARLEN_PREFILL, MIXED_STEP); for Capability.LOGPROBS, compiled on first
 use: per bucket the step that also scores the drawn tokens, the first-token scoring, and
 per piece length the full-output prompt scoring (the plain step stays as lean as before).
 """
@@ -28,7 +28,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from rwkv7_core.engine import MAX_PIECES, Slots
+from rwkv7_core.engine import MAX_PIECES, Capability, Slots
 from rwkv7_core.sampling import SamplingParams, SamplingRows, TokenLogprobs, banned_mask, sampling_rows
 
 from .compilation import ExecutableCache
@@ -84,14 +84,16 @@ def _gather(slots: Slots, index) -> Slots:
 
 
 class JaxEngine:
-    """Engine contract (with the VarlenPrefill, MixedStep, Logprobs and ReportsCompiles capabilities) for a loaded
-    ``rwkv_jax.Model``.
+    """Engine contract (with every ``Capability``: varlen prefill, mixed step, logprobs and
+    compile reports) for a loaded ``rwkv_jax.Model``.
 
     Rows (``prefill``/``extract`` results) are ``(State with B=1, logits float32 [V] | None)``;
     host rows are the numpy copies of the same leaves. ``executables`` is the one cache of
     compiled executables, keyed (kind, shape); ``lower(key)`` gives a key's jax.stages.Lowered.
     ``device``: the model's device (None = JAX's default), where the batch lives.
     """
+
+    capabilities = frozenset(Capability)
 
     def __init__(self, model, prefill_pieces: Sequence[int] = tuple(1 << i for i in range(9))):
         if 1 not in prefill_pieces:
@@ -127,7 +129,7 @@ class JaxEngine:
         self._zero_row = None
 
     def add_compile_listener(self, listener) -> None:
-        """ReportsCompiles: ``listener(what, start, seconds)`` after every compile and every
+        """Capability.REPORTS_COMPILES: ``listener(what, start, seconds)`` after every compile and every
         executable's first run, ``what`` = "kind:shape" of the executable (e.g. "step:8",
         "gather:(8, 4)", "prefill:64"), with " first run" appended for the latter."""
         def report(key, phase, start, seconds):
@@ -311,7 +313,7 @@ class JaxEngine:
         self.last_path = select_path(self.bucket, 1).name
         return np.asarray(drawn)
 
-    # -- Logprobs capability -------------------------------------------------------------
+    # -- Capability.LOGPROBS ---------------------------------------------------------------
     def step_logprobs(self, tokens: np.ndarray, positions: np.ndarray) -> tuple[np.ndarray, TokenLogprobs]:
         exe = self._exe("step_logprobs", self.bucket)
         drawn, scored, self.slots = exe(self.model.params, self.slots, np.asarray(tokens, np.int32),
@@ -351,7 +353,7 @@ class JaxEngine:
             return (State(*(jnp.asarray(a, dt) for a, dt in zip(state, dtypes))),
                     None if logits is None else jnp.asarray(logits))
 
-    # -- VarlenPrefill and MixedStep capabilities ----------------------------------------
+    # -- Capability.VARLEN_PREFILL and Capability.MIXED_STEP -------------------------------
     def compile_varlen(self, token_rows: int) -> float:
         """Compile (and run once) the flattened prefill of ``token_rows`` tokens."""
         done = ("varlen_prefill", token_rows) in self.executables

@@ -4,8 +4,8 @@ The batch ("slots") lives on the model's device: the recurrent State [bucket, ..
 counts float32 [bucket, V], banned mask bool [bucket, V] and per-slot sampling parameters
 (SamplingRows of [bucket] tensors; seeds held as int64). A step counts the fed tokens, runs
 ``model.forward`` (T=1) and samples every row with ``rwkv_torch_ref.sampling``. Eager torch:
-``compile`` has nothing to build and reports 0 s. Implements the ``Logprobs`` capability
-(the scores computed only in the calls that ask for them).
+``compile`` has nothing to build and reports 0 s. Declares ``Capability.LOGPROBS`` (the
+scores computed only in the calls that ask for them).
 """
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from rwkv7_core.engine import Slots
+from rwkv7_core.engine import Capability, Slots
 from rwkv7_core.sampling import SamplingParams, SamplingRows, TokenLogprobs, banned_mask, sampling_rows
 
 from .sampling import sample_rows, token_logprobs, update_counts
@@ -26,6 +26,7 @@ class TorchEngine:
 
     Rows are ``(State with B=1, logits float32 [V] | None)``; host rows are numpy copies.
     """
+    capabilities = frozenset({Capability.LOGPROBS})
 
     def __init__(self, model):
         self.model = model
@@ -111,7 +112,7 @@ class TorchEngine:
         self.slots = slots._replace(state=state, counts=counts)
         return drawn.cpu().numpy(), token_logprobs(logits, drawn) if with_logprobs else None
 
-    # -- Logprobs capability -------------------------------------------------------------
+    # -- Capability.LOGPROBS ---------------------------------------------------------------
     @torch.inference_mode()
     def step_logprobs(self, tokens: np.ndarray, positions: np.ndarray) -> tuple[np.ndarray, TokenLogprobs]:
         return self._step(tokens, positions, with_logprobs=True)

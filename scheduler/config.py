@@ -9,8 +9,8 @@ class PrefillPolicy(str, enum.Enum):
     """How prompts are prefilled (scheduler/prefill.py). SERIAL: one prompt per call in a
     worker thread while decode steps keep running; VARLEN: flattened pieces of several
     prompts per call in that worker; AUTO (the default): per call, SERIAL when one prompt
-    waits and VARLEN when several do (SERIAL on engines without VarlenPrefill); MIXED:
-    prompt pieces inside the decode steps."""
+    waits and VARLEN when several do (SERIAL on engines without
+    Capability.VARLEN_PREFILL); MIXED: prompt pieces inside the decode steps."""
     AUTO = "auto"
     SERIAL = "serial"
     VARLEN = "varlen"

@@ -15,8 +15,9 @@ step.
 Serving: ``run(serve_until=...)`` keeps waiting for new requests (added from any thread)
 instead of returning when idle; ``add_group`` prefills one prompt once for several
 requests (n choices), each then decoding its own copy of the row; requests with
-``params.logprobs`` get each token's TokenLogprobs through ``on_logprobs`` (engines with the
-``Logprobs`` capability); ``score`` gives a prompt's own token logprobs.
+``params.logprobs`` get each token's TokenLogprobs through ``on_logprobs`` (engines with
+``Capability.LOGPROBS``); ``score`` gives a prompt's own token logprobs. An engine's declared
+capabilities (rwkv7_core/engine.py) are checked once, when the scheduler is built.
 
 Memory stays flat over any number of requests: a request's bookkeeping is dropped once its
 result is handed over (to ``on_finish``, or into ``results`` for runs without one), and
@@ -31,7 +32,7 @@ from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
-from rwkv7_core.engine import Engine, Logprobs, ReportsCompiles
+from rwkv7_core.engine import Capability, Engine, check_capabilities
 from rwkv7_core.sampling import NONFINITE_TOKEN, SamplingParams, TokenLogprobs
 
 from .config import PrefillPolicy, SchedulerConfig, bucket_for, shrink_pays
@@ -83,10 +84,13 @@ class Scheduler:
     callback (``generate()`` reads it; take what you read out of it). A run with a callback
     hands each result only to it, so nothing of a request outlives its callback.
     ``stats``: bounded ``Stats`` aggregates of the runs so far.
+    TypeError when the engine's declared ``capabilities`` lie (``check_capabilities``);
+    ValueError when it lacks the one the prefill policy needs.
     """
 
     def __init__(self, engine: Engine, config: SchedulerConfig | None = None, tokenizer=None,
                  prefix_store: DiskPrefixStore | None = None):
+        check_capabilities(engine)
         self.engine = engine
         self.config = (config or SchedulerConfig()).validated()
         self.tokenizer = tokenizer
@@ -112,7 +116,7 @@ class Scheduler:
         self._prefill_compiled = False
         self._on_token = self._on_finish = self._on_logprobs = None
         self._resize_slots(0, [])
-        if isinstance(engine, ReportsCompiles):
+        if Capability.REPORTS_COMPILES in engine.capabilities:
             engine.add_compile_listener(lambda what, start, seconds: self.stats.record_compile(
                 CompileEvent(start, what, seconds)))
         self._policy = self.config.prefill_policy
@@ -159,8 +163,8 @@ class Scheduler:
     def score(self, tokens: Sequence[int]) -> TokenLogprobs:
         """The prompt's own token logprobs (``Logprobs.prompt_logprobs``: N = len(tokens) - 1),
         run under ``prefill_lock`` beside decode; any thread. ValueError without the capability."""
-        if not isinstance(self.engine, Logprobs):
-            raise ValueError(f"{type(self.engine).__name__} has no Logprobs capability")
+        if Capability.LOGPROBS not in self.engine.capabilities:
+            raise ValueError(f"{type(self.engine).__name__} has no {Capability.LOGPROBS}")
         with self.prefill_lock:
             return self.engine.prompt_logprobs(np.asarray(tokens, np.int32))
 
@@ -264,9 +268,9 @@ class Scheduler:
         params.validate(vocab)
         if params.stop and self.tokenizer is None:
             raise ValueError("stop strings need a tokenizer (Scheduler(tokenizer=...))")
-        if params.logprobs is not None and (not isinstance(self.engine, Logprobs)
+        if params.logprobs is not None and (Capability.LOGPROBS not in self.engine.capabilities
                                             or self._policy is PrefillPolicy.MIXED):
-            raise ValueError(f"logprobs need an engine with the Logprobs capability and a serial or varlen "
+            raise ValueError(f"logprobs need an engine with {Capability.LOGPROBS} and a serial or varlen "
                              f"prefill ({type(self.engine).__name__}, {self._policy.value})")
         prompt = np.asarray(request.prompt_tokens)
         if prompt.ndim != 1 or prompt.size == 0:
@@ -521,7 +525,7 @@ class Scheduler:
         start = time.perf_counter()
         seconds = self.engine.compile(todo)
         self._bucket_compile_seconds = max(seconds.values())
-        if not isinstance(self.engine, ReportsCompiles):  # otherwise its listener reported them
+        if Capability.REPORTS_COMPILES not in self.engine.capabilities:  # else its listener reported them
             for b in todo:
                 self.stats.record_compile(CompileEvent(start, f"bucket {b}", seconds[b]))
         self._compiled.update(todo)
@@ -533,7 +537,7 @@ class Scheduler:
             return
         start = time.perf_counter()
         seconds = self._pieces.precompile(self.config.buckets)
-        if not isinstance(self.engine, ReportsCompiles):
+        if Capability.REPORTS_COMPILES not in self.engine.capabilities:
             for what, s in seconds.items():
                 self.stats.record_compile(CompileEvent(start, what, s))
         self._prefill_compiled = True

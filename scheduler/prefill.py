@@ -7,15 +7,15 @@ runs:
 
 - SERIAL: one prompt per call (``Engine.prefill``, B=1), in the prefill worker beside decode.
 - VARLEN: up to ``chunk`` tokens from up to MAX_PIECES prompts flattened without padding
-  (``VarlenPrefill.prefill_varlen``), in the worker beside decode; a prompt cut at the
-  budget continues from its carried state in the next call.
+  (``VarlenPrefill.prefill_varlen``, needs ``Capability.VARLEN_PREFILL``), in the worker
+  beside decode; a prompt cut at the budget continues from its carried state in the next call.
 - AUTO: per call, VARLEN's call when several queued prompts fit in it (so a prompt-heavy
   job keeps its batch full), else SERIAL's: the head prompt whole at B=1 (one waiting
   prompt, or one long enough to fill the chunk by itself, gains nothing from flattening);
-  SERIAL throughout on an engine without ``VarlenPrefill``.
+  SERIAL throughout on an engine without ``Capability.VARLEN_PREFILL``.
 - MIXED: no worker; each decode step also carries up to ``chunk`` prompt tokens planned
-  the same way (``MixedStep.mixed_step``), so prefill never stalls decode for more than a
-  chunk.
+  the same way (``MixedStep.mixed_step``, needs ``Capability.MIXED_STEP``), so prefill never
+  stalls decode for more than a chunk.
 
 With a prefix cache every policy looks a prompt's longest cached prefix up when its first
 piece is planned, cuts a piece at the last multiple of ``prefix_block`` tokens and caches
@@ -32,12 +32,12 @@ from typing import Sequence
 
 import numpy as np
 
-from rwkv7_core.engine import MAX_PIECES, MixedStep, VarlenPrefill, varlen_shape
+from rwkv7_core.engine import MAX_PIECES, Capability, varlen_shape
 
 from .config import PrefillPolicy
 from .stats import PrefillRecord
 
-CAPABILITY = {PrefillPolicy.VARLEN: VarlenPrefill, PrefillPolicy.MIXED: MixedStep}
+CAPABILITY = {PrefillPolicy.VARLEN: Capability.VARLEN_PREFILL, PrefillPolicy.MIXED: Capability.MIXED_STEP}
 """The engine capability each policy needs beyond the Engine contract."""
 
 
@@ -63,9 +63,9 @@ def plan_pieces(remaining: Sequence[int], budget: int, max_pieces: int = MAX_PIE
 def check_engine_supports(engine, policy: PrefillPolicy) -> None:
     """ValueError when ``engine`` lacks the capability ``policy`` needs."""
     needs = CAPABILITY.get(policy)
-    if needs is not None and not isinstance(engine, needs):
-        raise ValueError(f"prefill policy {policy.value!r} needs an engine with the {needs.__name__} "
-                         f"capability; {type(engine).__name__} supports only 'serial'")
+    if needs is not None and needs not in engine.capabilities:
+        raise ValueError(f"prefill policy {policy.value!r} needs an engine with {needs}; "
+                         f"{type(engine).__name__} does not declare it")
 
 
 def _namespace(entry) -> str:
@@ -88,16 +88,16 @@ class Prefill:
     Entries are the scheduler's request records: read ``id``, ``prompt`` (list of ints),
     ``params``, ``initial`` (an InitialState or None); written: ``row``, ``first_token``,
     ``first_token_time``, ``cached_tokens``, ``prefill_seconds``, ``error``. Finished (or
-    failed) entries collect in ``completed`` for the scheduler to take. Stats get one
-    PrefillRecord per piece; a call's seconds (less the compiles it
-    triggered) are shared among its pieces by token count (in
-    a mixed step the decode rows count as one token each, so only the pieces' share counts
-    as prefill).
+    failed) entries collect in ``completed`` for the scheduler to take. Stats count each
+    successful call by kind (serial, varlen, mixed) and get one PrefillRecord per piece; a
+    call's seconds (less the compiles it triggered) are shared among its pieces by token
+    count (in a mixed step the decode rows count as one token each, so only the pieces'
+    share counts as prefill).
     """
 
     def __init__(self, engine, policy: PrefillPolicy, chunk: int, stats, prefix_cache=None,
                  prefix_block: int = 64):
-        if policy is PrefillPolicy.AUTO and not isinstance(engine, VarlenPrefill):
+        if policy is PrefillPolicy.AUTO and Capability.VARLEN_PREFILL not in engine.capabilities:
             policy = PrefillPolicy.SERIAL
         self.engine, self.policy, self.stats, self.cache = engine, policy, stats, prefix_cache
         self.prefix_block = prefix_block
@@ -159,6 +159,7 @@ class Prefill:
         except Exception as e:  # those prompts fail; the queue goes on
             self._fail(taken, f"prefill failed: {type(e).__name__}: {e}")
             return
+        self.stats.record_prefill_call((PrefillPolicy.SERIAL if serial else PrefillPolicy.VARLEN).value)
         self._advance(taken, rows, clock[1], self.stats.call_seconds(clock), extra_rows=0)
 
     def mixed_step(self, tokens: np.ndarray, positions: np.ndarray) -> np.ndarray:
@@ -173,6 +174,7 @@ class Prefill:
         except Exception as e:
             self._fail(taken, f"engine step failed: {type(e).__name__}: {e}")
             raise
+        self.stats.record_prefill_call(PrefillPolicy.MIXED.value)
         self._advance(taken, rows, clock[1], self.stats.call_seconds(clock), extra_rows=len(tokens))
         return drawn
 

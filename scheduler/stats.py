@@ -4,8 +4,8 @@ timeline downsampled (``Timeline``), every compile as an event, and only the mos
 ``recent`` records of each per-step / per-request / per-prefill / per-switch kind (for
 inspection and tests; the totals and percentiles cover the whole run).
 
-Throughput figures exclude compile time: an engine call that compiled (an engine with the
-``ReportsCompiles`` capability says so, in the compiling thread) has its compile seconds
+Throughput figures exclude compile time: an engine call that compiled (an engine with
+``Capability.REPORTS_COMPILES`` says so, in the compiling thread) has its compile seconds
 subtracted before its seconds are recorded; TTFT is wall time and keeps them.
 """
 from __future__ import annotations
@@ -84,6 +84,7 @@ class Stats:
         self.decode_seconds = 0.0
         self.prefill_tokens = 0
         self.prefill_seconds = 0.0
+        self.prefill_calls: dict[str, int] = {}  # engine prefill calls by kind: serial, varlen, mixed
         self.compile_seconds = 0.0
         self.finished: dict[str, int] = {}
         self.prompt_tokens = self.generated_tokens = 0
@@ -120,6 +121,11 @@ class Stats:
             self.prefills.append(record)
             self.prefill_tokens += record.tokens
             self.prefill_seconds += record.seconds
+
+    def record_prefill_call(self, kind: str) -> None:
+        """One engine call that ran prompt pieces: ``kind`` "serial", "varlen" or "mixed"."""
+        with self._lock:
+            self.prefill_calls[kind] = self.prefill_calls.get(kind, 0) + 1
 
     def record_switch(self, switch: BucketSwitch) -> None:
         self.switches.append(switch)
@@ -184,6 +190,8 @@ class Stats:
         for p in parts:
             for reason, n in p.finished.items():
                 out.finished[reason] = out.finished.get(reason, 0) + n
+            for kind, n in p.prefill_calls.items():
+                out.prefill_calls[kind] = out.prefill_calls.get(kind, 0) + n
             for name in ("ttft", "inter_token", "step_seconds"):
                 getattr(out, name).merge(getattr(p, name))
         out._peak = max((p._peak for p in parts), default=0.0)
@@ -227,7 +235,8 @@ class Stats:
                        "prompt_tokens": self.prompt_tokens, "generated_tokens": self.generated_tokens,
                        "decode_steps": self.decode_steps, "decode_tokens": self.decode_tokens,
                        "decode_seconds": self.decode_seconds, "prefill_tokens": self.prefill_tokens,
-                       "prefill_seconds": self.prefill_seconds, "compile_seconds": self.compile_seconds},
+                       "prefill_seconds": self.prefill_seconds, "prefill_calls": dict(self.prefill_calls),
+                       "compile_seconds": self.compile_seconds},
             "rates": {"prefill_tok_s": self.prefill_tok_s, "decode_tok_s": self.decode_tok_s,
                       "decode_tok_s_peak": self.decode_tok_s_peak},
             "percentiles_relative_error": RELATIVE_ERROR,

@@ -18,10 +18,13 @@ from typing import Sequence
 
 import numpy as np
 
+from rwkv7_core.engine import Capability
 from rwkv7_core.sampling import SamplingRows, banned_mask, sample_rows, sampling_rows, update_counts
 
 
 class FakeEngine:
+    capabilities = frozenset()
+
     def __init__(self, vocab_size: int = 64, hidden: int = 8, seed: int = 0, *,
                  step_seconds: float = 0.0, prefill_seconds_per_token: float = 0.0,
                  poison_token: int | None = None, poison_after: int = 0,
@@ -163,8 +166,9 @@ class CountingEngine:
     """A zero-cost engine for soak tests of the scheduler itself (memory, bookkeeping):
     no model and no sampling. A row is the prompt's token sum; the first token is
     1 + (sum + seed) % (V - 1) and every later one is 1 + (last % (V - 1)) (never 0, the
-    default stop token), so each request runs to max_tokens. Implements ``Engine`` and
-    ``VarlenPrefill``; ``expected_tokens(prompt, params)`` gives a request's output."""
+    default stop token), so each request runs to max_tokens. Implements ``Engine`` with
+    ``Capability.VARLEN_PREFILL``; ``expected_tokens(prompt, params)`` gives a request's output."""
+    capabilities = frozenset({Capability.VARLEN_PREFILL})
 
     def __init__(self, vocab_size: int = 64):
         self.vocab_size = vocab_size

@@ -17,7 +17,7 @@ from typing import Any, AsyncIterator
 
 import numpy as np
 
-from rwkv7_core.engine import Logprobs
+from rwkv7_core.engine import Capability
 from rwkv7_core.sampling import SamplingParams, TokenLogprobs
 from scheduler import Request, RequestOutput
 
@@ -108,12 +108,9 @@ def build_job(ctx: Context, body, kind: str) -> tuple[Job, list[list[Request]]]:
             raise APIError(400, f"{where}: {len(tokens)} prompt tokens, more than the server's "
                                 f"--max-prompt-tokens {ctx.limits.max_prompt_tokens}", where)
     params = _params(ctx, body, stops, max_tokens, logprobs)
-    if logprobs is not None and not isinstance(ctx.service.scheduler.engine, Logprobs):
-        raise APIError(400, f"logprobs are not supported by the {type(ctx.service.scheduler.engine).__name__}",
-                       "logprobs")
-    if echo and kind == "completion" and logprobs is not None and not isinstance(
-            ctx.service.scheduler.engine, Logprobs):
-        raise APIError(400, "echo with logprobs is not supported by this engine", "echo")
+    engine = ctx.service.scheduler.engine
+    if logprobs is not None and Capability.LOGPROBS not in engine.capabilities:
+        raise APIError(400, f"logprobs are not supported by the {type(engine).__name__}", "logprobs")
     job = Job(kind, body, prompts, texts, [], logprobs, echo, params.max_tokens)
     groups = []
     for p, tokens in enumerate(prompts):

@@ -1,4 +1,4 @@
-"""The Logprobs capability and row forks on both engines (tiny model, float32).
+"""Capability.LOGPROBS and row forks on both engines (tiny model, float32).
 
 - ``token_logprobs`` in JAX and torch equals the numpy reference (rwkv7_core.sampling).
 - ``step_logprobs`` draws what ``step`` draws and scores it on the step's own logits;
@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from rwkv7_core import sampling as ref
-from rwkv7_core.engine import Logprobs
+from rwkv7_core.engine import Capability, check_capabilities
 from rwkv7_core.sampling import SamplingParams
 
 V = 512
@@ -51,7 +51,8 @@ def test_token_logprobs_match_the_numpy_reference():
 
 def test_prompt_and_step_logprobs(backend):
     name, model, engine = backend
-    assert isinstance(engine, Logprobs)
+    assert Capability.LOGPROBS in engine.capabilities
+    check_capabilities(engine)
     rng = np.random.default_rng()
     prompt = rng.integers(1, V, 19).astype(np.int32)
     logits, _ = model.forward(prompt[None], model.init_state(1), full_output=True)

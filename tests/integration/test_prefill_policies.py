@@ -211,6 +211,6 @@ def test_policies_need_engine_support():
     from scheduler.testing import FakeEngine
     Scheduler(FakeEngine(), SchedulerConfig(prefill_policy="serial"))
     Scheduler(FakeEngine(), SchedulerConfig(prefill_policy="auto"))  # falls back to serial
-    for policy, method in (("varlen", "VarlenPrefill"), ("mixed", "MixedStep")):
-        with pytest.raises(ValueError, match=method):
+    for policy, capability in (("varlen", "Capability.VARLEN_PREFILL"), ("mixed", "Capability.MIXED_STEP")):
+        with pytest.raises(ValueError, match=capability):
             Scheduler(FakeEngine(), SchedulerConfig(prefill_policy=policy))

@@ -7,6 +7,7 @@ import dataclasses
 import numpy as np
 import pytest
 
+from rwkv7_core.engine import Capability
 from rwkv7_core.state_files import from_host_row, load_state, save_state, to_host_row
 from scheduler import Request, SamplingParams, SchedulerConfig, generate
 from scheduler.request import InitialState
@@ -36,7 +37,7 @@ def _greedy(max_tokens, stop_tokens=()):
 
 def test_two_turns_from_a_state_file_equal_one_go(engine, tmp_path):
     config = engine.model.config
-    policies = ["serial", "varlen"] if hasattr(engine, "prefill_varlen") else ["serial"]
+    policies = ["serial", "varlen"] if Capability.VARLEN_PREFILL in engine.capabilities else ["serial"]
     rng = np.random.default_rng()
     p1s = [rng.integers(1, V, int(n)).tolist() for n in rng.integers(3, 30, 4)]
     free = generate(engine, [Request(f"f{i}", p, _greedy(12)) for i, p in enumerate(p1s)], SchedulerConfig(max_batch=4))

@@ -1,9 +1,11 @@
 """ReplicaSet in-process on the scheduler's numpy FakeEngine: replicas give the same results
 as one scheduler, every id exactly once, whether a replica's engine keeps raising, its
-thread dies, or one step fails once; new requests go to the least loaded replica."""
+thread dies, or one step fails once; new requests go to the least loaded replica; a run
+that ends joins the replica threads, and one stuck in its engine is reported."""
 from __future__ import annotations
 
 import re
+import threading
 
 import numpy as np
 import pytest
@@ -68,7 +70,7 @@ def test_replicas_match_one_scheduler_and_all_serve():
     _check_exactly_once(outputs, requests, _single(requests))
     served = [r.requests for r in rset.replicas]
     assert sum(served) == len(requests) and min(served) > 0
-    assert all(r.failed is None for r in rset.replicas)
+    assert all(r.failed is None and not r.thread.is_alive() for r in rset.replicas)
 
 
 @pytest.mark.parametrize("kind", ["engine", "thread"])
@@ -134,3 +136,39 @@ def test_a_set_runs_again_after_a_stop():
     assert 3 <= len(outputs) < len(requests) and len(outputs) + len(left) == len(requests)
     rset.run(on_finish=on_finish)
     _check_exactly_once(outputs, requests, _single(requests))
+
+
+class StuckInPrefill(FakeEngine):
+    """A FakeEngine whose prefill calls ``entered()`` and then waits for ``release``."""
+
+    def __init__(self, entered):
+        super().__init__(vocab_size=64, seed=5)
+        self.entered, self.release = entered, threading.Event()
+
+    def prefill(self, tokens, start=None):
+        self.entered()
+        self.release.wait()
+        return super().prefill(tokens, start)
+
+
+def test_closing_reports_a_thread_stuck_in_its_engine():
+    """Both replicas are marked failed from inside their engine's prefill, so the run ends
+    (every replica failed) while both threads are still inside the engine."""
+    def fail(i):
+        def entered():
+            rset.replicas[i].failed = "marked failed by the test"
+        return entered
+
+    rset = build_replica_set([StuckInPrefill(fail(0)), StuckInPrefill(fail(1))], ["a", "b"], CONFIG)
+    messages = []
+    rset.notify, rset.join_seconds = messages.append, 0.2
+    for r in _requests(6, n=4):
+        rset.add(r)
+    with pytest.raises(AllReplicasFailed):
+        rset.run()
+    assert messages == [f"replica {i} ({d}): its thread did not end within 0.2 s of closing the replica set"
+                        for i, d in enumerate("ab")]
+    for r in rset.replicas:
+        r.guard.engine.release.set()
+        r.thread.join(10)
+        assert not r.thread.is_alive()

@@ -1,8 +1,10 @@
 """rwkv7-generate --data-parallel in a subprocess with two forced XLA CPU devices (set before
 jax is imported): the same greedy tokens as one device decoding each request alone, both
-replicas serve, every id exactly once; an injected engine fault on replica 1 moves its
-requests to replica 0 with nothing lost or duplicated. The torch backend runs one replica
-per thread on the CPU."""
+replicas serve, every id exactly once, and ``--prefill auto`` flattens prompts (varlen calls
+in the metrics and the summary: the replicas keep the engine's capabilities); an injected
+engine fault on replica 1 moves its requests to replica 0 with nothing lost or duplicated.
+The torch backend (no varlen capability: auto runs serial calls) runs one replica per thread
+on the CPU."""
 from __future__ import annotations
 
 import json
@@ -35,7 +37,7 @@ def _run(tmp_path, cache_home, reqs, extra, env=None):
     proc = run_cli(["--input", inp, "--output", out, "--max-batch", 4, "--buckets", 4, "--metrics", metrics,
                     *extra], tmp_path, env={"XLA_FLAGS": TWO_DEVICES, "XDG_CACHE_HOME": str(cache_home), **(env or {})})
     assert proc.returncode == 0, proc.stderr[-3000:]
-    return read_results(out), json.loads(metrics.read_text()), proc.stderr
+    return read_results(out), json.loads(metrics.read_text()), proc
 
 
 def _check(results, reqs, model, as_torch=False) -> None:
@@ -55,9 +57,12 @@ def test_two_jax_devices_match_one_and_survive_a_fault(tiny_ckpt, tmp_path, cach
     import rwkv_jax
 
     reqs = _requests(5 if fault is None else 6)
-    results, metrics, stderr = _run(tmp_path, cache_home, reqs, ["--model", tiny_ckpt, "--data-parallel", 2],
-                                    env={"RWKV7_REPLICA_FAULT": fault} if fault else None)
+    results, metrics, proc = _run(tmp_path, cache_home, reqs, ["--model", tiny_ckpt, "--data-parallel", 2,
+                                                               "--prefill", "auto"],
+                                  env={"RWKV7_REPLICA_FAULT": fault} if fault else None)
     _check(results, reqs, rwkv_jax.load(tiny_ckpt))
+    assert metrics["prefill_calls"].get("varlen", 0) > 0, metrics["prefill_calls"]
+    assert re.search(r"prefill calls .*varlen [1-9]", proc.stdout), proc.stdout
     replicas = metrics["replicas"]
     assert [r["device"] for r in replicas] == ["cpu:0", "cpu:1"]
     assert sum(r["requests"] for r in replicas) == len(reqs) == metrics["requests"]["ok"]
@@ -65,7 +70,7 @@ def test_two_jax_devices_match_one_and_survive_a_fault(tiny_ckpt, tmp_path, cach
         assert all(r["requests"] > 0 and r["failed"] is None for r in replicas)
     else:
         assert replicas[0]["failed"] is None and re.search(r"raised [3-9] times in a row", replicas[1]["failed"])
-        assert "replica 1 (cpu:1) taken out" in stderr
+        assert "replica 1 (cpu:1) taken out" in proc.stderr
 
 
 def test_torch_replicas_one_thread_each(tiny_ckpt, tmp_path, cache_home):
@@ -77,6 +82,7 @@ def test_torch_replicas_one_thread_each(tiny_ckpt, tmp_path, cache_home):
     _check(results, reqs, rwkv_torch_ref.load(tiny_ckpt), as_torch=True)
     assert [r["device"] for r in metrics["replicas"]] == ["cpu", "cpu"]
     assert all(r["requests"] > 0 for r in metrics["replicas"])
+    assert set(metrics["prefill_calls"]) == {"serial"}
 
 
 def test_bad_data_parallel_values_are_refused(tiny_ckpt, tmp_path, cache_home):

@@ -1,5 +1,5 @@
 """AUTO prefill: one prompt per call when one waits, flattened calls when several do, serial
-on engines without VarlenPrefill; the tokens never depend on the policy."""
+on engines without Capability.VARLEN_PREFILL; the tokens never depend on the policy."""
 from __future__ import annotations
 
 import numpy as np
