@@ -71,7 +71,7 @@ smoke-newest: .venv-newest/.installed
 	.venv-newest/bin/rwkv7-generate --random-model tiny-world --input rwkv7_apps/data/example_prompts.jsonl \
 		--output build/newest_demo_out.jsonl --max-tokens 8
 	$(call TEST_ENV,.venv-newest) .venv-newest/bin/rwkv7-gpu-compile --shape 1.5b --dtype bfloat16 \
-		--kernels pallas,pallas-fused,xla --buckets 1x1 --pallas-only-ptxas --strict --json build/newest_gpu_compile.json
+		--kernels pallas,pallas-fused --buckets 1x1 --pallas-only-ptxas --strict --json build/newest_gpu_compile.json
 
 # -- offline install: a wheelhouse for Python 3.12, installed with --no-index ---------------
 wheelhouse: .venv/.installed
