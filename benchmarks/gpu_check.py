@@ -568,10 +568,12 @@ def model_row(name, kernels, B, T, smoke, roofline, budget, clock) -> dict:
 
 
 def decode_items(smoke: bool, fused: str, pallas: str, xla: str) -> list:
-    """("forward" | "engine", kernels, B) in priority order: the expensive XLA compiles last."""
+    """("forward" | "engine", kernels, B) in priority order: the expensive XLA compiles last.
+    The engine step runs the fused kernels (--smoke: xla; interpreted, the fused step takes
+    ~10 s to compile and its time means nothing)."""
     batches = (1,) if smoke else DECODE_BATCHES
     items = [("forward", k, B) for B in batches for k in ((fused, pallas, xla) if B == 1 else (fused, pallas))]
-    items += [("engine", fused, B) for B in batches]
+    items += [("engine", xla if smoke else fused, B) for B in batches]
     return items + [("forward", xla, B) for B in batches[1:]]
 
 
@@ -599,8 +601,8 @@ def run_decode(smoke: bool, interpret: bool, roofline: dict, budget: Budget, clo
 
 def model_items(smoke: bool, fused: str, pallas: str, xla: str) -> list:
     """(model name, kernels, B, T) beyond the decode section, in priority order."""
-    if smoke:
-        return [("tiny", xla, 1, 8)]
+    if smoke:  # a shape the parity section compiled: the code path, no compile
+        return [("tiny", xla, 1, 1)]
     items = [("2.9b", k, 1, 1) for k in (fused, pallas, xla)]
     items += [("1.5b", k, 1, PREFILL_T) for k in (pallas, xla)]
     items += [("2.9b", k, 256, 1) for k in (fused, pallas, xla)]
@@ -629,17 +631,18 @@ def _copies(args, reps, share_bytes):
 
 
 def kernel_time_cases(smoke: bool) -> list:
-    """(label, kernel name, args) at 2.9b shapes in bf16 (tiny shapes for --smoke)."""
-    bf16 = jnp.bfloat16
+    """(label, kernel name, args maker) at 2.9b shapes in bf16 (tiny shapes for --smoke); the
+    inputs are made only for the cases the budget lets run."""
+    bf16, p = jnp.bfloat16, functools.partial
     C, H, F, V = (128, 2, 512, 512) if smoke else (2560, 40, 10240, 65536)
     if smoke:  # the channel-mix: it has the extra value-product timing
-        return [("channel_mix M=1", "channel_mix", ffn_inputs(1, 1, C, F, bf16))]
-    cases = [(f"wkv_step B={B}", "wkv_step", wkv_inputs(B, (B,), H)) for B in (1, 64, 256)]
-    cases += [(f"wkv_seq B=1 T={PREFILL_T}", "wkv_seq", wkv_inputs(1, (1, PREFILL_T), H))]
-    cases += [(f"shift_mix B={B} n=6", "shift_mix", mix_inputs(B, B, C, 6, bf16)) for B in (1, 16, 256)]
+        return [("channel_mix M=1", "channel_mix", p(ffn_inputs, 1, 1, C, F, bf16))]
+    cases = [(f"wkv_step B={B}", "wkv_step", p(wkv_inputs, B, (B,), H)) for B in (1, 64, 256)]
+    cases += [(f"wkv_seq B=1 T={PREFILL_T}", "wkv_seq", p(wkv_inputs, 1, (1, PREFILL_T), H))]
+    cases += [(f"shift_mix B={B} n=6", "shift_mix", p(mix_inputs, B, B, C, 6, bf16)) for B in (1, 16, 256)]
     shapes = [(1, C, C), (1, F, C), (1, C, F), (1, V, C), (4, C, C), (4, F, C), (16, C, C), (16, F, C)]
-    cases += [(f"linear M={M} N={N} K={K}", "linear", linear_inputs(N + K, M, N, K, bf16)) for M, N, K in shapes]
-    cases += [(f"channel_mix M={M}", "channel_mix", ffn_inputs(M, M, C, F, bf16)) for M in (1, 2, 4, 8, 16)]
+    cases += [(f"linear M={M} N={N} K={K}", "linear", p(linear_inputs, N + K, M, N, K, bf16)) for M, N, K in shapes]
+    cases += [(f"channel_mix M={M}", "channel_mix", p(ffn_inputs, M, M, C, F, bf16)) for M in (1, 2, 4, 8, 16)]
     return cases
 
 
@@ -650,16 +653,20 @@ def run_kernel_times(smoke: bool, interpret: bool, budget: Budget):
     fns, out = pallas_fns(interpret), {"rows": []}
     limit = budget.capped(KERNEL_BUDGET_S)
     reps = 1 if smoke else 8
-    for label, name, args in kernel_time_cases(smoke):
+    for label, name, make_args in kernel_time_cases(smoke):
         reason = limit.shortfall(5)
-        row = {"case": label, "skipped": reason} if reason else attempt(
-            {"case": label}, kernel_times, fns[name], XLA_EQUIVALENT[name], args, reps, smoke)
-        if name == "channel_mix" and not reason:
-            attempt(row, sparse_split_times, args, reps, interpret, smoke)
-        out["rows"].append(row)
+        out["rows"].append({"case": label, "skipped": reason} if reason else attempt(
+            {"case": label}, kernel_case_times, fns[name], name, make_args, reps, interpret, smoke))
         yield out
     out["measured_sparse_max_rows"] = sparse_rows_threshold(out["rows"])
     yield out
+
+
+def kernel_case_times(pallas_fn, name, make_args, reps, interpret, smoke) -> dict:
+    """kernel_times of one case, and sparse_split_times beside a channel-mix."""
+    args = make_args()
+    times = kernel_times(pallas_fn, XLA_EQUIVALENT[name], args, reps, smoke)
+    return {**times, **sparse_split_times(args, reps, interpret, smoke)} if name == "channel_mix" else times
 
 
 def kernel_times(pallas_fn, xla_fn, args, reps, smoke) -> dict:
@@ -683,9 +690,6 @@ def sparse_split_times(args, reps, interpret, smoke) -> dict:
 
 
 # ----------------------------------------------------------------------------- deviceless
-ESTIMATES = FsPath(__file__).resolve().parent / "results" / "gpu_compile_h200.json"
-
-
 def run_deviceless(smoke: bool, budget: Budget) -> dict:
     """Deviceless H200 compile of a tiny forward (B=2, T=1), serialized; on a GPU also loaded
     and run against the same forward compiled on the device (exact equality expected: both
@@ -778,14 +782,17 @@ def measured_rows(sections: dict) -> list:
 
 
 def goals(rows: list) -> dict:
-    """The issue's speed goals, evaluated on the measured rows (None where not measured)."""
+    """The issue's speed goals, evaluated on the measured rows (None where not measured); the
+    Pallas side is the faster of "pallas" and "pallas-fused"."""
     got = {(r["model"], r["kernels"], r["B"], r["T"]): r for r in rows}
     out = {}
     for name in ("1.5b", "2.9b"):
-        p, x = got.get((name, "pallas", 1, 1)), got.get((name, "xla", 1, 1))
-        out[f"{name} pallas/xla at B=1 >= {GOALS['pallas_over_xla_b1']}"] = (
+        p = max((got[k] for k in ((name, "pallas", 1, 1), (name, "pallas-fused", 1, 1)) if k in got),
+                key=lambda r: r["tok_s"], default=None)
+        x = got.get((name, "xla", 1, 1))
+        out[f"{name} best pallas/xla at B=1 >= {GOALS['pallas_over_xla_b1']}"] = (
             None if not (p and x) else p["tok_s"] / x["tok_s"])
-        out[f"{name} pallas B=1 HBM roofline fraction >= {GOALS['b1_hbm_roofline_fraction']}"] = (
+        out[f"{name} best pallas B=1 HBM roofline fraction >= {GOALS['b1_hbm_roofline_fraction']}"] = (
             None if not p else p["hbm_roofline_fraction"])
     best = [r["tok_s"] for k, r in got.items() if k[0] == "2.9b" and k[2] == 256 and k[3] == 1]
     out[f"2.9b B=256 tok/s >= {GOALS['2.9b_b256_tok_s']}"] = max(best) if best else None
@@ -803,15 +810,23 @@ def per_launch_us(rows: list) -> dict:
     return out
 
 
+ESTIMATES = FsPath(__file__).resolve().parent / "results" / "gpu_compile_h200.json"
+
+
+@functools.lru_cache(maxsize=None)
+def paper_estimates() -> dict:
+    """{(shape, kernels, B, T): estimate} of the compiled rows of ESTIMATES ({} without it)."""
+    if not ESTIMATES.exists():
+        return {}
+    return {(r["shape"], r["kernels_option"], r["B"], r["T"]): r["estimate"]
+            for r in json.loads(ESTIMATES.read_text())["rows"] if r.get("ok")}
+
+
 def estimate_check(rows: list) -> list:
     """Measured decode rows beside the deviceless paper estimate for the same bucket."""
-    if not ESTIMATES.exists():
-        return []
-    estimates = {(r["shape"], r["kernels_option"], r["B"], r["T"]): r["estimate"]
-                 for r in json.loads(ESTIMATES.read_text())["rows"] if r.get("ok")}
     out = []
     for r in rows:
-        est = estimates.get((r["model"], r["kernels"], r["B"], r["T"]))
+        est = paper_estimates().get((r["model"], r["kernels"], r["B"], r["T"]))
         if est:
             ratio = r["step_ms"] * 1e3 / est["step_us"]
             out.append({"model": r["model"], "kernels": r["kernels"], "B": r["B"], "T": r["T"],
