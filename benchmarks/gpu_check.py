@@ -198,12 +198,19 @@ class Report:
         results["sections"] = {}
 
     def save(self) -> None:
-        self.results["summary"] = summary(self.results["sections"])
-        for name, text in (("gpu_check.json", json.dumps(self.results, indent=1, default=str)),
-                           ("gpu_check.md", markdown(self.results))):
-            tmp = self.out_dir / f".{name}.tmp"
-            tmp.write_text(text)
-            os.replace(tmp, self.out_dir / name)
+        """The JSON first; a bug in the summary or the markdown must not cost the measurements."""
+        self.results["summary"] = attempt({}, summary, self.results["sections"])
+        self._write("gpu_check.json", json.dumps(self.results, indent=1, default=str))
+        try:
+            text = markdown(self.results)
+        except Exception as e:
+            text = f"markdown failed ({type(e).__name__}: {e}); the results are in gpu_check.json\n"
+        self._write("gpu_check.md", text)
+
+    def _write(self, name: str, text: str) -> None:
+        tmp = self.out_dir / f".{name}.tmp"
+        tmp.write_text(text)
+        os.replace(tmp, self.out_dir / name)
 
     def section(self, name: str, fn, *args) -> dict:
         """Run section fn(*args): a dict, or a generator of dicts (one per item) merged into
@@ -225,6 +232,8 @@ class Report:
             if bad:
                 part["reason"] = part.get("error", f"{bad} failing entries")
         self.save()
+        print(f"[{time.perf_counter() - START:6.1f} s] {name}: {part['status']} in {part['seconds']} s "
+              f"{part.get('reason') or ''}", flush=True)
         return part
 
 
@@ -936,10 +945,12 @@ def markdown(results: dict) -> str:
               "decode": lambda p: _rows_lines(p.get("rows", [])) + _engine_lines(p.get("engine", [])),
               "models": lambda p: _rows_lines(p.get("rows", []))}
     for name, p in sections.items():
+        if p["status"] == "skipped":  # the table above says why
+            continue
         lines += ["", f"## {name}: {p['status']}", ""]
         if name == "roofline" and "copy_GBps" in p:
             lines.append(f"copy {p['copy_GBps']:.4g} GB/s, bf16 matmul {p['bf16_matmul_TFLOPs']:.4g} TFLOP/s")
-        elif name in tables and p["status"] != "skipped":
+        elif name in tables:
             lines += tables[name](p)
         else:
             lines += ["```", json.dumps(p, indent=1, default=str)[:4000], "```"]
@@ -988,7 +999,7 @@ def main(argv=None) -> dict:
     report.section("data_parallel", run_data_parallel, args.smoke, budget)
     report.results["elapsed_s"] = time.perf_counter() - START
     report.save()
-    print(markdown(report.results))
+    print((out_dir / "gpu_check.md").read_text())
     return report.results
 
 
