@@ -76,7 +76,7 @@ from pathlib import Path as FsPath
 
 if __package__ in (None, ""):  # run as a script from the source tree
     sys.path.insert(0, str(FsPath(__file__).resolve().parents[1]))
-# child processes (torch parity, the HTTP server) share the GPU: allocate on demand
+# other processes on the GPU (the torch parity child, the HTTP server) need memory too: allocate on demand
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 
 import jax
