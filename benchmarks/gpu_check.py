@@ -1,47 +1,83 @@
-"""One-command GPU check of the Pallas kernels (issue 4); about 8 minutes on one H200.
+"""One-command first GPU run (issue 4): every kernel path checked on the device first, then
+decode speed, then the rest while a time budget lasts; a cold run ends within 8 minutes.
 
-    python benchmarks/gpu_check.py [--out benchmarks/results/] [--smoke] [--cache-dir DIR]
+    PYTHONUNBUFFERED=1 PYTHONPATH=. python3 benchmarks/gpu_check.py --out DIR [--smoke] [--cache-dir DIR]
 
-Needs only jax (+ its CUDA plugin), flax and numpy from a source checkout. Sections, in
-order; the JSON is rewritten after each one, so a run cut short still leaves its results:
+Needs jax (+ its CUDA plugin), flax and numpy from a source checkout; torch and triton are
+optional. DIR/gpu_check.json and DIR/gpu_check.md are rewritten (atomically) after every
+section and every item of a long one, so a run killed at any moment keeps what it measured.
+Each section records its status (ok, failed or skipped, with a reason) and seconds.
 
-1. parity   — every Pallas kernel, compiled, against its plain-jnp reference on random
-              inputs (incl. C=192, H=3, odd B), sparse channel-mix exactness, and whole
-              random models with kernels="pallas" vs kernels="xla" (float32, several steps).
-2. roofline — measured copy bandwidth and bf16 matmul rate.
-3. kernels  — each kernel's time against the XLA op it replaces, at 2.9b shapes (bf16).
-4. models   — decode tok/s at B = 1, 2, 4, ..., 256 and prefill tok/s at T = 1024 for
-              random 1.5b- and 2.9b-shape models in bf16, kernels=pallas and kernels=xla,
-              each as a fraction of its roofline; items run in priority order and the rest
-              are marked skipped once the time budget is spent.
-5. deviceless — a tiny-model forward compiled for the H200 *description* (no device:
-              rwkv_jax.deviceless), serialized, loaded on this GPU and run: its logits and
-              state must equal those of the same forward compiled here the normal way (the
-              proof that a CPU-side deviceless compile is the real thing); then whether the
-              paper estimates of benchmarks/results/gpu_compile_h200.json held for the
-              decode rows measured in section 4.
-6. serving  — hook for the serving benchmark: if `rwkv7_apps.serving_bench` defines
-              `gpu_check_section(out_dir: str, budget_s: float) -> dict`, it runs last with
-              SERVING_BUDGET_S seconds reserved; otherwise the section says it is absent.
+Sections in order, with the expected seconds of a cold H200 run. These are estimates from
+the deviceless H200 compiles recorded on a 2-core CPU (RECORDED_COMPILE_S, taken from
+benchmarks/results/decode_nodes.json and gpu_compile_h200.json; compile_speed.json for the
+tiny shapes), not measurements: the GPU host's CPU may compile faster, while on a device XLA
+also autotunes its GEMMs. So each decode/models item starts only if its recorded compile
+seconds, times the slowest measured/recorded ratio so far, fit what is left of TOTAL_BUDGET_S.
 
---smoke runs every section on the CPU with tiny shapes and interpret-mode kernels (a CI
-test does this; the deviceless section then compiles and serializes but cannot load). Output: <out>/gpu_check.json and <out>/gpu_check.md.
+1. parity, ~55 s (cap PARITY_BUDGET_S): every Pallas kernel against its plain-jnp reference
+   on random inputs (C=192, H=3, odd B), sparse channel-mix exactness, and whole random
+   float32 models (tiny, and ODD: C=192, 3 heads; decode B = 1 and 4/5, prefill T = 17/9;
+   3 calls) with kernels "xla", "pallas" and "pallas-fused" on the device against
+   kernels="xla" on the CPU. 16 one-kernel and 24 tiny-model compiles of ~1-2 s (the 12-layer
+   0.1b compiles in 6-8 s).
+2. torch_parity, ~0 s on the critical path (~30 s in a child process beside section 1: torch
+   and CUDA start-up, 2 Triton kernels x 2 shapes, 4 tiny JAX compiles on the CPU): the
+   torch reference with its Triton kernels compiled for the device against the same torch
+   model without them and against the JAX model (kernels="xla", CPU), same random weights:
+   logits of a prefill and 3 decode steps and the final state, float32, within
+   TOL x max(1, |reference|). torch and JAX never share a process; skipped with the reason
+   without torch or a CUDA device for it; in --smoke on a CPU the Triton kernels run
+   interpreted (TRITON_INTERPRET=1).
+3. roofline, ~5 s: copy bandwidth (2 GB) and bf16 matmul rate (8192^3).
+4. decode, ~300 s: the 1.5b shape in bf16 at B = 1, 8, 32, 256 for kernels "pallas-fused",
+   "pallas" and "xla": tok/s, step ms, fraction of the roofline, launches per step (the
+   summary derives the per-launch cost), and the engine's whole decode step (forward +
+   sampling, greedy and with a sampling row) for "pallas-fused". Recorded compiles:
+   pallas-fused 11-15 s per B, pallas 11-18 s, the fused engine step ~13 s, xla 26 s (B=1)
+   and 95 s (B=8); xla at B=32 (199 s) and B=256 (485 s) come last and start only if the
+   compiles measured so far were that much faster.
+5. deviceless, ~15 s: a tiny forward compiled for the H200 description (no device), loaded on
+   this GPU and run: it must equal the same forward compiled here.
+6. models, the rest of the budget: 2.9b decode B=1 and 256 (pallas-fused 43-64 s a compile,
+   xla 55 s at B=1, pallas 126 s), prefill T=1024 (1.5b pallas ~45 s), other decode buckets.
+7. kernels, <= KERNEL_BUDGET_S: each kernel's time against the XLA op it replaces (27 cases,
+   a Pallas and an XLA compile each).
+8. serving (<= SERVING_BUDGET_S), http_serving (<= HTTP_BUDGET_S), data_parallel (>= 2 GPUs).
+
+Start-up (~10 s) + 55 + 5 + 300 + 15 = ~385 s; then the models section starts what fits
+(2.9b pallas-fused B=1 at the recorded speed) and lists the rest as skipped, with the reason;
+40 s of margin remain under 8 minutes.
+
+--smoke runs every section on the CPU with tiny shapes and interpret-mode kernels and no time
+budget (a CI test); the deviceless section then compiles and serializes but cannot load.
 """
 from __future__ import annotations
+
+import time
+
+START = time.perf_counter()  # the budget counts the imports too
 
 import argparse
 import datetime
 import functools
 import importlib
+import importlib.metadata
+import importlib.util
 import json
 import math
+import os
 import platform
+import subprocess
 import sys
-import time
+import tempfile
+import types
 from pathlib import Path as FsPath
 
 if __package__ in (None, ""):  # run as a script from the source tree
     sys.path.insert(0, str(FsPath(__file__).resolve().parents[1]))
+# other processes on the GPU (the torch parity child, the HTTP server) need memory too: allocate on demand
+os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 
 import jax
 import jax.numpy as jnp
@@ -51,36 +87,88 @@ import rwkv_jax
 from pallas_kernels import shift_mix, small_m_linear, sparse_channel_mix, wkv_seq, wkv_step
 from pallas_kernels.random_inputs import ffn_inputs, linear_inputs, mix_inputs, wkv_inputs
 from rwkv7_core.config import ModelConfig, named_config
+from rwkv7_core.cost import step_bytes_and_flops
+from rwkv7_core.random_weights import write_random_checkpoint
 from rwkv_jax.model import Model
 from rwkv_jax.ops import XLA_OPS
-from rwkv7_core.cost import step_bytes_and_flops
 from rwkv_jax.pallas_ops import channel_mix as pallas_channel_mix, sparse_rows_threshold
 from rwkv_jax.random_params import random_params
 
-TOTAL_BUDGET_S = 465          # whole run, leaving margin under 8 minutes
-SERVING_BUDGET_S = 180        # reserved for rwkv7_apps.serving_bench when it provides the hook
+TOTAL_BUDGET_S = 440          # whole run from the imports on: 40 s margin under 8 minutes
+PARITY_BUDGET_S = 150         # parity items stop starting after this long
+TORCH_WAIT_S = 60             # the torch child's answer is awaited this long after parity
 KERNEL_BUDGET_S = 90          # per-kernel timings stop starting new cases after this long
-MODEL_MIN_S = 150             # ... or when fewer seconds than this are left for the models
-FIRST_COMPILE_GUESS_S = 60    # model compile estimate before one has been measured
-DECODE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+SERVING_BUDGET_S = 180        # at most, for rwkv7_apps.serving_bench.gpu_check_section
+HTTP_BUDGET_S = 120           # at most, for benchmarks/http_serving.gpu_check_section
+SECTION_MIN_S = 60            # serving / HTTP / data-parallel start only with this much left
+DEVICELESS_S = 15             # expected seconds of the deviceless section
+FIRST_COMPILE_GUESS_S = 60    # compile estimate of a shape with no recorded compile
+DECODE_BATCHES = (1, 8, 32, 256)
 PREFILL_T = 1024
+TOL = 1e-4                    # float32 parity: max |diff| <= TOL * max(1, max |reference|)
 GOALS = {"pallas_over_xla_b1": 1.5, "b1_hbm_roofline_fraction": 0.7, "2.9b_b256_tok_s": 30000}
 ODD = ModelConfig(n_layer=3, n_embd=192, n_head=3, head_size=64, vocab_size=300, dim_ffn=768,
                   d_decay=24, d_aaa=40, d_mv=20, d_gate=56)
+# Deviceless H200 compile seconds of the bf16 forward on a 2-core CPU, (shape, kernels, B, T):
+# decode rows of benchmarks/results/decode_nodes.json (pallas-fused "after", pallas/xla
+# "before"); the 1.5b pallas prefill is gpu_compile_h200.json's 164.7 s (machine load ~15)
+# over 3.7, its ratio to decode_nodes.json on their common row (1.5b pallas B=1).
+RECORDED_COMPILE_S = {
+    ("1.5b", "pallas-fused", 1, 1): 13.4, ("1.5b", "pallas-fused", 2, 1): 14.5,
+    ("1.5b", "pallas-fused", 8, 1): 14.2, ("1.5b", "pallas-fused", 32, 1): 14.6,
+    ("1.5b", "pallas-fused", 256, 1): 11.2, ("1.5b", "pallas", 1, 1): 12.7, ("1.5b", "pallas", 8, 1): 18.2,
+    ("1.5b", "pallas", 32, 1): 12.5, ("1.5b", "pallas", 256, 1): 11.1, ("1.5b", "pallas", 1, PREFILL_T): 44.5,
+    ("1.5b", "xla", 1, 1): 26.0, ("1.5b", "xla", 8, 1): 94.5, ("1.5b", "xla", 32, 1): 198.5,
+    ("1.5b", "xla", 256, 1): 484.5, ("2.9b", "pallas-fused", 1, 1): 43.3, ("2.9b", "pallas-fused", 8, 1): 58.2,
+    ("2.9b", "pallas-fused", 32, 1): 63.6, ("2.9b", "pallas-fused", 256, 1): 50.1,
+    ("2.9b", "pallas", 1, 1): 125.9, ("2.9b", "pallas", 8, 1): 129.7, ("2.9b", "xla", 1, 1): 54.6,
+    ("2.9b", "xla", 8, 1): 280.7,
+}
 
 
+# ----------------------------------------------------------------------------- run plumbing
 class Budget:
-    """Wall-clock budget of the run."""
+    """Wall-clock budget counted from ``start``."""
 
-    def __init__(self, total_s: float):
-        self.start, self.total_s = time.perf_counter(), total_s
+    def __init__(self, total_s: float, start: float | None = None):
+        self.start, self.total_s = time.perf_counter() if start is None else start, total_s
 
     def left(self) -> float:
         return self.total_s - (time.perf_counter() - self.start)
 
+    def capped(self, cap_s: float) -> "Budget":
+        """A budget from now: cap_s or what is left, whichever is less (no cap when unlimited)."""
+        return Budget(self.left() if math.isinf(self.total_s) else min(cap_s, self.left()))
 
-def block(tree):
-    return jax.block_until_ready(tree)
+    def shortfall(self, need_s: float) -> str | None:
+        """Why an item needing need_s seconds must not start, or None if it fits."""
+        left = self.left()
+        return None if left >= need_s else f"time budget: needs ~{need_s:.0f} s, {max(left, 0):.0f} s left"
+
+
+class CompileClock:
+    """Compile-time estimates: RECORDED_COMPILE_S (else the largest recorded for the shape and
+    kernels, else FIRST_COMPILE_GUESS_S) times the slowest measured/recorded ratio so far."""
+
+    def __init__(self):
+        self.ratios = []
+
+    @staticmethod
+    def recorded(name, kernels, B, T) -> float | None:
+        same = [s for (n, k, _, _), s in RECORDED_COMPILE_S.items() if (n, k) == (name, kernels)]
+        return RECORDED_COMPILE_S.get((name, kernels, B, T), max(same, default=None))
+
+    def estimate(self, name, kernels, B, T) -> float:
+        base = self.recorded(name, kernels, B, T) or FIRST_COMPILE_GUESS_S
+        return base * max(self.ratios, default=1.0)
+
+    def measured(self, name, kernels, B, T, seconds: float) -> None:
+        if (name, kernels, B, T) in RECORDED_COMPILE_S:
+            self.ratios.append(seconds / RECORDED_COMPILE_S[(name, kernels, B, T)])
+
+
+def skipped(reason: str) -> dict:
+    return {"status": "skipped", "reason": reason}
 
 
 def attempt(row: dict, fn, *args, **kwargs) -> dict:
@@ -93,11 +181,108 @@ def attempt(row: dict, fn, *args, **kwargs) -> dict:
     return row
 
 
+def failures(tree) -> int:
+    """Entries of a section's results that errored or are not ok."""
+    if isinstance(tree, dict):
+        return int("error" in tree or tree.get("ok") is False) + sum(failures(v) for v in tree.values())
+    if isinstance(tree, list):
+        return sum(failures(v) for v in tree)
+    return 0
+
+
+class Report:
+    """The results dict, written atomically as gpu_check.json and gpu_check.md by save()."""
+
+    def __init__(self, out_dir: FsPath, results: dict):
+        self.out_dir, self.results = out_dir, results
+        results["sections"] = {}
+
+    def save(self) -> None:
+        """The JSON first; a bug in the summary or the markdown must not cost the measurements."""
+        self.results["summary"] = attempt({}, summary, self.results["sections"])
+        self._write("gpu_check.json", json.dumps(self.results, indent=1, default=str))
+        try:
+            text = markdown(self.results)
+        except Exception as e:
+            text = f"markdown failed ({type(e).__name__}: {e}); the results are in gpu_check.json\n"
+        self._write("gpu_check.md", text)
+
+    def _write(self, name: str, text: str) -> None:
+        tmp = self.out_dir / f".{name}.tmp"
+        tmp.write_text(text)
+        os.replace(tmp, self.out_dir / name)
+
+    def section(self, name: str, fn, *args) -> dict:
+        """Run section fn(*args): a dict, or a generator of dicts (one per item) merged into
+        the section's results, each followed by a save; then its status and seconds."""
+        part = self.results["sections"][name] = {"status": "running"}
+        self.save()
+        start = time.perf_counter()
+        try:
+            got = fn(*args)
+            for update in (got if isinstance(got, types.GeneratorType) else (got,)):
+                part.update(update)
+                self.save()
+        except Exception as e:  # recorded; the next sections still run
+            part["error"] = f"{type(e).__name__}: {str(e)[:600]}"
+        part["seconds"] = round(time.perf_counter() - start, 2)
+        if part["status"] == "running":
+            bad = failures(part)
+            part["status"] = "failed" if bad else "ok"
+            if bad:
+                part["reason"] = part.get("error", f"{bad} failing entries")
+        self.save()
+        print(f"[{time.perf_counter() - START:6.1f} s] {name}: {part['status']} in {part['seconds']} s "
+              f"{part.get('reason') or ''}", flush=True)
+        return part
+
+
+def block(tree):
+    return jax.block_until_ready(tree)
+
+
 def _keys(seed, n):
     return jax.random.split(jax.random.key(seed), n)
 
 
-# ----------------------------------------------------------------------------- kernels
+def kernel_names(interpret: bool) -> tuple[str, str, str]:
+    """(fused, pallas, xla) kernels option names, interpreted in --smoke."""
+    suffix = "-interpret" if interpret else ""
+    return f"pallas-fused{suffix}", f"pallas{suffix}", "xla"
+
+
+def cpu_device():
+    """The CPU device for reference models, None when the default device is the CPU."""
+    return None if jax.default_backend() == "cpu" else jax.devices("cpu")[0]
+
+
+@functools.lru_cache(maxsize=None)
+def params_for(config: ModelConfig, dtype) -> dict:
+    """The random params (seed 0) of a config, made once per run; small shapes (tiny, ODD)
+    drawn on the host, which compiles nothing."""
+    return block(random_params(config, dtype, seed=0, host=config.n_embd <= 256))
+
+
+@functools.lru_cache(maxsize=None)
+def model_for(config: ModelConfig, dtype, kernels: str, device=None) -> Model:
+    """One Model per (config, dtype, kernels, device), so each executable compiles once a run."""
+    return Model(params_for(config, dtype), config, dtype, kernels, device)
+
+
+def diff(got, want) -> dict:
+    """Max |got - want| over paired arrays (as float32), the max |want| and finiteness."""
+    pairs = [(np.asarray(g, np.float32), np.asarray(w, np.float32)) for g, w in zip(got, want)]
+    return {"max_abs_err": max(float(np.abs(g - w).max()) for g, w in pairs),
+            "max_abs_ref": max(float(np.abs(w).max()) for _, w in pairs),
+            "finite": all(bool(np.isfinite(g).all()) for g, _ in pairs)}
+
+
+def within(d: dict, tol: float) -> bool:
+    """ok for a diff(): finite and within tol * max(1, max |reference|) (ulps grow with it)."""
+    return d["finite"] and d["max_abs_err"] <= tol * max(1.0, d["max_abs_ref"])
+
+
+# ----------------------------------------------------------------------------- parity
 def pallas_fns(interpret: bool) -> dict:
     """Kernel name -> the Pallas callable, with the Ops-contract argument layout."""
     p = functools.partial
@@ -121,11 +306,11 @@ XLA_EQUIVALENT = {"wkv_step": XLA_OPS.wkv_step, "wkv_seq": XLA_OPS.wkv_seq,
 def parity_cases(smoke: bool) -> list:
     """(label, kernel name, args, tolerance) on small odd shapes (float32 unless stated)."""
     f32, bf16 = jnp.float32, jnp.bfloat16
-    cases = [("wkv_step B=3 H=3", "wkv_step", wkv_inputs(1, (3,), 3), 1e-4),
-             ("shift_mix B=5 C=192 n=6", "shift_mix", mix_inputs(3, 5, 192, 6, f32), 1e-5),
-             ("channel_mix M=1 C=192", "channel_mix", ffn_inputs(6, 1, 192, 768, f32), 1e-5)]
+    cases = [("wkv_step B=3 H=3", "wkv_step", wkv_inputs(1, (3,), 3), 1e-4)]
     if not smoke:  # (the CPU tests cover the rest in interpret mode)
-        cases += [("wkv_seq B=2 T=5 H=3", "wkv_seq", wkv_inputs(2, (2, 5), 3), 1e-4),
+        cases += [("shift_mix B=5 C=192 n=6", "shift_mix", mix_inputs(3, 5, 192, 6, f32), 1e-5),
+                  ("channel_mix M=1 C=192", "channel_mix", ffn_inputs(6, 1, 192, 768, f32), 1e-5),
+                  ("wkv_seq B=2 T=5 H=3", "wkv_seq", wkv_inputs(2, (2, 5), 3), 1e-4),
                   ("linear M=3 N=320 K=192", "linear", linear_inputs(5, 3, 320, 192, f32), 1e-5),
                   ("linear M=1 N=96 K=192", "linear", linear_inputs(4, 1, 96, 192, f32), 1e-5),
                   ("wkv_step B=5 H=40", "wkv_step", wkv_inputs(7, (5,), 40), 1e-4),
@@ -138,38 +323,48 @@ def parity_cases(smoke: bool) -> list:
     return cases
 
 
-def run_parity(smoke: bool, interpret: bool) -> dict:
-    """Kernel vs reference errors, sparse exactness, whole-model pallas vs xla errors."""
+def model_parity_cases(smoke: bool) -> list:
+    """(config, B, T): decode (B1T1 and batched paths) and a short prefill (--smoke: one
+    decode case; the CPU tests cover the rest in interpret mode)."""
+    tiny = named_config("tiny")
+    if smoke:
+        return [(tiny, 1, 1)]
+    return [(tiny, 1, 1), (tiny, 4, 1), (tiny, 1, 17), (ODD, 1, 1), (ODD, 5, 1), (ODD, 2, 9)]
+
+
+def run_parity(smoke: bool, interpret: bool, budget: Budget):
+    """Kernel vs reference errors, sparse exactness, and whole models with every kernels
+    option on the device vs kernels="xla" on the CPU; yields after each item."""
+    limit = budget.capped(PARITY_BUDGET_S)
     out = {"kernels": [], "sparse": [], "models": []}
     fns = pallas_fns(interpret)
+
+    def item(rows, row, fn, *args):
+        spent = limit.left() <= 0
+        rows.append({**row, "skipped": f"parity time budget ({PARITY_BUDGET_S} s) spent"} if spent
+                    else attempt(row, fn, *args))
+        return out
+
     with jax.default_matmul_precision("highest"):
         for label, name, args, tol in parity_cases(smoke):
-            out["kernels"].append(attempt({"case": label, "tol": tol}, kernel_parity, fns[name], REFERENCES[name],
-                                          args, tol))
-        out["sparse"] = [attempt({"zero_fraction": z, "rows": M}, sparse_exactness, z, M, interpret)
-                         for z, M in (((0.5, 1),) if smoke else ((0.5, 1), (0.95, 3), (0.5, 4)))]
-        model_cases = [(named_config("tiny"), 1, 1)] if smoke else [
-            (named_config("tiny"), B, T) for B, T in ((1, 1), (4, 1), (1, 17), (3, 1))] + [(ODD, 5, 1), (ODD, 2, 9)]
-        kernels = "pallas-interpret" if interpret else "pallas"
-        for config, B, T in model_cases:
-            out["models"].append(attempt({"config": f"C={config.n_embd} H={config.n_head} L={config.n_layer}",
-                                          "B": B, "T": T}, model_parity, config, B, T, kernels,
-                                         steps=2 if smoke else 3))
-    out["ok"] = all(r["ok"] for part in ("kernels", "sparse", "models") for r in out[part])
-    return out
+            yield item(out["kernels"], {"case": label, "tol": tol}, kernel_parity, fns[name], REFERENCES[name],
+                       args, tol)
+        for z, M in ((0.5, 1),) if smoke else ((0.5, 1), (0.95, 3), (0.5, 4)):
+            yield item(out["sparse"], {"zero_fraction": z, "rows": M}, sparse_exactness, z, M, interpret)
+        for config, B, T in model_parity_cases(smoke):
+            for kernels in kernel_names(interpret):
+                yield item(out["models"], {"config": f"C={config.n_embd} H={config.n_head} L={config.n_layer}",
+                                           "B": B, "T": T, "kernels": kernels, "reference": "xla on the CPU"},
+                           model_parity, config, B, T, kernels, 3)
+    out["ok"] = all(r.get("ok", False) for part in ("kernels", "sparse", "models") for r in out[part])
+    yield out
 
 
 def kernel_parity(fn, reference, args, tol) -> dict:
-    """Max |kernel - reference| over all outputs (compiled, or interpreted in --smoke); ok when
-    within tol * max(1, max |reference|) (a bf16 ulp grows with the magnitude)."""
+    """Kernel (compiled, or interpreted in --smoke) against its reference on all outputs."""
     got = block(jax.jit(fn)(*args))
-    want = reference(*args)
-    pairs = [(jnp.asarray(g, jnp.float32), jnp.asarray(w, jnp.float32))
-             for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want))]
-    err = max(float(jnp.max(jnp.abs(g - w))) for g, w in pairs)
-    scale = max(float(jnp.max(jnp.abs(w))) for _, w in pairs)
-    finite = all(bool(jnp.all(jnp.isfinite(g))) for g, _ in pairs)
-    return {"max_abs_err": err, "max_abs_ref": scale, "ok": finite and err <= tol * max(1.0, scale)}
+    d = diff(jax.tree.leaves(got), jax.tree.leaves(reference(*args)))
+    return {**d, "ok": within(d, tol)}
 
 
 def sparse_exactness(zero_fraction: float, M: int, interpret: bool) -> dict:
@@ -189,23 +384,95 @@ def sparse_exactness(zero_fraction: float, M: int, interpret: bool) -> dict:
     return {"rel_err": rel, "bit_identical": bitwise, "ok": rel <= 1e-6 and bitwise}
 
 
-def model_parity(config, B, T, kernels, steps) -> dict:
-    """Max |pallas - xla| over logits and state leaves of a random float32 model."""
-    params = random_params(config, jnp.float32, seed=3)
-    models = {k: Model(params, config, jnp.float32, k) for k in ("xla", kernels)}
-    states = {k: m.init_state(B) for k, m in models.items()}
+def model_parity(config, B, T, kernels, calls) -> dict:
+    """A random float32 model with ``kernels`` on the default device against kernels="xla"
+    on the CPU: ``calls`` forwards of B x T random tokens, logits of each and the last state."""
+    models = [model_for(config, jnp.float32, kernels), model_for(config, jnp.float32, "xla", cpu_device())]
+    states = [m.init_state(B) for m in models]
+    logits = [[], []]
     rng = np.random.default_rng(B * 100 + T)
-    worst = {"logits": 0.0, "att_shift": 0.0, "wkv": 0.0, "ffn_shift": 0.0}
-    for _ in range(steps):
+    for _ in range(calls):
         tokens = rng.integers(0, config.vocab_size, (B, T))
-        res = {}
+        for i, m in enumerate(models):
+            with m.on_device():
+                out, states[i] = m.forward(tokens, states[i])
+            logits[i].append(out)
+    d = {"logits": diff(*logits), "state": diff(*states)}
+    return {"path": models[0].last_path.name, **d, "ok": all(within(x, TOL) for x in d.values())}
+
+
+# ----------------------------------------------------------------------------- torch parity
+def start_torch_parity(smoke: bool) -> subprocess.Popen:
+    """This script with --torch-parity in a child process (JAX on the CPU there)."""
+    cmd = [sys.executable, str(FsPath(__file__).resolve()), "--torch-parity"] + (["--smoke"] if smoke else [])
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "JAX_PLATFORMS": "cpu"})
+
+
+def collect_torch_parity(child: subprocess.Popen, wait_s: float) -> dict:
+    """The child's JSON answer, waiting at most wait_s more for it."""
+    try:
+        out, err = child.communicate(timeout=max(wait_s, 1.0))
+    except subprocess.TimeoutExpired:
+        child.kill()
+        child.communicate()
+        return {"error": f"no answer within {wait_s:.0f} s after the JAX parity"}
+    if child.returncode != 0:
+        return {"error": f"exit status {child.returncode}: {err.strip()[-1500:]}"}
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def run_torch_parity(smoke: bool) -> dict:
+    """The torch reference with its Triton kernels (compiled for CUDA; interpreted on a CPU in
+    --smoke) against itself without them and against the JAX model, same random weights."""
+    try:
+        import torch
+    except ImportError as e:
+        return skipped(f"torch is not installed ({e})")
+    if torch.cuda.is_available():
+        device, how = "cuda", f"compiled for {torch.cuda.get_device_name()}"
+    elif smoke:
+        device, how = "cpu", "interpreted (TRITON_INTERPRET=1, CPU)"
+    else:
+        return skipped(f"torch {torch.__version__} sees no CUDA device (built for CUDA {torch.version.cuda})")
+    has_triton = importlib.util.find_spec("triton") is not None
+    kinds = ("triton", "torch") if has_triton else ("torch",)
+    shapes = ((named_config("tiny"), 2, 9),) + (() if smoke else ((ODD, 1, 6),))
+    cases = [attempt({"config": f"C={c.n_embd} H={c.n_head} L={c.n_layer}", "B": B, "T": T},
+                     torch_case, c, B, T, device, kinds) for c, B, T in shapes]
+    return {"device": device, "torch": torch.__version__,
+            "triton": how if has_triton else "not installed: torch path only",
+            "jax": f"kernels=xla on {jax.default_backend()}", "tol": TOL, "cases": cases,
+            "ok": all(c.get("ok", False) for c in cases)}
+
+
+def torch_case(config, B, T, device, kinds) -> dict:
+    """Prefill of T tokens then 3 decode steps through torch models of ``kinds`` and the JAX
+    model from one random checkpoint; every pair compared on all logits and the last state."""
+    import rwkv_torch_ref
+    with tempfile.TemporaryDirectory() as d:
+        path = FsPath(d) / "model.safetensors"
+        write_random_checkpoint(path, config, seed=0)
+        models = {k: rwkv_torch_ref.load(path, dtype="float32", kernels=k, device=device) for k in kinds}
+        models["jax"] = rwkv_jax.load(path, dtype="float32", kernels="xla")
+    states = {k: m.init_state(B) for k, m in models.items()}
+    logits = {k: [] for k in models}
+    rng = np.random.default_rng(B * 100 + T)
+    for t in (T, 1, 1, 1):
+        tokens = rng.integers(0, config.vocab_size, (B, t))
         for k, m in models.items():
-            logits, states[k] = m.forward(tokens, states[k])
-            res[k] = (logits, *states[k])
-        for name, a, b in zip(worst, res["xla"], res[kernels]):
-            worst[name] = max(worst[name], float(jnp.max(jnp.abs(a - b))))
-    return {"path": models[kernels].last_path.name, "max_abs_err": worst,
-            "ok": all(e <= 1e-4 for e in worst.values())}
+            out, states[k] = m.forward(tokens, states[k])
+            logits[k].append(_host(out))
+    rows = []
+    for a, b in [(a, b) for i, a in enumerate(models) for b in list(models)[i + 1:]]:
+        d = {"logits": diff(logits[a], logits[b]), "state": diff(map(_host, states[a]), map(_host, states[b]))}
+        rows.append({"kernels": a, "reference": b, **d, "ok": all(within(x, TOL) for x in d.values())})
+    return {"pairs": rows, "ok": all(r["ok"] for r in rows)}
+
+
+def _host(x) -> np.ndarray:
+    """A torch tensor (any device) or a JAX array as a host numpy array."""
+    return x.detach().cpu().numpy() if hasattr(x, "detach") else np.asarray(x)
 
 
 # ----------------------------------------------------------------------------- timing
@@ -226,6 +493,142 @@ def time_calls(fn, argsets, min_time_s: float = 0.3) -> float:
     return (time.perf_counter() - start) / (n * len(argsets))
 
 
+def run_roofline(smoke: bool) -> dict:
+    """Copy bandwidth (read + write of a large buffer) and bf16 matmul rate."""
+    n_bytes = (16 << 20) if smoke else (2 << 30)
+    x = jnp.ones((n_bytes // 4,), jnp.float32)
+    bw = 2 * n_bytes / time_calls(lambda a: a + 1.0, [(x,)], 0.05 if smoke else 0.5)
+    n = 256 if smoke else 8192
+    a = jax.random.normal(jax.random.key(0), (n, n)).astype(jnp.bfloat16)
+    b = jax.random.normal(jax.random.key(1), (n, n)).astype(jnp.bfloat16)
+    rate = 2 * n ** 3 / time_calls(lambda p, q: p @ q, [(a, b)], 0.05 if smoke else 0.5)
+    return {"copy_bytes": n_bytes, "copy_GBps": bw / 1e9, "matmul_n": n, "bf16_matmul_TFLOPs": rate / 1e12}
+
+
+# ----------------------------------------------------------------------------- models
+def measure_model(model: Model, B, T, smoke, roofline) -> dict:
+    """Compile (once a run) one (B, T) forward and time it with the state carried (donated)."""
+    key = (B, T, False)
+    exe = model.executables.get(key)
+    tokens = jax.random.randint(jax.random.key(B * T), (B, T), 0, model.config.vocab_size)
+    state = model.init_state(B)
+    _, state = block(exe(model.params, tokens, state))
+    one = time.perf_counter()
+    _, state = block(exe(model.params, tokens, state))
+    one = time.perf_counter() - one
+    n = int(min(200, max(3, (0.1 if smoke else 1.0) / max(one, 1e-6))))
+    start = time.perf_counter()
+    for _ in range(n):
+        logits, state = exe(model.params, tokens, state)
+    block((logits, state))
+    step_s = (time.perf_counter() - start) / n
+    params_bytes = sum(x.nbytes for x in jax.tree.leaves(model.params))
+    nbytes, flops = step_bytes_and_flops(model.config, params_bytes, jnp.dtype(model.dtype).itemsize, B, T)
+    bytes_s = nbytes / (roofline["copy_GBps"] * 1e9)
+    flops_s = flops / (roofline["bf16_matmul_TFLOPs"] * 1e12)
+    return {"path": rwkv_jax.select_path(B, T).name, "compile_s": model.executables.compile_seconds[key],
+            "step_ms": step_s * 1e3, "tok_s": B * T / step_s, "launches": launches(exe.as_text()),
+            "hbm_roofline_fraction": bytes_s / step_s, "compute_roofline_fraction": flops_s / step_s,
+            "roofline_fraction": max(bytes_s, flops_s) / step_s}
+
+
+def launches(hlo_text: str) -> int:
+    """Fusions + custom calls + copies in the compiled ENTRY computation."""
+    entry = hlo_text[hlo_text.index("\nENTRY "):]
+    return sum(entry.count(op) for op in (" fusion(", " custom-call(", " copy("))
+
+
+def measure_engine_step(model: Model, B, smoke) -> dict:
+    """The engine's whole decode step (forward + on-device sampling + the host reading the
+    drawn tokens, as rwkv7-generate runs it) at bucket B: ms per step with every row greedy,
+    and with one row sampling (temperature 1, top-k 50, top-p 0.9: the sampler's
+    conditionals and threshold loops then run; they are a device while loop each on a GPU)."""
+    from rwkv_jax.engine import JaxEngine
+    from rwkv7_core.sampling import SamplingParams
+
+    engine = JaxEngine(model, prefill_pieces=(1,))
+    t0 = time.perf_counter()
+    engine.compile([B])
+    out = {"engine_compile_s": time.perf_counter() - t0}
+    engine.resize([], B)
+    tokens, positions = np.zeros(B, np.int32), np.zeros(B, np.int32)
+    for label in ("greedy", "sampled"):
+        if label == "sampled":  # slot 0's own state back in, sampling (no prefill to compile)
+            engine.insert(0, engine.extract(0), SamplingParams(temperature=1.0, top_k=50, top_p=0.9, seed=0))
+        engine.step(tokens, positions)
+        n, start = (3 if smoke else 50), time.perf_counter()
+        for _ in range(n):
+            engine.step(tokens, positions)
+        out[f"engine_step_{label}_ms"] = (time.perf_counter() - start) / n * 1e3
+    return out
+
+
+def model_row(name, kernels, B, T, smoke, roofline, budget, clock) -> dict:
+    """One measured (or skipped) forward row; its compile time calibrates the clock."""
+    row = {"model": name, "kernels": kernels, "B": B, "T": T}
+    reason = budget.shortfall(clock.estimate(name, kernels, B, T) + 5)
+    if reason:
+        return {**row, "skipped": reason}
+    dtype = jnp.float32 if smoke else jnp.bfloat16
+    attempt(row, measure_model, model_for(named_config(name), dtype, kernels), B, T, smoke, roofline)
+    if "compile_s" in row:
+        clock.measured(name, kernels, B, T, row["compile_s"])
+    return row
+
+
+def decode_items(smoke: bool, fused: str, pallas: str, xla: str) -> list:
+    """("forward" | "engine", kernels, B) in priority order: the expensive XLA compiles last.
+    The engine step runs the fused kernels (--smoke: xla; interpreted, the fused step takes
+    ~10 s to compile and its time means nothing)."""
+    batches = (1,) if smoke else DECODE_BATCHES
+    items = [("forward", k, B) for B in batches for k in ((fused, pallas, xla) if B == 1 else (fused, pallas))]
+    items += [("engine", xla if smoke else fused, B) for B in batches]
+    return items + [("forward", xla, B) for B in batches[1:]]
+
+
+def run_decode(smoke: bool, interpret: bool, roofline: dict, budget: Budget, clock: CompileClock):
+    """Decode rows for the three kernels options at DECODE_BATCHES (1.5b, bf16; tiny, float32
+    in --smoke), and the engine's whole step for the fused kernels; yields after each item."""
+    name = "tiny" if smoke else "1.5b"
+    fused, pallas, xla = kernel_names(interpret)
+    out = {"model": name, "rows": [], "engine": []}
+    measured = set()
+    for what, kernels, B in decode_items(smoke, fused, pallas, xla):
+        if what == "forward":
+            out["rows"].append(model_row(name, kernels, B, 1, smoke, roofline, budget, clock))
+            if "step_ms" in out["rows"][-1]:
+                measured.add((kernels, B))
+        else:
+            row = {"kernels": kernels, "B": B}
+            reason = (budget.shortfall(clock.estimate(name, kernels, B, 1) + 10) if (kernels, B) in measured
+                      else "its forward was not measured")
+            model = model_for(named_config(name), jnp.float32 if smoke else jnp.bfloat16, kernels)
+            out["engine"].append({**row, "skipped": reason} if reason else
+                                 attempt(row, measure_engine_step, model, B, smoke))
+        yield out
+
+
+def model_items(smoke: bool, fused: str, pallas: str, xla: str) -> list:
+    """(model name, kernels, B, T) beyond the decode section, in priority order."""
+    if smoke:  # a shape the parity section compiled: the code path, no compile
+        return [("tiny", xla, 1, 1)]
+    items = [("2.9b", k, 1, 1) for k in (fused, pallas, xla)]
+    items += [("1.5b", k, 1, PREFILL_T) for k in (pallas, xla)]
+    items += [("2.9b", k, 256, 1) for k in (fused, pallas, xla)]
+    items += [("2.9b", k, 1, PREFILL_T) for k in (pallas, xla)]
+    return items + [(name, k, B, 1) for name in ("1.5b", "2.9b") for B in (2, 4, 8, 16, 32, 64, 128)
+                    for k in (fused, pallas, xla) if (name, B) not in {("1.5b", b) for b in DECODE_BATCHES}]
+
+
+def run_models(smoke: bool, interpret: bool, roofline: dict, budget: Budget, clock: CompileClock):
+    """Decode/prefill rows of model_items while the budget lasts; yields after each item."""
+    out = {"rows": []}
+    for name, kernels, B, T in model_items(smoke, *kernel_names(interpret)):
+        out["rows"].append(model_row(name, kernels, B, T, smoke, roofline, budget, clock))
+        yield out
+
+
+# ----------------------------------------------------------------------------- kernels
 def _copies(args, reps, share_bytes):
     """reps argument sets: inputs under share_bytes are perturbed copies, larger ones shared
     (the shared weights are far bigger than the L2 cache, so no set hits in cache)."""
@@ -237,35 +640,42 @@ def _copies(args, reps, share_bytes):
 
 
 def kernel_time_cases(smoke: bool) -> list:
-    """(label, kernel name, args) at 2.9b shapes in bf16 (tiny shapes for --smoke)."""
-    bf16 = jnp.bfloat16
+    """(label, kernel name, args maker) at 2.9b shapes in bf16 (tiny shapes for --smoke); the
+    inputs are made only for the cases the budget lets run."""
+    bf16, p = jnp.bfloat16, functools.partial
     C, H, F, V = (128, 2, 512, 512) if smoke else (2560, 40, 10240, 65536)
-    if smoke:  # one cheap kernel and the channel-mix (it has the extra value-product timing)
-        return [("shift_mix B=1 n=6", "shift_mix", mix_inputs(1, 1, C, 6, bf16)),
-                ("channel_mix M=1", "channel_mix", ffn_inputs(1, 1, C, F, bf16))]
-    cases = [(f"wkv_step B={B}", "wkv_step", wkv_inputs(B, (B,), H)) for B in (1, 64, 256)]
-    cases += [(f"wkv_seq B=1 T={PREFILL_T}", "wkv_seq", wkv_inputs(1, (1, PREFILL_T), H))]
-    cases += [(f"shift_mix B={B} n=6", "shift_mix", mix_inputs(B, B, C, 6, bf16)) for B in (1, 16, 256)]
+    if smoke:  # the channel-mix: it has the extra value-product timing
+        return [("channel_mix M=1", "channel_mix", p(ffn_inputs, 1, 1, C, F, bf16))]
+    cases = [(f"wkv_step B={B}", "wkv_step", p(wkv_inputs, B, (B,), H)) for B in (1, 64, 256)]
+    cases += [(f"wkv_seq B=1 T={PREFILL_T}", "wkv_seq", p(wkv_inputs, 1, (1, PREFILL_T), H))]
+    cases += [(f"shift_mix B={B} n=6", "shift_mix", p(mix_inputs, B, B, C, 6, bf16)) for B in (1, 16, 256)]
     shapes = [(1, C, C), (1, F, C), (1, C, F), (1, V, C), (4, C, C), (4, F, C), (16, C, C), (16, F, C)]
-    cases += [(f"linear M={M} N={N} K={K}", "linear", linear_inputs(N + K, M, N, K, bf16)) for M, N, K in shapes]
-    cases += [(f"channel_mix M={M}", "channel_mix", ffn_inputs(M, M, C, F, bf16)) for M in (1, 2, 4, 8, 16)]
+    cases += [(f"linear M={M} N={N} K={K}", "linear", p(linear_inputs, N + K, M, N, K, bf16)) for M, N, K in shapes]
+    cases += [(f"channel_mix M={M}", "channel_mix", p(ffn_inputs, M, M, C, F, bf16)) for M in (1, 2, 4, 8, 16)]
     return cases
 
 
-def run_kernel_times(smoke: bool, interpret: bool, budget: Budget, until_left_s: float) -> list:
+def run_kernel_times(smoke: bool, interpret: bool, budget: Budget):
     """Pallas vs XLA seconds per call for each case; the value product alone (sparse kernel vs
     the XLA dense product, both on the model's [F, C] value layout) is timed beside the
-    channel-mix."""
-    fns, rows = pallas_fns(interpret), []
+    channel-mix. Yields after each case."""
+    fns, out = pallas_fns(interpret), {"rows": []}
+    limit = budget.capped(KERNEL_BUDGET_S)
     reps = 1 if smoke else 8
-    for label, name, args in kernel_time_cases(smoke):
-        if budget.left() < until_left_s:
-            rows.append({"case": label, "skipped": "time budget"})
-            continue
-        rows.append(attempt({"case": label}, kernel_times, fns[name], XLA_EQUIVALENT[name], args, reps, smoke))
-        if name == "channel_mix":
-            attempt(rows[-1], sparse_split_times, args, reps, interpret, smoke)
-    return rows
+    for label, name, make_args in kernel_time_cases(smoke):
+        reason = limit.shortfall(5)
+        out["rows"].append({"case": label, "skipped": reason} if reason else attempt(
+            {"case": label}, kernel_case_times, fns[name], name, make_args, reps, interpret, smoke))
+        yield out
+    out["measured_sparse_max_rows"] = sparse_rows_threshold(out["rows"])
+    yield out
+
+
+def kernel_case_times(pallas_fn, name, make_args, reps, interpret, smoke) -> dict:
+    """kernel_times of one case, and sparse_split_times beside a channel-mix."""
+    args = make_args()
+    times = kernel_times(pallas_fn, XLA_EQUIVALENT[name], args, reps, smoke)
+    return {**times, **sparse_split_times(args, reps, interpret, smoke)} if name == "channel_mix" else times
 
 
 def kernel_times(pallas_fn, xla_fn, args, reps, smoke) -> dict:
@@ -288,177 +698,14 @@ def sparse_split_times(args, reps, interpret, smoke) -> dict:
             "value_dense_xla_us": time_calls(jnp.matmul, sets, min_t) * 1e6}
 
 
-def run_roofline(smoke: bool) -> dict:
-    """Copy bandwidth (read + write of a large buffer) and bf16 matmul rate."""
-    n_bytes = (16 << 20) if smoke else (2 << 30)
-    x = jnp.ones((n_bytes // 4,), jnp.float32)
-    bw = 2 * n_bytes / time_calls(lambda a: a + 1.0, [(x,)], 0.05 if smoke else 0.5)
-    n = 256 if smoke else 8192
-    a = jax.random.normal(jax.random.key(0), (n, n)).astype(jnp.bfloat16)
-    b = jax.random.normal(jax.random.key(1), (n, n)).astype(jnp.bfloat16)
-    rate = 2 * n ** 3 / time_calls(lambda p, q: p @ q, [(a, b)], 0.05 if smoke else 0.5)
-    return {"copy_bytes": n_bytes, "copy_GBps": bw / 1e9, "matmul_n": n, "bf16_matmul_TFLOPs": rate / 1e12}
-
-
-# ----------------------------------------------------------------------------- models
-def model_items(smoke: bool) -> list:
-    """(model name, kernels, B, T) in priority order (see the module docstring)."""
-    if smoke:
-        # the kernels="pallas" compile is exercised by the smoke parity section already
-        return [("tiny", "xla", 1, 1), ("tiny", "xla", 1, 8)]
-    items = []
-    for name, B, T in [("2.9b", 1, 1), ("1.5b", 1, 1), ("2.9b", 256, 1), ("2.9b", 1, PREFILL_T),
-                       ("1.5b", 256, 1), ("1.5b", 1, PREFILL_T)]:
-        items += [(name, k, B, T) for k in ("pallas", "xla")]
-    for name in ("2.9b", "1.5b"):
-        items += [(name, k, B, 1) for B in DECODE_BUCKETS[1:-1] for k in ("pallas", "xla")]
-    return items
-
-
-def run_models(smoke: bool, roofline: dict, budget: Budget, until_left_s: float, on_result) -> list:
-    """Decode/prefill throughput per item while the budget lasts; on_result(rows) after each."""
-    dtype = jnp.float32 if smoke else jnp.bfloat16
-    jitted = jax.jit(rwkv_jax.forward_fn, static_argnames=("config", "path", "kernels", "full_output"),
-                     donate_argnames=("state",))
-    params_cache, compile_est, rows = {}, {}, []
-    for name, kernels, B, T in model_items(smoke):
-        row = {"model": name, "kernels": kernels, "B": B, "T": T}
-        est = compile_est.get((name, kernels), FIRST_COMPILE_GUESS_S) + 5
-        if budget.left() - until_left_s < est:
-            rows.append({**row, "skipped": f"time budget (needs ~{est:.0f} s)"})
-            on_result(rows)
-            continue
-        config = named_config(name)
-        if name not in params_cache:
-            params_cache[name] = block(random_params(config, dtype, seed=0))
-        t0 = time.perf_counter()
-        rows.append(attempt(row, measure_model, jitted, params_cache[name], config, kernels, B, T, smoke,
-                            roofline))
-        compile_est[(name, kernels)] = row.get("compile_s", time.perf_counter() - t0)
-        on_result(rows)
-    return rows
-
-
-def measure_model(jitted, params, config, kernels, B, T, smoke, roofline) -> dict:
-    """Compile one (B, T) forward and time it with the state carried (donated) across steps."""
-    dtype = params["emb"].dtype
-    tokens = jax.random.randint(jax.random.key(B * T), (B, T), 0, config.vocab_size)
-    state = rwkv_jax.init_state(config, B, dtype)
-    path = rwkv_jax.select_path(B, T)
-    t0 = time.perf_counter()
-    exe = jitted.lower(params, tokens, state, config=config, path=path, kernels=kernels).compile()
-    compile_s = time.perf_counter() - t0
-    _, state = block(exe(params, tokens, state))
-    one = time.perf_counter()
-    _, state = block(exe(params, tokens, state))
-    one = time.perf_counter() - one
-    n = int(min(200, max(3, (0.1 if smoke else 1.0) / max(one, 1e-6))))
-    start = time.perf_counter()
-    for _ in range(n):
-        logits, state = exe(params, tokens, state)
-    block((logits, state))
-    step_s = (time.perf_counter() - start) / n
-    params_bytes = sum(x.nbytes for x in jax.tree.leaves(params))
-    nbytes, flops = step_bytes_and_flops(config, params_bytes, jnp.dtype(dtype).itemsize, B, T)
-    bytes_s = nbytes / (roofline["copy_GBps"] * 1e9)
-    flops_s = flops / (roofline["bf16_matmul_TFLOPs"] * 1e12)
-    return {"path": path.name, "compile_s": compile_s, "step_ms": step_s * 1e3, "tok_s": B * T / step_s,
-            "hbm_roofline_fraction": bytes_s / step_s, "compute_roofline_fraction": flops_s / step_s,
-            "roofline_fraction": max(bytes_s, flops_s) / step_s}
-
-
-def measure_engine_step(params, config, kernels, B, smoke) -> dict:
-    """The engine's whole decode step (forward + on-device sampling + the host reading the
-    drawn tokens, as rwkv7-generate runs it) at bucket B: ms per step with every row greedy,
-    and with one row sampling (temperature 1, top-k 50, top-p 0.9: the sampler's
-    conditionals and threshold loops then run; they are a device while loop each on a GPU)."""
-    from rwkv_jax.engine import JaxEngine
-    from rwkv7_core.sampling import SamplingParams
-
-    engine = JaxEngine(Model(params, config, params["emb"].dtype, kernels), prefill_pieces=(1,))
-    t0 = time.perf_counter()
-    engine.compile([B])
-    out = {"engine_compile_s": time.perf_counter() - t0}
-    engine.resize([], B)
-    tokens, positions = np.zeros(B, np.int32), np.zeros(B, np.int32)
-    for label in ("greedy", "sampled"):
-        if label == "sampled":
-            engine.insert(0, engine.prefill(np.array([1], np.int32)),
-                          SamplingParams(temperature=1.0, top_k=50, top_p=0.9, seed=0))
-        engine.step(tokens, positions)
-        n, start = (3 if smoke else 50), time.perf_counter()
-        for _ in range(n):
-            engine.step(tokens, positions)
-        out[f"engine_step_{label}_ms"] = (time.perf_counter() - start) / n * 1e3
-    return out
-
-
-def run_fused_decode(smoke: bool, roofline: dict, budget: Budget, until_left_s: float) -> dict:
-    """kernels="pallas" vs "pallas-fused" (issue 15): float32 parity of the fused path against
-    XLA, then decode tok/s at B = 1, 8, 32, 256 (1.5b shape, bf16) for both, the launches of
-    each compiled step (fusions + custom calls + copies in its HLO) and the per-launch cost
-    they imply: (step_pallas - step_fused) / (launches_pallas - launches_fused); and, for the
-    fused kernels, the engine's whole decode step greedy and sampling (``measure_engine_step``:
-    what sampling adds to the forward's step_ms)."""
-    kernels = "pallas-fused-interpret" if smoke else "pallas-fused"
-    out = {"parity": [attempt({"config": "odd", "B": B}, model_parity, ODD, B, 1, kernels, 3)
-                      for B in ((1,) if smoke else (1, 5))], "decode": []}
-    dtype = jnp.float32 if smoke else jnp.bfloat16
-    name = "tiny" if smoke else "1.5b"
-    config = named_config(name)
-    params = block(random_params(config, dtype, seed=0))
-    jitted = jax.jit(rwkv_jax.forward_fn, static_argnames=("config", "path", "kernels", "full_output"),
-                     donate_argnames=("state",))
-
-    def launches(kind, B):
-        tokens, state = jnp.zeros((B, 1), jnp.int32), rwkv_jax.init_state(config, B, dtype)
-        text = jitted.lower(params, tokens, state, config=config, path=rwkv_jax.select_path(B, 1),
-                            kernels=kind).compile().as_text()
-        entry = text[text.index("\nENTRY "):]
-        return sum(entry.count(op) for op in (" fusion(", " custom-call(", " copy("))
-
-    for B in (1,) if smoke else (1, 8, 32, 256):
-        pair = {}
-        for kind in ("pallas-interpret" if smoke else "pallas", kernels):
-            if budget.left() - until_left_s < FIRST_COMPILE_GUESS_S:
-                pair[kind] = {"skipped": "time budget"}
-                continue
-            row = attempt({"model": name, "kernels": kind, "B": B, "T": 1},
-                          measure_model, jitted, params, config, kind, B, 1, smoke, roofline)
-            row.update(attempt({}, lambda: {"launches": launches(kind, B)}))
-            if kind == kernels and budget.left() - until_left_s > FIRST_COMPILE_GUESS_S:
-                row.update(attempt({}, measure_engine_step, params, config, kind, B, smoke))
-            pair[kind] = row
-        old, new = pair.values()
-        if "step_ms" in old and "step_ms" in new and old.get("launches", 0) > new.get("launches", 0):
-            pair["per_launch_us"] = (old["step_ms"] - new["step_ms"]) * 1e3 / (old["launches"] - new["launches"])
-        out["decode"].append({"B": B, **pair})
-    return out
-
-
-def goals(rows: list) -> dict:
-    """The issue's speed goals, evaluated on the measured rows (None where not measured)."""
-    got = {(r["model"], r["kernels"], r["B"], r["T"]): r for r in rows if "tok_s" in r}
-    out = {}
-    for name in ("1.5b", "2.9b"):
-        p, x = got.get((name, "pallas", 1, 1)), got.get((name, "xla", 1, 1))
-        out[f"{name} pallas/xla at B=1 >= {GOALS['pallas_over_xla_b1']}"] = (
-            None if not (p and x) else p["tok_s"] / x["tok_s"])
-        out[f"{name} pallas B=1 HBM roofline fraction >= {GOALS['b1_hbm_roofline_fraction']}"] = (
-            None if not p else p["hbm_roofline_fraction"])
-    best = [r["tok_s"] for k, r in got.items() if k[0] == "2.9b" and k[2] == 256 and k[3] == 1]
-    out[f"2.9b B=256 tok/s >= {GOALS['2.9b_b256_tok_s']}"] = max(best) if best else None
-    return out
-
-
 # ----------------------------------------------------------------------------- deviceless
-ESTIMATES = FsPath(__file__).resolve().parent / "results" / "gpu_compile_h200.json"
-
-
-def run_deviceless(smoke: bool) -> dict:
+def run_deviceless(smoke: bool, budget: Budget) -> dict:
     """Deviceless H200 compile of a tiny forward (B=2, T=1), serialized; on a GPU also loaded
     and run against the same forward compiled on the device (exact equality expected: both
     are XLA:GPU compiles of one program for sm_90; any other GPU records a load error)."""
+    reason = budget.shortfall(DEVICELESS_S)
+    if reason:
+        return skipped(reason)
     from rwkv_jax import deviceless
 
     config, B = named_config("tiny"), 2
@@ -472,27 +719,124 @@ def run_deviceless(smoke: bool) -> dict:
            "serialized_bytes": len(blob)}
     if smoke:
         return {**out, "loaded": False, "ok": True, "note": "loading needs a GPU"}
-    params = random_params(config, jnp.float32, seed=5)
-    local = Model(params, config, jnp.float32, kernels)
+    local = Model(params_for(config, jnp.float32), config, jnp.float32, kernels)  # default precision
     tokens = jax.random.randint(jax.random.key(5), (B, 1), 0, config.vocab_size)
-    want = block(local.executables.get((B, 1, False))(params, tokens, local.init_state(B)))
-    loaded = deviceless.deserialize(blob)
-    got = block(loaded(params, tokens, local.init_state(B)))
-    diff = max(float(jnp.max(jnp.abs(jnp.asarray(g, jnp.float32) - jnp.asarray(w, jnp.float32))))
-               for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want)))
-    return {**out, "loaded": True, "max_abs_diff": diff, "ok": diff == 0.0}
+    want = block(local.executables.get((B, 1, False))(local.params, tokens, local.init_state(B)))
+    got = block(deviceless.deserialize(blob)(local.params, tokens, local.init_state(B)))
+    d = diff(jax.tree.leaves(got), jax.tree.leaves(want))
+    return {**out, "loaded": True, "max_abs_diff": d["max_abs_err"], "ok": d["max_abs_err"] == 0.0}
+
+
+# ----------------------------------------------------------------------------- serving
+def run_serving(smoke: bool, out_dir: str, budget: Budget) -> dict:
+    """rwkv7_apps.serving_bench.gpu_check_section(out_dir, budget_s) within the budget."""
+    hook = getattr(importlib.import_module("rwkv7_apps.serving_bench"), "gpu_check_section", None)
+    if hook is None:
+        return skipped("rwkv7_apps.serving_bench has no gpu_check_section(out_dir, budget_s)")
+    reason = "not run in --smoke" if smoke else budget.shortfall(SECTION_MIN_S)
+    return skipped(reason) if reason else hook(out_dir=out_dir, budget_s=min(SERVING_BUDGET_S, budget.left()))
+
+
+def run_http_serving(smoke: bool, out_dir: str, budget: Budget) -> dict:
+    """benchmarks/http_serving.py's short GPU run (rwkv7-serve vs in-process scheduler on the
+    same workload) within the budget."""
+    reason = "not run in --smoke" if smoke else budget.shortfall(SECTION_MIN_S)
+    if reason:
+        return skipped(reason)
+    module = importlib.import_module("benchmarks.http_serving")
+    return module.gpu_check_section(out_dir, min(HTTP_BUDGET_S, budget.left()))
+
+
+def run_data_parallel(smoke: bool, budget: Budget) -> dict:
+    """Batch-generation throughput (0.1b shape, bf16) on one GPU vs a replica on every local
+    GPU (rwkv7_apps.replicas), same workload per GPU; skipped unless several devices."""
+    devices = jax.local_devices()
+    if smoke or len(devices) < 2:
+        return skipped(f"{len(devices)} local device(s); needs 2 or more")
+    reason = budget.shortfall(SECTION_MIN_S)
+    if reason:
+        return skipped(reason)
+    from rwkv7_apps.engines import load_engines
+    from rwkv7_apps.replicas import build_replica_set
+    from scheduler import Request, SamplingParams, Scheduler, SchedulerConfig
+
+    with tempfile.TemporaryDirectory() as d:
+        path = FsPath(d) / "model.safetensors"
+        write_random_checkpoint(path, named_config("0.1b"), seed=0)
+        engines = load_engines("jax", path, "bfloat16", "auto", list(range(len(devices))))
+    config = SchedulerConfig(max_batch=128, precompile=True)
+    rng = np.random.default_rng(0)
+    rows = {}
+    for label, n in (("1 device", 1), (f"{len(devices)} devices", len(devices))):
+        sched = (Scheduler(engines[0], config) if n == 1
+                 else build_replica_set(engines, [str(x) for x in devices], config))
+        for measured in (False, True):  # the first pass compiles
+            reqs = [Request(f"{measured}-{i}", rng.integers(1, 65536, size=128).tolist(),
+                            SamplingParams(max_tokens=256 if measured else 8)) for i in range(128 * n)]
+            for r in reqs:
+                sched.add(r)
+            start = time.perf_counter()
+            tokens = []
+            sched.run(on_finish=lambda out: tokens.append(out.generated_tokens))
+            seconds = time.perf_counter() - start
+        rows[label] = {"replicas": n, "seconds": seconds, "tok_s": sum(tokens) / seconds}
+    one, every = rows["1 device"]["tok_s"], rows[f"{len(devices)} devices"]["tok_s"]
+    return {"runs": rows, "scaling_efficiency": every / (len(devices) * one)}
+
+
+# ----------------------------------------------------------------------------- summary
+def measured_rows(sections: dict) -> list:
+    """Every decode/models row with a measurement."""
+    return [r for s in ("decode", "models") for r in sections.get(s, {}).get("rows", []) if "tok_s" in r]
+
+
+def goals(rows: list) -> dict:
+    """The issue's speed goals, evaluated on the measured rows (None where not measured); the
+    Pallas side is the faster of "pallas" and "pallas-fused"."""
+    got = {(r["model"], r["kernels"], r["B"], r["T"]): r for r in rows}
+    out = {}
+    for name in ("1.5b", "2.9b"):
+        p = max((got[k] for k in ((name, "pallas", 1, 1), (name, "pallas-fused", 1, 1)) if k in got),
+                key=lambda r: r["tok_s"], default=None)
+        x = got.get((name, "xla", 1, 1))
+        out[f"{name} best pallas/xla at B=1 >= {GOALS['pallas_over_xla_b1']}"] = (
+            None if not (p and x) else p["tok_s"] / x["tok_s"])
+        out[f"{name} best pallas B=1 HBM roofline fraction >= {GOALS['b1_hbm_roofline_fraction']}"] = (
+            None if not p else p["hbm_roofline_fraction"])
+    best = [r["tok_s"] for k, r in got.items() if k[0] == "2.9b" and k[2] == 256 and k[3] == 1]
+    out[f"2.9b B=256 tok/s >= {GOALS['2.9b_b256_tok_s']}"] = max(best) if best else None
+    return out
+
+
+def per_launch_us(rows: list) -> dict:
+    """{B: (step_pallas - step_fused) / (launches_pallas - launches_fused)} in us (issue 15)."""
+    got = {(r["kernels"].removesuffix("-interpret"), r["B"]): r for r in rows if r["T"] == 1}
+    out = {}
+    for (kernels, B), fused in got.items():
+        pallas = got.get(("pallas", B))
+        if kernels == "pallas-fused" and pallas and pallas["launches"] > fused["launches"]:
+            out[B] = (pallas["step_ms"] - fused["step_ms"]) * 1e3 / (pallas["launches"] - fused["launches"])
+    return out
+
+
+ESTIMATES = FsPath(__file__).resolve().parent / "results" / "gpu_compile_h200.json"
+
+
+@functools.lru_cache(maxsize=None)
+def paper_estimates() -> dict:
+    """{(shape, kernels, B, T): estimate} of the compiled rows of ESTIMATES ({} without it)."""
+    if not ESTIMATES.exists():
+        return {}
+    return {(r["shape"], r["kernels_option"], r["B"], r["T"]): r["estimate"]
+            for r in json.loads(ESTIMATES.read_text())["rows"] if r.get("ok")}
 
 
 def estimate_check(rows: list) -> list:
     """Measured decode rows beside the deviceless paper estimate for the same bucket."""
-    if not ESTIMATES.exists():
-        return []
-    estimates = {(r["shape"], r["kernels_option"], r["B"], r["T"]): r["estimate"]
-                 for r in json.loads(ESTIMATES.read_text())["rows"] if r.get("ok")}
     out = []
     for r in rows:
-        est = estimates.get((r["model"], r["kernels"], r["B"], r["T"]))
-        if est and "step_ms" in r:
+        est = paper_estimates().get((r["model"], r["kernels"], r["B"], r["T"]))
+        if est:
             ratio = r["step_ms"] * 1e3 / est["step_us"]
             out.append({"model": r["model"], "kernels": r["kernels"], "B": r["B"], "T": r["T"],
                         "measured_us": r["step_ms"] * 1e3, "estimated_us": est["step_us"],
@@ -500,37 +844,20 @@ def estimate_check(rows: list) -> list:
     return out
 
 
-# ----------------------------------------------------------------------------- serving hook
-def load_serving_hook():
-    """rwkv7_apps.serving_bench.gpu_check_section if it exists, else (None, reason)."""
-    try:
-        module = importlib.import_module("rwkv7_apps.serving_bench")
-    except ImportError as e:
-        return None, f"rwkv7_apps.serving_bench not importable ({e})"
-    hook = getattr(module, "gpu_check_section", None)
-    if hook is None:
-        return None, "rwkv7_apps.serving_bench has no gpu_check_section(out_dir, budget_s)"
-    return hook, None
-
-
-def run_http_serving(out_dir: str, budget_s: float = 120) -> dict:
-    """benchmarks/http_serving.py's short GPU run (rwkv7-serve vs in-process scheduler on the
-    same workload), at most about budget_s seconds; {"status": ...} when it cannot run."""
-    try:
-        module = importlib.import_module("benchmarks.http_serving")
-    except ImportError as e:
-        return {"status": "absent", "reason": str(e)}
-    return module.gpu_check_section(out_dir, budget_s)
+def summary(sections: dict) -> dict:
+    """Goals, per-launch cost and paper-estimate check from the rows measured so far."""
+    rows = measured_rows(sections)
+    return {"goals": goals(rows), "per_launch_us": per_launch_us(rows), "estimate_check": estimate_check(rows)}
 
 
 # ----------------------------------------------------------------------------- report
 def environment() -> dict:
     versions = {"python": platform.python_version(), "jax": jax.__version__, "numpy": np.__version__}
-    for mod in ("jaxlib", "flax", "torch", "triton"):
+    for dist in ("jaxlib", "flax", "torch", "triton"):  # not imported: torch stays out of this process
         try:
-            versions[mod] = importlib.import_module(mod).__version__
-        except Exception:  # optional on the machine; record its absence
-            versions[mod] = None
+            versions[dist] = importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:  # optional on the machine; record its absence
+            versions[dist] = None
     return {"date_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "backend": jax.default_backend(), "devices": [d.device_kind for d in jax.devices()],
             "versions": versions}
@@ -545,156 +872,135 @@ def _status(row: dict) -> str | None:
     return None
 
 
+def _diff_cell(r: dict) -> str:
+    return _status(r) or f"logits {r['logits']['max_abs_err']:.1e}, state {r['state']['max_abs_err']:.1e}"
+
+
+def _parity_lines(p: dict) -> list:
+    lines = ["| case | error vs reference | ok |", "|---|---|---|"]
+    for r in p.get("kernels", []):
+        lines.append(f"| {r['case']} | {_status(r) or format(r['max_abs_err'], '.2e')} | {r.get('ok')} |")
+    for r in p.get("sparse", []):
+        err = _status(r) or f"rel {r['rel_err']:.1e}, bit-identical {r['bit_identical']}"
+        lines.append(f"| sparse {r['zero_fraction']:.0%} zeros M={r['rows']} | {err} | {r.get('ok')} |")
+    for r in p.get("models", []):
+        lines.append(f"| model {r['config']} B={r['B']} T={r['T']} {r['kernels']} vs {r['reference']} | "
+                     f"{_diff_cell(r)} | {r.get('ok')} |")
+    return lines
+
+
+def _torch_lines(p: dict) -> list:
+    lines = [f"torch device {p.get('device')}, Triton {p.get('triton')}, JAX {p.get('jax')}", "",
+             "| case | pair | error | ok |", "|---|---|---|---|"]
+    for c in p.get("cases", []):
+        case = f"{c['config']} B={c['B']} T={c['T']}"
+        lines += [f"| {case} | {_status(c)} | | False |"] if _status(c) else [
+            f"| {case} | {r['kernels']} vs {r['reference']} | {_diff_cell(r)} | {r['ok']} |" for r in c["pairs"]]
+    return lines
+
+
+def _rows_lines(rows: list) -> list:
+    lines = ["| model | kernels | B | T | tok/s | step ms | roofline fraction (HBM / compute) | launches | "
+             "compile s |", "|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        head = f"| {r['model']} | {r['kernels']} | {r['B']} | {r['T']} |"
+        if _status(r):
+            lines.append(f"{head} {_status(r)} | | | | |")
+            continue
+        lines.append(f"{head} {r['tok_s']:,.0f} | {r['step_ms']:.3f} | {r['hbm_roofline_fraction']:.2f} / "
+                     f"{r['compute_roofline_fraction']:.2f} | {r['launches']} | {r['compile_s']:.1f} |")
+    return lines
+
+
+def _engine_lines(rows: list) -> list:
+    def cell(r):
+        return _status(r) or (f"greedy {r['engine_step_greedy_ms']:.3f}, sampled {r['engine_step_sampled_ms']:.3f}, "
+                              f"compile {r['engine_compile_s']:.1f} s")
+    return ["", "Engine's whole decode step (forward + sampling), ms:", ""] + [
+        f"- {r['kernels']} B={r['B']}: {cell(r)}" for r in rows]
+
+
+def _kernel_lines(p: dict) -> list:
+    lines = ["| case | pallas | xla | xla/pallas |", "|---|---|---|---|"]
+    for r in p.get("rows", []):
+        if "pallas_us" not in r:
+            lines.append(f"| {r['case']} | {_status(r)} | | |")
+            continue
+        extra = (f" (value product: sparse {r['value_sparse_us']:.1f} vs dense {r['value_dense_xla_us']:.1f}, "
+                 f"active {r['active_fraction']:.0%})" if "value_sparse_us" in r else "")
+        lines.append(f"| {r['case']}{extra} | {r['pallas_us']:.1f} | {r['xla_us']:.1f} | {r['speedup']:.2f} |")
+    return lines + ["", f"Measured sparse channel-mix threshold (largest M where the sparse value product "
+                        f"wins): {p.get('measured_sparse_max_rows')}"]
+
+
 def markdown(results: dict) -> str:
-    env = results["environment"]
+    env, sections = results["environment"], results["sections"]
     lines = [f"# GPU check — {env['date_utc']}", "",
              f"devices: {', '.join(env['devices'])}; versions: "
-             + ", ".join(f"{k} {v}" for k, v in env["versions"].items()), ""]
-    parity = results.get("parity")
-    if parity:
-        lines += [f"## Parity: {'all ok' if parity['ok'] else 'FAILURES'}", "", "| case | error vs reference | ok |",
-                  "|---|---|---|"]
-        for r in parity["kernels"]:
-            lines.append(f"| {r['case']} | {_status(r) or format(r['max_abs_err'], '.2e')} | {r['ok']} |")
-        for r in parity["sparse"]:
-            err = _status(r) or f"rel {r['rel_err']:.1e}, bit-identical {r['bit_identical']}"
-            lines.append(f"| sparse {r['zero_fraction']:.0%} zeros M={r['rows']} | {err} | {r['ok']} |")
-        for r in parity["models"]:
-            err = _status(r) or f"{max(r['max_abs_err'].values()):.2e} ({r['path']})"
-            lines.append(f"| model {r['config']} B={r['B']} T={r['T']} | {err} | {r['ok']} |")
-        lines.append("")
-    roof = results.get("roofline")
-    if roof:
-        lines += [f"## Roofline: copy {roof['copy_GBps']:.4g} GB/s, bf16 matmul "
-                  f"{roof['bf16_matmul_TFLOPs']:.4g} TFLOP/s", ""]
-    if results.get("kernels"):
-        lines += ["## Kernels (us per call)", "", "| case | pallas | xla | xla/pallas |", "|---|---|---|---|"]
-        for r in results["kernels"]:
-            if _status(r) and "pallas_us" not in r:
-                lines.append(f"| {r['case']} | {_status(r)} | | |")
-                continue
-            extra = (f" (value product: sparse {r['value_sparse_us']:.1f} vs dense {r['value_dense_xla_us']:.1f}, "
-                     f"active {r['active_fraction']:.0%})" if "value_sparse_us" in r else "")
-            lines.append(f"| {r['case']}{extra} | {r['pallas_us']:.1f} | {r['xla_us']:.1f} | {r['speedup']:.2f} |")
-        lines += ["", f"Measured sparse channel-mix threshold (largest M where the sparse value product wins): "
-                      f"{results.get('measured_sparse_max_rows')}", ""]
-    if results.get("models"):
-        lines += [f"## Models ({'float32 (smoke)' if results['smoke'] else 'bf16'}, random weights)", "",
-                  "| model | kernels | B | T | tok/s | step ms | roofline fraction (HBM / compute) | compile s |",
-                  "|---|---|---|---|---|---|---|---|"]
-        for r in results["models"]:
-            head = f"| {r['model']} | {r['kernels']} | {r['B']} | {r['T']} |"
-            if _status(r):
-                lines.append(f"{head} {_status(r)} | | | |")
-                continue
-            lines.append(f"{head} {r['tok_s']:,.0f} | {r['step_ms']:.3f} | {r['hbm_roofline_fraction']:.2f} / "
-                         f"{r['compute_roofline_fraction']:.2f} | {r['compile_s']:.1f} |")
-        lines += ["", "## Goals", ""] + [f"- {k}: {'not measured' if v is None else f'{v:.3g}'}"
-                                        for k, v in results.get("goals", {}).items()]
-    dl = results.get("deviceless")
-    if dl:
-        lines += ["", f"## Deviceless H200 executable: {'ok' if dl.get('ok') else 'FAILED'}", "",
-                  "```", json.dumps(dl, indent=1, default=str)[:2000], "```"]
-    for r in results.get("estimate_check", []):
-        lines.append(f"- estimate {r['model']} {r['kernels']} B={r['B']}: measured {r['measured_us']:.0f} us vs "
-                     f"estimated {r['estimated_us']:.0f} us (x{r['measured_over_estimate']:.2f})")
-    if results.get("fused_decode"):
-        lines += ["", "## pallas vs pallas-fused decode (and the engine's whole step)", "", "```",
-                  json.dumps(results["fused_decode"], indent=1, default=str)[:6000], "```"]
-    if results.get("serving"):
-        lines += ["", "## Serving", "", "```", json.dumps(results["serving"], indent=1)[:4000], "```"]
+             + ", ".join(f"{k} {v}" for k, v in env["versions"].items()), "",
+             "| section | status | seconds | reason |", "|---|---|---|---|"]
+    lines += [f"| {name} | {p['status']} | {p.get('seconds', '')} | {p.get('reason') or p.get('error', '')} |"
+              for name, p in sections.items()]
+    tables = {"parity": _parity_lines, "torch_parity": _torch_lines, "kernels": _kernel_lines,
+              "decode": lambda p: _rows_lines(p.get("rows", [])) + _engine_lines(p.get("engine", [])),
+              "models": lambda p: _rows_lines(p.get("rows", []))}
+    for name, p in sections.items():
+        if p["status"] == "skipped":  # the table above says why
+            continue
+        lines += ["", f"## {name}: {p['status']}", ""]
+        if name == "roofline" and "copy_GBps" in p:
+            lines.append(f"copy {p['copy_GBps']:.4g} GB/s, bf16 matmul {p['bf16_matmul_TFLOPs']:.4g} TFLOP/s")
+        elif name in tables:
+            lines += tables[name](p)
+        else:
+            lines += ["```", json.dumps(p, indent=1, default=str)[:4000], "```"]
+    s = results["summary"]
+    lines += ["", "## Goals", ""] + [f"- {k}: {'not measured' if v is None else f'{v:.3g}'}"
+                                    for k, v in s["goals"].items()]
+    lines += [f"- per launch (pallas vs pallas-fused) at B={B}: {us:.2f} us" for B, us in s["per_launch_us"].items()]
+    lines += [f"- estimate {r['model']} {r['kernels']} B={r['B']} T={r['T']}: measured {r['measured_us']:.0f} us vs "
+              f"estimated {r['estimated_us']:.0f} us (x{r['measured_over_estimate']:.2f})" for r in s["estimate_check"]]
     return "\n".join(lines) + "\n"
 
 
-def run_data_parallel(smoke: bool) -> dict:
-    """Batch-generation throughput (0.1b shape, bf16) on one GPU vs a replica on every local
-    GPU (rwkv7_apps.replicas), same workload per GPU; skipped unless several devices."""
-    devices = jax.local_devices()
-    if smoke or len(devices) < 2:
-        return {"status": "skipped", "reason": f"{len(devices)} local device(s); needs 2 or more"}
-    import tempfile
-
-    from rwkv7_apps.engines import load_engines
-    from rwkv7_apps.replicas import build_replica_set
-    from rwkv7_core.random_weights import write_random_checkpoint
-    from scheduler import Request, SamplingParams, Scheduler, SchedulerConfig
-
-    with tempfile.TemporaryDirectory() as d:
-        path = FsPath(d) / "model.safetensors"
-        write_random_checkpoint(path, named_config("0.1b"), seed=0)
-        engines = load_engines("jax", path, "bfloat16", "auto", list(range(len(devices))))
-    config = SchedulerConfig(max_batch=128, precompile=True)
-    rng = np.random.default_rng(0)
-    rows = {}
-    for label, n in (("1 device", 1), (f"{len(devices)} devices", len(devices))):
-        sched = Scheduler(engines[0], config) if n == 1 else build_replica_set(engines, [str(x) for x in devices], config)
-        for measured in (False, True):  # the first pass compiles
-            reqs = [Request(f"{measured}-{i}", rng.integers(1, 65536, size=128).tolist(),
-                            SamplingParams(max_tokens=256 if measured else 8)) for i in range(128 * n)]
-            for r in reqs:
-                sched.add(r)
-            start = time.perf_counter()
-            tokens = []
-            sched.run(on_finish=lambda out: tokens.append(out.generated_tokens))
-            seconds = time.perf_counter() - start
-        rows[label] = {"replicas": n, "seconds": seconds, "tok_s": sum(tokens) / seconds}
-    one, every = rows["1 device"]["tok_s"], rows[f"{len(devices)} devices"]["tok_s"]
-    return {"status": "ok", "runs": rows, "scaling_efficiency": every / (len(devices) * one)}
-
-
+# ----------------------------------------------------------------------------- main
 def main(argv=None) -> dict:
-    ap = argparse.ArgumentParser(description="Pallas kernel GPU check (issue 4)")
+    ap = argparse.ArgumentParser(description="First GPU run: kernel parity, decode speed, the rest (issue 4)")
     ap.add_argument("--out", default="benchmarks/results/", help="directory for gpu_check.json/.md")
     ap.add_argument("--smoke", action="store_true", help="CPU run with tiny shapes and interpret-mode kernels")
     ap.add_argument("--cache-dir", default=None,
                     help="persistent JAX compilation cache (a rerun on the same machine skips compiles)")
+    ap.add_argument("--torch-parity", action="store_true",
+                    help="only the torch parity, printed as JSON (the child process of that section)")
     args = ap.parse_args(argv)
+    if args.torch_parity:
+        print(json.dumps(run_torch_parity(args.smoke), default=str))
+        return {}
     if not args.smoke and jax.default_backend() != "gpu":
         raise SystemExit(f"gpu_check needs a GPU (backend is {jax.default_backend()!r}); use --smoke on a CPU")
-    budget = Budget(math.inf if args.smoke else TOTAL_BUDGET_S)  # --smoke: CI load must not skip pieces
+    child = start_torch_parity(args.smoke)  # runs beside the JAX parity
+    budget = Budget(float("inf") if args.smoke else TOTAL_BUDGET_S, START)  # --smoke: CI load must not skip pieces
     if args.cache_dir:
         rwkv_jax.enable_compilation_cache(args.cache_dir)
     out_dir = FsPath(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
-    interpret = args.smoke
-    results = {"environment": environment(), "smoke": args.smoke, "interpret": interpret}
-
-    def save():
-        (out_dir / "gpu_check.json").write_text(json.dumps(results, indent=1, default=str))
-        (out_dir / "gpu_check.md").write_text(markdown(results))
-
-    hook, why_not = load_serving_hook()
-    reserve = SERVING_BUDGET_S if (hook and not args.smoke) else 0
-    results["parity"] = run_parity(args.smoke, interpret)
-    save()
-    results["roofline"] = run_roofline(args.smoke)
-    save()
-    results["kernels"] = run_kernel_times(args.smoke, interpret, budget,
-                                          until_left_s=max(reserve + MODEL_MIN_S, budget.left() - KERNEL_BUDGET_S))
-    results["measured_sparse_max_rows"] = sparse_rows_threshold(results["kernels"])
-    save()
-
-    def on_models(rows):
-        results["models"], results["goals"] = rows, goals(rows)
-        save()
-
-    on_models(run_models(args.smoke, results["roofline"], budget, reserve, on_models))
-    results["deviceless"] = attempt({}, run_deviceless, args.smoke)
-    results["estimate_check"] = estimate_check(results["models"])
-    results["fused_decode"] = run_fused_decode(args.smoke, results["roofline"], budget, reserve)
-    save()
-    if hook and not args.smoke:
-        results["serving"] = attempt({}, hook, out_dir=str(out_dir),
-                                     budget_s=min(SERVING_BUDGET_S, max(budget.left(), 0)))
-    else:
-        results["serving"] = {"status": "skipped in --smoke" if hook else "absent", "reason": why_not}
-    results["data_parallel"] = attempt({}, run_data_parallel, args.smoke)
-    results["http_serving"] = ({"status": "skipped in --smoke"} if args.smoke
-                               else attempt({}, run_http_serving, out_dir=str(out_dir)))
-    results["elapsed_s"] = time.perf_counter() - budget.start
-    save()
-    print(markdown(results))
-    return results
+    interpret, clock = args.smoke, CompileClock()
+    report = Report(out_dir, {"environment": environment(), "smoke": args.smoke, "interpret": interpret,
+                              "budget_s": None if args.smoke else TOTAL_BUDGET_S})
+    report.section("parity", run_parity, args.smoke, interpret, budget)
+    report.section("torch_parity", collect_torch_parity, child, min(TORCH_WAIT_S, budget.left()))
+    roofline = report.section("roofline", run_roofline, args.smoke)
+    report.section("decode", run_decode, args.smoke, interpret, roofline, budget, clock)
+    report.section("deviceless", run_deviceless, args.smoke, budget)
+    report.section("models", run_models, args.smoke, interpret, roofline, budget, clock)
+    report.section("kernels", run_kernel_times, args.smoke, interpret, budget)
+    report.section("serving", run_serving, args.smoke, str(out_dir), budget)
+    report.section("http_serving", run_http_serving, args.smoke, str(out_dir), budget)
+    report.section("data_parallel", run_data_parallel, args.smoke, budget)
+    report.results["elapsed_s"] = time.perf_counter() - START
+    report.save()
+    print((out_dir / "gpu_check.md").read_text())
+    return report.results
 
 
 if __name__ == "__main__":

@@ -14,7 +14,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from rwkv7_core.config import ModelConfig, expected_shapes
-from rwkv7_core.random_weights import init_spec
+from rwkv7_core.random_weights import init_spec, random_tensors as host_random_tensors
 
 from .kernels import Kernels
 from .model import DTYPES, Model
@@ -40,9 +40,13 @@ def random_tensors(config: ModelConfig, seed: int = 0) -> dict:
             for i, (name, shape) in enumerate(expected_shapes(config).items())}
 
 
-def random_params(config: ModelConfig, dtype=jnp.bfloat16, seed: int = 0) -> dict:
-    """The params dict (as ``rwkv_jax.load`` makes it) of a random model, on the default device."""
-    return nnx.to_pure_dict(nnx.split(RWKV7(config, random_tensors(config, seed), dtype))[1])
+def random_params(config: ModelConfig, dtype=jnp.bfloat16, seed: int = 0, host: bool = False) -> dict:
+    """The params dict (as ``rwkv_jax.load`` makes it) of a random model, on the default device.
+    host=True draws with numpy instead (``rwkv7_core.random_weights.random_tensors``: the
+    weights of ``write_random_checkpoint(path, config, seed)``, with no compile per tensor
+    shape, so the quicker choice for small shapes)."""
+    tensors = host_random_tensors(config, seed) if host else random_tensors(config, seed)
+    return nnx.to_pure_dict(nnx.split(RWKV7(config, tensors, dtype))[1])
 
 
 def random_model(config: ModelConfig, dtype: str = "bfloat16", kernels: str | Kernels = "xla",

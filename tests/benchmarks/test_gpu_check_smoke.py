@@ -1,25 +1,35 @@
 """benchmarks/gpu_check.py --smoke, run as the script it is: every CPU-side piece of the GPU
 script runs on tiny shapes (interpret-mode kernels) and writes a complete JSON + markdown
-report; without --smoke on a CPU it refuses to start."""
+report, parity first; a run killed mid-way leaves a readable report of what it finished;
+without --smoke on a CPU it refuses to start."""
 from __future__ import annotations
 
 import json
 import math
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from rwkv_jax.deviceless import PLUGIN_DIR_ENV
 from tests.gpu_target import PLUGIN_DIR
 
 ROOT = Path(__file__).resolve().parents[2]
+SECTIONS = ["parity", "torch_parity", "roofline", "decode", "deviceless", "models", "kernels", "serving",
+            "http_serving", "data_parallel"]
+KERNELS = {"pallas-interpret", "pallas-fused-interpret", "xla"}
+
+
+def script(*args) -> tuple[list, dict]:
+    env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": str(ROOT), PLUGIN_DIR_ENV: PLUGIN_DIR}
+    return [sys.executable, str(ROOT / "benchmarks" / "gpu_check.py"), *args], env
 
 
 def run_script(*args, timeout=900):
-    env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": str(ROOT), PLUGIN_DIR_ENV: PLUGIN_DIR}
-    return subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_check.py"), *args],
-                          capture_output=True, text=True, timeout=timeout, env=env, cwd=ROOT)
+    cmd, env = script(*args)
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, cwd=ROOT)
 
 
 def test_gpu_check_smoke_writes_a_complete_report(tmp_path):
@@ -27,26 +37,54 @@ def test_gpu_check_smoke_writes_a_complete_report(tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     results = json.loads((tmp_path / "gpu_check.json").read_text())
     assert results["smoke"] and results["interpret"]
-    parity = results["parity"]
-    assert parity["ok"], parity
-    assert parity["kernels"] and parity["sparse"] and parity["models"]
-    assert results["roofline"]["copy_GBps"] > 0 and results["roofline"]["bf16_matmul_TFLOPs"] > 0
-    for row in results["kernels"]:
-        assert row["pallas_us"] > 0 and row["xla_us"] > 0
-    assert "value_sparse_us" in results["kernels"][-1]
-    assert results["measured_sparse_max_rows"] in (0, 1)
-    models = results["models"]
-    assert {(r["B"], r["T"]) for r in models} == {(1, 1), (1, 8)}
-    for row in models:
-        assert row["tok_s"] > 0 and math.isfinite(row["roofline_fraction"])
-    assert set(results["goals"]) and results["serving"]["status"] in ("absent", "skipped in --smoke")
-    deviceless = results["deviceless"]  # the CPU side: compiled for the H200 and serialized
+    sections = results["sections"]
+    assert list(sections) == SECTIONS  # parity of every kernel path first
+    for name, part in sections.items():
+        assert part["status"] == "ok" or (part["status"] == "skipped" and part["reason"]), (name, part)
+    parity = sections["parity"]
+    assert parity["ok"] and parity["kernels"] and parity["sparse"]
+    assert {r["kernels"] for r in parity["models"]} == KERNELS and all(r["ok"] for r in parity["models"])
+    torch_parity = sections["torch_parity"]  # the Triton kernels, interpreted on the CPU
+    assert torch_parity["ok"] and torch_parity["triton"].startswith("interpreted"), torch_parity
+    pairs = {(p["kernels"], p["reference"]) for c in torch_parity["cases"] for p in c["pairs"]}
+    assert pairs == {("triton", "torch"), ("triton", "jax"), ("torch", "jax")}
+    assert sections["roofline"]["copy_GBps"] > 0 and sections["roofline"]["bf16_matmul_TFLOPs"] > 0
+    decode = sections["decode"]
+    assert {r["kernels"] for r in decode["rows"]} == KERNELS
+    for row in decode["rows"] + sections["models"]["rows"]:
+        assert row["tok_s"] > 0 and row["launches"] > 0 and math.isfinite(row["roofline_fraction"]), row
+    engine, = decode["engine"]  # the engine's whole step (xla: the fused kernels on a GPU)
+    assert engine["kernels"] == "xla", engine
+    assert engine["engine_step_greedy_ms"] > 0 and engine["engine_step_sampled_ms"] > 0
+    assert {(r["B"], r["T"]) for r in sections["models"]["rows"]} == {(1, 1)}
+    kernels = sections["kernels"]
+    assert all(r["pallas_us"] > 0 and r["xla_us"] > 0 for r in kernels["rows"])
+    assert "value_sparse_us" in kernels["rows"][-1] and kernels["measured_sparse_max_rows"] in (0, 1)
+    deviceless = sections["deviceless"]  # the CPU side: compiled for the H200 and serialized
     assert deviceless["ok"] and deviceless["serialized_bytes"] > 0 and not deviceless["loaded"], deviceless
-    fused = results["fused_decode"]["decode"][0]["pallas-fused-interpret"]  # the engine's whole step too
-    assert "error" not in fused, fused
-    assert fused["step_ms"] > 0 and fused["engine_step_greedy_ms"] > 0 and fused["engine_step_sampled_ms"] > 0
+    assert results["summary"]["goals"] and results["elapsed_s"] > 0
     markdown = (tmp_path / "gpu_check.md").read_text()
-    assert "## Parity: all ok" in markdown and "## Models" in markdown and "engine_step_sampled_ms" in markdown
+    assert "## parity: ok" in markdown and "## torch_parity: ok" in markdown and "## decode: ok" in markdown
+    assert "whole decode step" in markdown
+
+
+def test_gpu_check_killed_after_parity_leaves_a_readable_report(tmp_path):
+    cmd, env = script("--smoke", "--out", str(tmp_path))
+    proc = subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)  # its own group: the kill takes the torch child too
+    report = tmp_path / "gpu_check.json"
+    try:
+        deadline = time.monotonic() + 600
+        while time.monotonic() < deadline and proc.poll() is None:
+            if report.exists() and json.loads(report.read_text())["sections"].get("parity", {}).get("status") == "ok":
+                break
+            time.sleep(0.2)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    results = json.loads(report.read_text())  # written atomically: never half a file
+    assert list(results["sections"])[0] == "parity" and results["sections"]["parity"]["ok"]
+    assert "elapsed_s" not in results and (tmp_path / "gpu_check.md").exists()
 
 
 def test_gpu_check_refuses_a_full_run_without_gpu(tmp_path):

@@ -1,0 +1,44 @@
+"""benchmarks/gpu_check.py's full (GPU) schedule, simulated on a CPU: the decode and models
+sections run their real item lists and budget checks with every compile taking its recorded
+deviceless time (RECORDED_COMPILE_S) on a simulated clock; the run must end within 8 minutes
+and keep the priorities: all of pallas-fused / pallas decode, xla at B=1 and 8, then the
+slow XLA compiles only if they fit."""
+from __future__ import annotations
+
+import types
+
+from benchmarks import gpu_check as g
+from rwkv7_core.config import named_config
+
+NAMES = {named_config(n): n for n in ("1.5b", "2.9b")}
+ROOFLINE = {"copy_GBps": 4800.0, "bf16_matmul_TFLOPs": 600.0}
+BEFORE_DECODE_S = 10 + 55 + 5  # start-up, parity, roofline: the module docstring's estimates
+
+
+def test_cold_run_at_the_recorded_compile_speed_ends_within_8_minutes(monkeypatch):
+    now = [BEFORE_DECODE_S]
+
+    def measure_model(model, B, T, smoke, roofline):
+        config, kernels = model
+        compile_s = g.CompileClock.recorded(NAMES[config], kernels, B, T) or g.FIRST_COMPILE_GUESS_S
+        now[0] += compile_s + 2  # + the timed steps
+        return {"compile_s": compile_s, "step_ms": 1.0, "tok_s": B * T * 1e3, "launches": 1}
+
+    def measure_engine_step(model, B, smoke):
+        now[0] += 13 + 1
+        return {"engine_step_greedy_ms": 1.0, "engine_step_sampled_ms": 1.0}
+
+    monkeypatch.setattr(g, "time", types.SimpleNamespace(perf_counter=lambda: now[0]))
+    monkeypatch.setattr(g, "model_for", lambda config, dtype, kernels, device=None: (config, kernels))
+    monkeypatch.setattr(g, "measure_model", measure_model)
+    monkeypatch.setattr(g, "measure_engine_step", measure_engine_step)
+    budget, clock = g.Budget(g.TOTAL_BUDGET_S, start=0.0), g.CompileClock()
+    *_, decode = g.run_decode(False, False, ROOFLINE, budget, clock)
+    now[0] += g.DEVICELESS_S
+    *_, models = g.run_models(False, False, ROOFLINE, budget, clock)
+    assert now[0] <= 8 * 60 - 30, now[0]
+    ran = {(r["kernels"], r["B"]) for r in decode["rows"] if "tok_s" in r}
+    assert ran == {(k, B) for k in ("pallas-fused", "pallas") for B in g.DECODE_BATCHES} | {("xla", 1), ("xla", 8)}
+    assert all("engine_step_sampled_ms" in r for r in decode["engine"])
+    assert all(r["skipped"].startswith("time budget") for r in decode["rows"] + models["rows"] if "tok_s" not in r)
+    assert [r["model"] for r in models["rows"] if "tok_s" in r] == ["2.9b"]  # pallas-fused B=1
