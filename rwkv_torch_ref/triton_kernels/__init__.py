@@ -9,8 +9,9 @@ from __future__ import annotations
 
 from ..wkv import CoreParams, time_mix_core
 from . import wkv7_seq, wkv7_step
+from .interpreter import runtime_loops_broken
 
-__all__ = ["interpreted", "time_mix_core_triton", "wkv7_seq", "wkv7_step"]
+__all__ = ["interpreted", "runtime_loops_broken", "time_mix_core_triton", "wkv7_seq", "wkv7_step"]
 
 
 def interpreted() -> bool:

@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import time
+from importlib import metadata
 from pathlib import Path
 
 from rwkv_jax.deviceless import PLUGIN_DIR_ENV
@@ -25,6 +26,13 @@ KERNELS = {"pallas-interpret", "pallas-fused-interpret", "xla"}
 def script(*args) -> tuple[list, dict]:
     env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": str(ROOT), PLUGIN_DIR_ENV: PLUGIN_DIR}
     return [sys.executable, str(ROOT / "benchmarks" / "gpu_check.py"), *args], env
+
+
+def interpreter_cannot_loop() -> bool:
+    """Triton < 3.7 under numpy >= 2.5 (the GPU machine's stack): its interpreter cannot run
+    a runtime-bounded loop (rwkv_torch_ref.triton_kernels.interpreter)."""
+    version = lambda name: tuple(int(x) for x in metadata.version(name).split(".")[:2])  # noqa: E731
+    return version("triton") < (3, 7) and version("numpy") >= (2, 5)
 
 
 def run_script(*args, timeout=900):
@@ -45,9 +53,13 @@ def test_gpu_check_smoke_writes_a_complete_report(tmp_path):
     assert parity["ok"] and parity["kernels"] and parity["sparse"]
     assert {r["kernels"] for r in parity["models"]} == KERNELS and all(r["ok"] for r in parity["models"])
     torch_parity = sections["torch_parity"]  # the Triton kernels, interpreted on the CPU
-    assert torch_parity["ok"] and torch_parity["triton"].startswith("interpreted"), torch_parity
     pairs = {(p["kernels"], p["reference"]) for c in torch_parity["cases"] for p in c["pairs"]}
-    assert pairs == {("triton", "torch"), ("triton", "jax"), ("torch", "jax")}
+    assert torch_parity["ok"] and ("torch", "jax") in pairs, torch_parity
+    if interpreter_cannot_loop():  # the interpreted Triton pairs are skipped, saying why
+        assert torch_parity["triton"].startswith("skipped: triton") and len(pairs) == 1, torch_parity
+    else:
+        assert torch_parity["triton"].startswith("interpreted"), torch_parity
+        assert pairs == {("triton", "torch"), ("triton", "jax"), ("torch", "jax")}
     assert sections["roofline"]["copy_GBps"] > 0 and sections["roofline"]["bf16_matmul_TFLOPs"] > 0
     decode = sections["decode"]
     assert {r["kernels"] for r in decode["rows"]} == KERNELS

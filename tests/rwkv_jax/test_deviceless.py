@@ -95,6 +95,14 @@ def test_1_5b_decode_compiles(kernels, label):
         assert counts["rwkv7_wkv_step"] == 24 and counts["rwkv7_sparse_value_product"] == 24
 
 
+def test_1_5b_fused_decode_compiles():
+    """The fused decode path at B=1: ~8 launches a layer, registers reported, no spill."""
+    result = compile_ok("1.5b", "pallas-fused", "1x1", ptxas=True)
+    counts = result.report.launch_counts("rwkv7")
+    assert counts["rwkv7_wkv_tail"] == 24 and counts["rwkv7_shift_mix"] == 48, counts
+    assert len(result.report.launches) < 10 * 24, len(result.report.launches)
+
+
 @pytest.mark.parametrize("kernels", ["pallas", "xla"])
 def test_1_5b_odd_prefill_compiles(kernels):
     compile_ok("1.5b", kernels, "1x17")

@@ -14,9 +14,9 @@ import torch
 import rwkv_torch_ref
 from rwkv_torch_ref.triton_kernels import wkv7_seq, wkv7_step
 from rwkv_torch_ref.wkv import CoreParams
-from tests.rwkv_torch_ref.triton_interpreter import RUNTIME_LOOPS_BROKEN
+from rwkv_torch_ref.triton_kernels import runtime_loops_broken
 
-needs_runtime_loops = pytest.mark.skipif(RUNTIME_LOOPS_BROKEN is not None, reason=str(RUNTIME_LOOPS_BROKEN))
+needs_runtime_loops = pytest.mark.skipif(runtime_loops_broken() is not None, reason=str(runtime_loops_broken()))
 
 B, H, N, STEPS = 2, 2, 64, 64
 TOL = 2e-5
