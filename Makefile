@@ -67,6 +67,7 @@ test-gpu-stack: .venv-gpu/.installed
 	touch $@
 
 smoke-newest: .venv-newest/.installed
+	mkdir -p build
 	.venv-newest/bin/python -c 'import jax, numpy; print("newest stack: jax", jax.__version__, "numpy", numpy.__version__)'
 	.venv-newest/bin/rwkv7-generate --random-model tiny-world --input rwkv7_apps/data/example_prompts.jsonl \
 		--output build/newest_demo_out.jsonl --max-tokens 8
