@@ -41,7 +41,7 @@ demo: .venv/.installed
 	@echo "outputs: /tmp/rwkv7_demo_out.jsonl  metrics: /tmp/rwkv7_demo_metrics.json  plot: /tmp/rwkv7_demo_run.png"
 
 test: .venv/.installed .venv/cuda-plugin/.installed
-	$(call TEST_ENV,.venv) .venv/bin/python -m pytest -n 2 -q tests
+	$(call TEST_ENV,.venv) .venv/bin/python -m pytest -n 2 -q --durations=25 tests
 
 # -- the GPU machine's stack --------------------------------------------------------------
 .venv-gpu/.installed: pyproject.toml
@@ -54,7 +54,7 @@ test: .venv/.installed .venv/cuda-plugin/.installed
 	touch $@
 
 test-gpu-stack: .venv-gpu/.installed
-	$(call TEST_ENV,.venv-gpu) .venv-gpu/bin/python -m pytest -n 2 -q tests
+	$(call TEST_ENV,.venv-gpu) .venv-gpu/bin/python -m pytest -n 2 -q --durations=25 tests
 
 # -- newest jax on Python 3.12: install, demo, the deviceless 1.5b decode compile -----------
 .venv-newest/.installed: pyproject.toml
