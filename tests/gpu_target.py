@@ -19,3 +19,10 @@ def engine(config, dtype: str, kernels: str):
 
 def sharding():
     return deviceless.target_device(H200, plugin_dir=PLUGIN_DIR)
+
+
+def assert_pallas_resources_reported(report) -> None:
+    """ptxas ran and gave registers for every Pallas kernel: a blind report must fail, not pass."""
+    assert report.ptxas_error is None, report.ptxas_error
+    pallas = [k for k in report.kernels if k.name.startswith("rwkv7")]
+    assert pallas and all(k.registers for k in pallas), [k.as_dict() for k in pallas if not k.registers]

@@ -14,7 +14,7 @@ import pytest
 from rwkv7_core import named_config
 from rwkv7_core.state import state_shapes
 from rwkv_jax import deviceless
-from tests.gpu_target import H200, engine
+from tests.gpu_target import H200, assert_pallas_resources_reported, engine
 from tests.shapes import ODD_CONFIG
 
 CONFIGS = {"tiny": named_config("tiny"), "odd": ODD_CONFIG, "1.5b": named_config("1.5b")}
@@ -33,10 +33,8 @@ def compile_ok(shape: str, kernels: str, label: str, dtype: str = "bfloat16", pt
     assert result.ok, result.error
     assert result.report.launches
     assert deviceless.resource_problems(result.report, H200, no_spill=True) == []
-    if ptxas:  # registers reported for every Pallas kernel: a blind report must fail, not pass
-        assert result.report.ptxas_error is None, result.report.ptxas_error
-        pallas = [k for k in result.report.kernels if k.name.startswith("rwkv7")]
-        assert pallas and all(k.registers for k in pallas), [k.as_dict() for k in pallas]
+    if ptxas:
+        assert_pallas_resources_reported(result.report)
     return result
 
 
