@@ -1,5 +1,7 @@
 # Set-up and checks. `make demo` runs the main job on a random-weight model; `make test` runs
-# the test suite on the pinned stack; `make ci` runs what CI runs (every stack, see below).
+# the whole test suite on the pinned stack; `make ci` runs what CI runs (every stack, see below:
+# the whole suite on the GPU machine's stack, and on the pinned stack all but the slow tests
+# marked `single_stack`, whose stack-sensitive parts other tests cover).
 # Each stack lives in its own virtual environment, created on first use.
 #
 #   stack   Python  jax             CUDA compile plugin  torch / triton           venv
@@ -15,6 +17,9 @@ NVCC := nvidia-cuda-nvcc==13.5.37
 # tests and rwkv7-gpu-compile; kept outside each environment (pip --target) so that plain
 # runs never see them.
 PLUGIN = $(1)/cuda-plugin
+# pytest's selection for `make test` (CI: PYTEST_SELECT='-m "not single_stack"').
+PYTEST_SELECT ?=
+PYTEST = -m pytest -n 2 --dist worksteal -q --durations=25
 TEST_ENV = JAX_PLATFORMS=cpu RWKV7_CUDA_PLUGIN_DIR=$(abspath $(call PLUGIN,$(1)))
 WHEELHOUSE := build/wheelhouse
 
@@ -41,7 +46,7 @@ demo: .venv/.installed
 	@echo "outputs: /tmp/rwkv7_demo_out.jsonl  metrics: /tmp/rwkv7_demo_metrics.json  plot: /tmp/rwkv7_demo_run.png"
 
 test: .venv/.installed .venv/cuda-plugin/.installed
-	$(call TEST_ENV,.venv) .venv/bin/python -m pytest -n 2 -q --durations=25 tests
+	$(call TEST_ENV,.venv) .venv/bin/python $(PYTEST) $(PYTEST_SELECT) tests
 
 # -- the GPU machine's stack --------------------------------------------------------------
 .venv-gpu/.installed: pyproject.toml
@@ -54,7 +59,7 @@ test: .venv/.installed .venv/cuda-plugin/.installed
 	touch $@
 
 test-gpu-stack: .venv-gpu/.installed
-	$(call TEST_ENV,.venv-gpu) .venv-gpu/bin/python -m pytest -n 2 -q --durations=25 tests
+	$(call TEST_ENV,.venv-gpu) .venv-gpu/bin/python $(PYTEST) tests
 
 # -- newest jax on Python 3.12: install, demo, the deviceless 1.5b decode compile -----------
 .venv-newest/.installed: pyproject.toml
@@ -94,7 +99,8 @@ test-offline: wheelhouse
 # -- everything CI runs, each stage timed -----------------------------------------------------
 CI_STAGES := smoke-newest test-offline test-gpu-stack test
 ci:
-	@for stage in $(CI_STAGES); do start=$$(date +%s); $(MAKE) --no-print-directory $$stage || exit 1; \
+	@for stage in $(CI_STAGES); do start=$$(date +%s); \
+		$(MAKE) --no-print-directory $$stage PYTEST_SELECT='-m "not single_stack"' || exit 1; \
 		echo "== make $$stage: $$(( $$(date +%s) - start )) s"; done
 
 bench: .venv/.installed

@@ -14,6 +14,8 @@ import time
 from importlib import metadata
 from pathlib import Path
 
+import pytest
+
 from rwkv_jax.deviceless import PLUGIN_DIR_ENV
 from tests.gpu_target import PLUGIN_DIR
 
@@ -40,6 +42,7 @@ def run_script(*args, timeout=900):
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, cwd=ROOT)
 
 
+@pytest.mark.single_stack
 def test_gpu_check_smoke_writes_a_complete_report(tmp_path):
     result = run_script("--smoke", "--out", str(tmp_path))
     assert result.returncode == 0, result.stderr[-3000:]
@@ -80,6 +83,7 @@ def test_gpu_check_smoke_writes_a_complete_report(tmp_path):
     assert "whole decode step" in markdown
 
 
+@pytest.mark.single_stack
 def test_gpu_check_killed_after_parity_leaves_a_readable_report(tmp_path):
     cmd, env = script("--smoke", "--out", str(tmp_path))
     proc = subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,

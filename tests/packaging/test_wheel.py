@@ -39,6 +39,7 @@ def test_wheel_holds_every_project_package_and_nothing_else(wheel):
     assert not any(n.startswith(("tests/", "benchmarks/")) for n in names)
 
 
+@pytest.mark.single_stack
 def test_plain_install_runs_generate(wheel, tmp_path):
     env_dir = tmp_path / "venv"
     venv.create(env_dir, with_pip=True)

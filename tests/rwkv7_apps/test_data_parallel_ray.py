@@ -82,6 +82,7 @@ def test_ray_local_matches_one_process(tiny_ckpt, model, tmp_path):
     assert len(replicas) == 2 and all(r["requests"] > 0 and r["failed"] is None for r in replicas)
 
 
+@pytest.mark.single_stack
 def test_killed_actor_and_killed_driver_lose_nothing(cluster, tiny_ckpt, model, tmp_path):
     _a_killed_actor_has_its_requests_rerun(cluster, tiny_ckpt, model, tmp_path / "actor")
     _driver_sigkill_then_rerun_resumes(cluster, tiny_ckpt, model, tmp_path / "driver")

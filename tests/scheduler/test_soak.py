@@ -5,6 +5,7 @@ from __future__ import annotations
 import gc
 
 import numpy as np
+import pytest
 
 from scheduler import Scheduler, SchedulerConfig
 from scheduler.sketch import RELATIVE_ERROR, LogHistogram
@@ -14,6 +15,7 @@ N = 1_000_000
 GROWTH_LIMIT = 50 * 2**20
 
 
+@pytest.mark.single_stack
 def test_a_million_requests_in_flat_memory():
     scheduler = Scheduler(CountingEngine(), SchedulerConfig(max_batch=256))
     rss = {}
