@@ -20,7 +20,11 @@ PLUGIN = $(1)/cuda-plugin
 # pytest's selection for `make test` (CI: PYTEST_SELECT='-m "not single_stack"').
 PYTEST_SELECT ?=
 PYTEST = -m pytest -n 2 --dist worksteal -q --durations=25
-TEST_ENV = JAX_PLATFORMS=cpu RWKV7_CUDA_PLUGIN_DIR=$(abspath $(call PLUGIN,$(1)))
+# Tests share one JAX compilation cache per stack (in-process compiles and every CLI
+# subprocess): the same tiny-model executables are compiled by many tests.
+TEST_ENV = JAX_PLATFORMS=cpu RWKV7_CUDA_PLUGIN_DIR=$(abspath $(call PLUGIN,$(1))) \
+	JAX_COMPILATION_CACHE_DIR=$(abspath $(1)/jax-cache) JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=0 \
+	JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES=0
 WHEELHOUSE := build/wheelhouse
 
 .PHONY: demo test test-gpu-stack smoke-newest test-offline wheelhouse ci bench clean

@@ -17,6 +17,12 @@ def cache_dir() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "rwkv7"
 
 
+def compile_cache_dir() -> Path:
+    """JAX's persistent compilation cache: $JAX_COMPILATION_CACHE_DIR (JAX's own variable) when
+    set, else cache_dir()/jax."""
+    return Path(os.environ.get("JAX_COMPILATION_CACHE_DIR") or cache_dir() / "jax")
+
+
 def random_model_names() -> list[str]:
     """The named shapes, plus NAME-world for those whose vocabulary is not the World one."""
     return sorted(NAMED_CONFIGS) + sorted(f"{n}-world" for n, c in NAMED_CONFIGS.items()
@@ -73,7 +79,7 @@ def load_engines(backend: str, path: str | os.PathLike, dtype: str, kernels: str
         import rwkv_jax
         from rwkv_jax.engine import JaxEngine
 
-        rwkv_jax.enable_compilation_cache(cache_dir() / "jax")  # reruns and resumed runs skip compiling
+        rwkv_jax.enable_compilation_cache(compile_cache_dir())  # reruns and resumed runs skip compiling
         first = rwkv_jax.load(path, dtype=dtype, kernels=kernels, device=devices[0])
         models = [first] + [rwkv_jax.Model(first.params, first.config, first.dtype, first.kernels,
                                            rwkv_jax.local_device(d)) for d in devices[1:]]
