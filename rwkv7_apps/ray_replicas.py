@@ -138,9 +138,10 @@ class RayReplicaSet(ReplicaSet):
         replica.guard.raised, replica.guard.worst_streak = report["raised"], report["worst_streak"]
         replica.scheduler.waiting = set(report["unstarted"]) | {p["id"] for p in replica.scheduler.pending}
         for request_id, token in report["tokens"]:
-            self._dispatch(("token", replica.index, request_id, token), on_token, on_finish)
+            self._dispatch(("token", replica.index, request_id, token), on_token, None, on_finish)
         for fields in report["finished"]:
-            self._dispatch(("finish", replica.index, fields["id"], RequestOutput(**fields)), on_token, on_finish)
+            self._dispatch(("finish", replica.index, fields["id"], RequestOutput(**fields)), on_token, None,
+                           on_finish)
         if report["failed"] is not None and replica.failed is None:
             self._lose(replica, report["failed"])
 
