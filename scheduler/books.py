@@ -14,7 +14,7 @@ from collections import deque
 
 from rwkv7_core.sampling import SamplingParams
 
-from .request import Request, RequestState, final_state
+from .request import Request, RequestOutput, RequestState, final_state
 
 
 class Entry:
@@ -43,6 +43,14 @@ class Entry:
         self.cancel_requested = False
         self.slot = -1
         self.forks: list[Entry] = []  # requests sharing this one's prefill (add_group)
+
+    def output(self) -> RequestOutput:
+        """The result of a final entry."""
+        return RequestOutput(id=self.id, tokens=self.tokens, finish_reason=self.reason, error=self.error,
+                             prompt_tokens=len(self.prompt) or len(self.request.prompt_tokens),
+                             generated_tokens=len(self.tokens), arrival_time=self.arrival,
+                             first_token_time=self.first_token_time, finish_time=self.times[self.state],
+                             final_state=self.final_state)
 
 
 class Books:

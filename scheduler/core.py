@@ -401,14 +401,10 @@ class Scheduler:
     def _report_finals(self) -> None:
         """Hand every final request's output over (``on_finish`` or ``results``) and forget it."""
         for entry in self._books.take_finals():
-            out = RequestOutput(id=entry.id, tokens=entry.tokens, finish_reason=entry.reason, error=entry.error,
-                                prompt_tokens=len(entry.prompt) or len(entry.request.prompt_tokens),
-                                generated_tokens=len(entry.tokens), arrival_time=entry.arrival,
-                                first_token_time=entry.first_token_time, finish_time=entry.times[entry.state],
-                                final_state=entry.final_state)
+            out = entry.output()
             self.stats.record_request(RequestRecord(
                 entry.id, out.prompt_tokens, entry.cached_tokens, entry.prefill_seconds, out.ttft,
-                out.generated_tokens, entry.reason, out.arrival_time, out.finish_time))
+                out.generated_tokens, out.finish_reason, out.arrival_time, out.finish_time))
             self._books.forget(entry)
             if self._on_finish is not None:
                 self._on_finish(out)

@@ -6,7 +6,7 @@ import pytest
 
 from scheduler import (Request, RequestState, SamplingParams, Scheduler, SchedulerConfig, bucket_ladder,
                        generate)
-from scheduler.testing import FakeEngine, reference_decode
+from tests.support.scheduler_engines import FakeEngine, reference_decode
 
 V = 64
 
