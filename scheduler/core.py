@@ -139,11 +139,6 @@ class Scheduler:
         """A request's state now; None once its result is handed over (or for an unknown id)."""
         return self._books.state(request_id)
 
-    @property
-    def live_count(self) -> int:
-        """Rows decoding now."""
-        return self._books.running
-
     def unstarted(self) -> list[str]:
         """Ids of requests still WAITING (e.g. after ``should_stop`` ended a run)."""
         return self._books.unstarted()
