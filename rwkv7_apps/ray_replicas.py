@@ -89,7 +89,9 @@ class _RemoteGuard:
 
 class RayReplicaSet(ReplicaSet):
     """ReplicaSet over Ray actors; see the module docstring. ``vocab_size`` and ``tokenizer``
-    come from the actors' model."""
+    come from the actors' model. It drives rwkv7-generate only (``add``, ``cancel``,
+    ``unstarted``, ``run`` without ``on_logprobs`` / ``serve_until``, ``stats``): its actors
+    have no ``add_group``, ``score``, ``queue_sizes`` or ``precompile`` yet."""
 
     def __init__(self, actors: list, devices: list[str], config, vocab_size: int, notify=None):
         from types import SimpleNamespace
