@@ -5,8 +5,6 @@ two replicas (torch, tiny model)."""
 from __future__ import annotations
 
 import inspect
-import threading
-import time
 
 import numpy as np
 import pytest
@@ -14,7 +12,7 @@ import pytest
 from rwkv7_apps.replicas import ReplicaSet, build_replica_set
 from scheduler import Request, SamplingParams, Scheduler, SchedulerConfig
 from scheduler.interface import SchedulerInterface
-from tests.rwkv7_apps.serve_harness import free_port
+from tests.rwkv7_apps.serve_harness import in_process_server
 
 METHODS = [n for n, v in vars(SchedulerInterface).items() if inspect.isfunction(v) and not n.startswith("_")]
 ATTRIBUTES = ["config", "tokenizer", "results", "engine", "stats"]
@@ -47,8 +45,6 @@ def test_each_implementation_has_every_attribute_of_the_interface(tiny_ckpt):
 def replica_server(tiny_ckpt):
     """A real server over two torch replicas; yields (OpenAI client, one bare engine)."""
     openai = pytest.importorskip("openai")
-    import uvicorn
-
     from rwkv7_apps.engines import load_engine
     from rwkv7_apps.serve.cli import build_app
     from rwkv7_apps.serve.generation import Limits
@@ -56,19 +52,8 @@ def replica_server(tiny_ckpt):
     engines = [load_engine("torch", tiny_ckpt, kernels="torch") for _ in range(2)]
     rset = build_replica_set(engines, ["cpu-a", "cpu-b"], SchedulerConfig(max_batch=4))
     app, service = build_app(rset, "m", {"max_tokens": 8}, Limits(64, 16), lambda: True)
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    service.start()
-    thread.start()
-    try:
-        while not server.started:
-            time.sleep(0.05)
-        yield openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="x", max_retries=0), engines[0]
-    finally:
-        server.should_exit = True
-        thread.join(timeout=10)
-        service.stop()
+    with in_process_server(app, service) as url:
+        yield openai.OpenAI(base_url=url, api_key="x", max_retries=0), engines[0]
 
 
 def test_replica_server_gives_n_choices_each_equal_to_its_seed_alone(replica_server):
