@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 import rwkv7_apps.generate as cli
-from scheduler.testing import CountingEngine, rss_bytes
+from tests.support.scheduler_engines import CountingEngine, rss_bytes
 
 RESULTS = Path(__file__).resolve().parent / "results" / "resume_bench.json"
 

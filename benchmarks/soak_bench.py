@@ -1,13 +1,14 @@
 """Memory over a long job: RSS against requests processed (10k ... 1M) through the scheduler
-on the zero-cost CountingEngine (scheduler.testing.soak: at most 512 requests in flight,
+on the zero-cost CountingEngine (tests/support/scheduler_engines.py ``soak``: at most 512 requests in flight,
 every result checked on arrival, as the batch command streams them).
 
-    python benchmarks/soak_bench.py --label after            # this checkout
-    python benchmarks/soak_bench.py --label main --requests 1000000
+    PYTHONPATH=. python benchmarks/soak_bench.py --label after            # this checkout
+    PYTHONPATH=. python benchmarks/soak_bench.py --label main --requests 1000000
 
 Each run adds (or replaces) its label's row in benchmarks/results/soak_rss.json and prints
-the table. The "main" row was measured on a copy of main with this branch's
-scheduler/testing.py dropped in (main's scheduler has no CountingEngine).
+the table. The "main" row was measured on a copy of main with that branch's
+scheduler/testing.py (now tests/support/scheduler_engines.py) dropped in (main's scheduler
+had no CountingEngine).
 """
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ from pathlib import Path
 
 import scheduler as scheduler_module
 from scheduler import Scheduler, SchedulerConfig
-from scheduler.testing import CountingEngine, rss_bytes, soak
+from tests.support.scheduler_engines import CountingEngine, rss_bytes, soak
 
 RESULTS = Path(__file__).resolve().parent / "results" / "soak_rss.json"
 CHECKPOINTS = (10_000, 100_000, 250_000, 500_000, 1_000_000)

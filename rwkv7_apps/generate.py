@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from rwkv7_core.tokenizer import WORLD_VOCAB_SIZE, tokenizer_for
+from scheduler.interface import SchedulerInterface
 
 from .engines import cache_dir, engine_device, load_engine, load_engines, random_model_path, replica_devices
 from .jsonl_io import InputError, InputRequest, ResultWriter, error_record, read_requests
@@ -225,9 +226,9 @@ def _main(argv: list[str] | None) -> int:
         return _run(args, sched, sched.tokenizer, writer, states)
 
 
-def _schedulers(parser, args, model_path: Path):
+def _schedulers(parser, args, model_path: Path) -> SchedulerInterface:
     """One Scheduler, a ReplicaSet over the local devices, or Ray actors (``--data-parallel``,
-    ``--ray``); exits 2 with a clear message when the model or an option does not work."""
+    ``--ray``), all driven through the scheduler interface; exits 2 with a clear message when the model or an option does not work."""
     from scheduler import Scheduler
 
     from .replicas import Fault, build_replica_set
@@ -276,7 +277,7 @@ def _prefix_store(args, model_path: Path, engine):
     return DiskPrefixStore(args.prefix_cache_dir, int(args.prefix_cache_disk_mb * 2**20), fingerprint)
 
 
-def _run(args, sched, tokenizer, writer: ResultWriter, states: RunStates | None = None) -> int:
+def _run(args, sched: SchedulerInterface, tokenizer, writer: ResultWriter, states: RunStates | None = None) -> int:
     """Stream the input into the scheduler (at most ``2 * max_batch`` requests queued or in
     flight, so memory stays flat and TTFT measures service, not the file's length), write each
     result as it finishes, then report."""

@@ -89,7 +89,9 @@ class _RemoteGuard:
 
 class RayReplicaSet(ReplicaSet):
     """ReplicaSet over Ray actors; see the module docstring. ``vocab_size`` and ``tokenizer``
-    come from the actors' model."""
+    come from the actors' model. It drives rwkv7-generate only (``add``, ``cancel``,
+    ``unstarted``, ``run`` without ``on_logprobs`` / ``serve_until``, ``stats``): its actors
+    have no ``add_group``, ``score``, ``queue_sizes`` or ``precompile`` yet."""
 
     def __init__(self, actors: list, devices: list[str], config, vocab_size: int, notify=None):
         from types import SimpleNamespace
@@ -138,9 +140,10 @@ class RayReplicaSet(ReplicaSet):
         replica.guard.raised, replica.guard.worst_streak = report["raised"], report["worst_streak"]
         replica.scheduler.waiting = set(report["unstarted"]) | {p["id"] for p in replica.scheduler.pending}
         for request_id, token in report["tokens"]:
-            self._dispatch(("token", replica.index, request_id, token), on_token, on_finish)
+            self._dispatch(("token", replica.index, request_id, token), on_token, None, on_finish)
         for fields in report["finished"]:
-            self._dispatch(("finish", replica.index, fields["id"], RequestOutput(**fields)), on_token, on_finish)
+            self._dispatch(("finish", replica.index, fields["id"], RequestOutput(**fields)), on_token, None,
+                           on_finish)
         if report["failed"] is not None and replica.failed is None:
             self._lose(replica, report["failed"])
 

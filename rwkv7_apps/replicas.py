@@ -1,18 +1,18 @@
 """Data-parallel replicas on one host: one engine + scheduler per device, driven as one.
 
-``ReplicaSet`` has the surface of ``scheduler.Scheduler`` that rwkv7-generate drives
-(``add``, ``cancel``, ``unstarted``, ``run``, ``config.max_batch``, ``engine.vocab_size``,
-``stats``), so the command's one writer, resume, locking and signal handling
-stay as they are.
+``ReplicaSet`` implements the scheduler interface (``scheduler.interface.SchedulerInterface``),
+so rwkv7-generate (its one writer, resume, locking and signal handling) and rwkv7-serve
+drive it as they drive one scheduler.
 
 - Threads: each replica runs its ``Scheduler.run`` in its own thread ("replica-i"); every
-  callback (``on_token``, ``on_finish``) and every ``add`` happens in the thread that calls
-  ``ReplicaSet.run``, so the caller's state needs no locks. When a run ends with nothing
+  callback (``on_token``, ``on_logprobs``, ``on_finish``) happens in the thread that calls
+  ``ReplicaSet.run``; ``add``, ``add_group`` and ``cancel`` may come from any thread. When a run ends with nothing
   left to do (all delivered, stopped, or every replica failed) the set closes: it wakes
   its threads and joins them (``join_seconds`` in all), so none is still inside the engine
   when the process exits; one that does not end in time is reported through ``notify``.
-- Routing: a new request goes to the healthy replica with the least outstanding work
-  (prompt tokens not yet prefilled + tokens still to generate).
+- Routing: a new request (or a whole ``add_group`` group, which shares one prefill) goes to
+  the healthy replica with the least outstanding work (prompt tokens not yet prefilled +
+  tokens still to generate); ``score`` runs on any healthy replica.
 - Failure: a replica whose engine raises ``MAX_FAILURES`` times in a row (per engine call
   kind), or whose thread dies, is taken out; its queued and in-flight requests re-run on
   the others from their prompts. A request that failed because its engine raised re-runs
@@ -182,6 +182,8 @@ class ReplicaSet:
         self._tracks: dict[str, _Track] = {}       # request id -> track
         self._internal: dict[str, _Track] = {}     # scheduler-side id -> track
         self._events: queue.SimpleQueue = queue.SimpleQueue()
+        self._lock = threading.RLock()  # the tracks and routing: adds come from any thread
+        self.results: dict[str, Any] = {}
         self._stopping = False
         self._closing = False
 
@@ -194,30 +196,67 @@ class ReplicaSet:
 
     def add(self, request) -> None:
         """Route a request to the healthy replica with the least outstanding work."""
-        if request.id in self._tracks:
-            raise ValueError(f"duplicate request id {request.id!r}")
-        track = _Track(request)
-        self._tracks[request.id] = track
-        self._route(track)
+        with self._lock:
+            track = self._new_tracks([request])[0]
+            self._route(track)
+
+    def add_group(self, requests) -> None:
+        """Route requests sharing one prompt (``Scheduler.add_group``) to one replica, the
+        least loaded; a retried member re-runs alone."""
+        with self._lock:
+            replica = self._least_loaded()
+            tracks = self._new_tracks(requests)
+            try:
+                replica.scheduler.add_group([self._assign(t, replica) for t in tracks])
+            except ValueError:
+                for t in tracks:
+                    self._release(t)
+                    del self._tracks[t.request.id]
+                raise
+            replica.wake.set()
 
     def cancel(self, request_id: str) -> None:
-        track = self._tracks.get(request_id)
-        if track is not None and track.replica is not None:
-            track.replica.scheduler.cancel(track.internal_id)
+        with self._lock:
+            track = self._tracks.get(request_id)
+            if track is not None and track.replica is not None:
+                track.replica.scheduler.cancel(track.internal_id)
+
+    def score(self, tokens):
+        """The prompt's own token logprobs (``Scheduler.score``), on the first healthy replica."""
+        with self._lock:
+            healthy = self._healthy()
+        if not healthy:
+            raise AllReplicasFailed(self._failure_summary())
+        return healthy[0].scheduler.score(tokens)
+
+    def queue_sizes(self) -> dict[str, int]:
+        """Every healthy replica's ``queue_sizes`` summed."""
+        sizes = [r.scheduler.queue_sizes() for r in self._healthy()]
+        return {k: sum(s[k] for s in sizes) for k in ("waiting", "prefill", "ready", "running")}
+
+    def precompile(self) -> None:
+        """Each replica's ``Scheduler.precompile``."""
+        for r in self._healthy():
+            r.scheduler.precompile()
 
     def unstarted(self) -> list[str]:
         """Ids still waiting on a healthy replica."""
-        out = []
-        for r in self._healthy():
-            out += [self._internal[i].request.id for i in r.scheduler.unstarted() if i in self._internal]
-        return out
+        with self._lock:
+            out = []
+            for r in self._healthy():
+                out += [self._internal[i].request.id for i in r.scheduler.unstarted() if i in self._internal]
+            return out
 
     def run(self, on_token: Callable[[str, int], None] | None = None,
             on_finish: Callable[[Any], None] | None = None,
-            should_stop: Callable[[], bool] | None = None) -> None:
+            should_stop: Callable[[], bool] | None = None,
+            on_logprobs: Callable[[str, Any], None] | None = None,
+            serve_until: Callable[[], bool] | None = None) -> None:
         """Drive every replica until each added request is reported (``Scheduler.run``'s
-        contract, callbacks in this thread). Raises AllReplicasFailed when none is left."""
+        contract, callbacks in this thread; without ``on_finish`` the outputs collect in
+        ``results``). Raises AllReplicasFailed when none is left."""
         self._stopping = self._closing = False
+        callbacks = (on_token, on_logprobs, on_finish or (lambda out: self.results.__setitem__(out.id, out)))
         for r in self.replicas:
             if r.failed is None and (r.thread is None or not r.thread.is_alive()):
                 r.thread = threading.Thread(target=self._serve, args=(r,), name=f"replica-{r.index}", daemon=True)
@@ -231,10 +270,10 @@ class ReplicaSet:
                 try:
                     event = self._events.get(timeout=0.05)
                 except queue.Empty:
-                    if self._finished():
+                    if self._finished() and (serve_until is None or serve_until()):
                         return
                     continue
-                self._dispatch(event, on_token, on_finish)
+                self._dispatch(event, *callbacks)
         finally:
             if not self._tracks or self._stopping or not self._healthy():
                 self._close()
@@ -243,12 +282,23 @@ class ReplicaSet:
     def _healthy(self) -> list[Replica]:
         return [r for r in self.replicas if r.failed is None]
 
-    def _route(self, track: _Track, avoid: Replica | None = None) -> None:
+    def _new_tracks(self, requests) -> list[_Track]:
+        ids = [r.id for r in requests]
+        if len(set(ids)) < len(ids) or any(i in self._tracks for i in ids):
+            raise ValueError(f"duplicate request id among {ids!r}")
+        tracks = [_Track(r) for r in requests]
+        self._tracks.update((t.request.id, t) for t in tracks)
+        return tracks
+
+    def _least_loaded(self, avoid: Replica | None = None) -> Replica:
         healthy = self._healthy()
         if not healthy:
             raise AllReplicasFailed(self._failure_summary())
         candidates = [r for r in healthy if r is not avoid] or healthy
-        replica = min(candidates, key=lambda r: (r.work, r.index))
+        return min(candidates, key=lambda r: (r.work, r.index))
+
+    def _assign(self, track: _Track, replica: Replica):
+        """Account ``track`` to ``replica``; the request to add there (retries get a new id)."""
         if track.attempts:
             track.internal_id = f"{track.request.id}~retry{track.attempts}"
         track.prompt_left = len(track.request.prompt_tokens)
@@ -256,9 +306,12 @@ class ReplicaSet:
         track.replica, track.raised_at = replica, replica.guard.raised
         replica.work += track.work
         self._internal[track.internal_id] = track
-        request = track.request if track.internal_id == track.request.id \
+        return track.request if track.internal_id == track.request.id \
             else dataclasses.replace(track.request, id=track.internal_id)
-        replica.scheduler.add(request)
+
+    def _route(self, track: _Track, avoid: Replica | None = None) -> None:
+        replica = self._least_loaded(avoid=avoid)
+        replica.scheduler.add(self._assign(track, replica))
         replica.wake.set()
 
     def _release(self, track: _Track) -> None:
@@ -278,7 +331,8 @@ class ReplicaSet:
                     return
                 replica.scheduler.run(on_token=lambda rid, tok: put(("token", index, rid, tok)),
                                       on_finish=lambda out: put(("finish", index, out.id, out)),
-                                      should_stop=lambda: self._stopping or replica.failed is not None)
+                                      should_stop=lambda: self._stopping or replica.failed is not None,
+                                      on_logprobs=lambda rid, scored: put(("logprobs", index, rid, scored)))
         except BaseException as e:  # noqa: BLE001 - a dying replica is reported, not raised
             replica.death = f"its thread died: {type(e).__name__}: {e}"
             put(("died", index, None, None))  # the reason is replica.death
@@ -304,7 +358,11 @@ class ReplicaSet:
                             f"{self.join_seconds:g} s of closing the replica set")
 
     # ---- events ------------------------------------------------------------------------
-    def _dispatch(self, event, on_token, on_finish) -> None:
+    def _dispatch(self, event, on_token, on_logprobs, on_finish) -> None:
+        with self._lock:
+            self._dispatch_locked(event, on_token, on_logprobs, on_finish)
+
+    def _dispatch_locked(self, event, on_token, on_logprobs, on_finish) -> None:
         kind, index, internal_id, payload = event
         replica = self.replicas[index]
         if kind == "died":
@@ -314,6 +372,10 @@ class ReplicaSet:
         track = self._internal.get(internal_id)
         if track is None or track.replica is not replica or replica.failed is not None:
             return  # from a replica taken out, or a superseded attempt
+        if kind == "logprobs":
+            if on_logprobs is not None:
+                on_logprobs(track.request.id, payload)
+            return
         if kind == "token":
             if track.prompt_left:
                 replica.work -= track.prompt_left
@@ -343,6 +405,10 @@ class ReplicaSet:
 
     def _take_out(self, replica: Replica, reason: str) -> None:
         """Mark a replica failed and re-run its requests on the others from their prompts."""
+        with self._lock:
+            self._move_off(replica, reason)
+
+    def _move_off(self, replica: Replica, reason: str) -> None:
         replica.failed = reason
         replica.wake.set()
         moved = [t for t in self._tracks.values() if t.replica is replica]
@@ -360,6 +426,10 @@ class ReplicaSet:
 
     def _finished(self) -> bool:
         """No more results can come: all delivered, or (after a stop) only unstarted ones left."""
+        with self._lock:
+            return self._nothing_to_come()
+
+    def _nothing_to_come(self) -> bool:
         if not self._tracks:
             return True
         if not self._healthy():

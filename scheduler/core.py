@@ -1,17 +1,22 @@
 """The scheduler: prefill in a worker thread, bucketed batched decode in the caller's.
 
+The books are kept apart: ``Books`` (scheduler/books.py) holds every request's state and
+queue, ``SlotTable`` (scheduler/slots.py) the decode batch's slots, ``Prefill``
+(scheduler/prefill.py) the prompts in progress, reporting what each call produced. This
+module is the step loop that drives the engine and moves requests between them.
+
 Threads: ``run()`` drives decode steps in the calling thread; one prefill worker takes
 WAITING requests in arrival order, prefills them under ``prefill_lock`` (one prompt per
-call for SERIAL, flattened pieces for VARLEN; scheduler/prefill.py, using the prefix
-cache), draws each first token and hands the request over as READY.
-Every loop iteration of ``run()``: report finished/cancelled requests, admit READY requests
-(at most ``max_batch`` live rows), resize the batch to the smallest bucket holding the live
-rows plus the prompt in prefill (which joins soon: no shrink-then-grow) if that differs
-from the current one (compacting live slots to the front; compiling a new bucket first
-unless precompiled; a shrink to a bucket not compiled yet only when it saves more decode
-time than the compile costs, ``config.shrink_pays``), insert the admitted rows into free
-slots, run one engine step, and account the drawn tokens. MIXED has no worker and runs prompt chunks inside the decode
-step.
+call for SERIAL, flattened pieces for VARLEN; using the prefix cache), draws each first
+token and hands the request over as READY.
+Every loop iteration of ``run()``: report final requests, apply cancels, admit READY
+requests (at most ``max_batch`` live rows), resize the batch to the smallest bucket holding
+the live rows plus the prompts in prefill (which join soon: no shrink-then-grow) if that
+differs from the current one (compacting live slots to the front; compiling a new bucket
+first unless precompiled; a shrink to a bucket not compiled yet only when it saves more
+decode time than the compile costs, ``config.shrink_pays``), insert the admitted rows into
+free slots, run one engine step, and account the drawn tokens. MIXED has no worker and runs
+prompt chunks inside the decode step.
 Serving: ``run(serve_until=...)`` keeps waiting for new requests (added from any thread)
 instead of returning when idle; ``add_group`` prefills one prompt once for several
 requests (n choices), each then decoding its own copy of the row; requests with
@@ -27,51 +32,22 @@ from __future__ import annotations
 
 import threading
 import time
-from collections import deque
-from typing import Callable, Mapping, Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
 from rwkv7_core.engine import Capability, Engine, check_capabilities
-from rwkv7_core.sampling import NONFINITE_TOKEN, SamplingParams, TokenLogprobs
+from rwkv7_core.sampling import NONFINITE_TOKEN, TokenLogprobs
 
+from .books import Books, Entry
 from .config import PrefillPolicy, SchedulerConfig, bucket_for, shrink_pays
-from .prefill import Prefill, check_engine_supports
+from .prefill import PiecesFailed, Prefill, PrefillReport, check_engine_supports
 from .prefix_cache import PrefixCache
 from .prefix_disk import DiskPrefixStore
-from .request import Request, RequestOutput, RequestState, final_state
+from .request import Request, RequestOutput, RequestState
+from .slots import SlotTable
 from .stats import BucketSwitch, CompileEvent, RequestRecord, Stats
-
-_NO_TOKEN = -2  # padding in the per-slot stop-token table
-
-
-class _Entry:
-    """Scheduler-side bookkeeping of one request."""
-
-    def __init__(self, request: Request, arrival: float):
-        self.id = request.id
-        self.request = request
-        self.params: SamplingParams | None = None
-        self.prompt: list[int] = []
-        self.initial = request.initial_state
-        self.state = RequestState.WAITING
-        self.times = {RequestState.WAITING: arrival}
-        self.arrival = arrival
-        self.tokens: list[int] = []
-        self.row = None
-        self.first_token: int | None = None
-        self.first_token_time: float | None = None
-        self.last_emit = 0.0  # perf_counter of its newest token (inter-token gaps)
-        self.cached_tokens = 0
-        self.prefill_seconds: float | None = None
-        self.error: str | None = None
-        self.cancel_requested = False
-        self.slot = -1
-        self.forks: list[_Entry] = []  # requests sharing this one's prefill (add_group)
-
-    def set_state(self, state: RequestState) -> None:
-        self.state = state
-        self.times[state] = time.perf_counter()
+from .validation import validated
 
 
 class Scheduler:
@@ -97,17 +73,9 @@ class Scheduler:
         self.stats = Stats(self.config.stats_records)
         self.results: dict[str, RequestOutput] = {}
         self.prefill_lock = threading.Lock()
-        self._prefix = (PrefixCache(self.config.prefix_cache_bytes, prefix_store)
-                        if self.config.prefix_cache_bytes or prefix_store is not None else None)
+        self._books = Books()
+        self._slots = SlotTable()
         self._seed_rng = np.random.default_rng()
-        self._cond = threading.Condition()
-        self._entries: dict[str, _Entry] = {}
-        self._waiting: deque[_Entry] = deque()   # guarded by _cond
-        self._ready: deque[_Entry] = deque()     # guarded by _cond
-        self._finals: deque[_Entry] = deque()    # final before reaching the batch; guarded by _cond
-        self._cancels: set[str] = set()          # guarded by _cond
-        self._prefilling = 0                     # guarded by _cond
-        self._live_count = 0                     # guarded by _cond (copy of the main thread's)
         self._admitting = True
         self._stop_worker = False
         self._compiled: set[int] = set()
@@ -115,14 +83,19 @@ class Scheduler:
         self._step_seconds: dict[int, float] = {}  # bucket -> recent decode step seconds
         self._prefill_compiled = False
         self._on_token = self._on_finish = self._on_logprobs = None
-        self._resize_slots(0, [])
         if Capability.REPORTS_COMPILES in engine.capabilities:
             engine.add_compile_listener(lambda what, start, seconds: self.stats.record_compile(
                 CompileEvent(start, what, seconds)))
         self._policy = self.config.prefill_policy
         check_engine_supports(engine, self._policy)
-        self._pieces = Prefill(engine, self._policy, self.config.chunk, self.stats, self._prefix,
-                               self.config.prefix_block)
+        prefix = (PrefixCache(self.config.prefix_cache_bytes, prefix_store)
+                  if self.config.prefix_cache_bytes or prefix_store is not None else None)
+        self._prefill = Prefill(engine, self._policy, self.config.chunk, self.stats, prefix,
+                                self.config.prefix_block)
+        self._logprobs_unsupported = None
+        if Capability.LOGPROBS not in engine.capabilities or self._policy is PrefillPolicy.MIXED:
+            self._logprobs_unsupported = (f"logprobs need an engine with {Capability.LOGPROBS} and a serial or "
+                                          f"varlen prefill ({type(engine).__name__}, {self._policy.value})")
 
     # ---- public API -------------------------------------------------------------------
     def add(self, request: Request) -> None:
@@ -130,12 +103,8 @@ class Scheduler:
         (reported by ``run``). The id of a request in flight or in ``results`` raises
         ValueError (ids handed to ``on_finish`` are forgotten, and may be reused)."""
         entry = self._new_entry(request)
-        with self._cond:
-            if not self._needs_prefill(entry):
-                self._finals.append(entry)
-            else:
-                self._waiting.append(entry)
-            self._cond.notify_all()
+        if self._needs_prefill(entry):
+            self._books.move(entry, RequestState.WAITING)
 
     def add_group(self, requests: Sequence[Request]) -> None:
         """Queue requests that share one prompt (e.g. the ``n`` choices of one completion):
@@ -144,21 +113,15 @@ class Scheduler:
         if (len({tuple(np.asarray(r.prompt_tokens).ravel().tolist()) for r in requests}) > 1
                 or any(r.initial_state is not requests[0].initial_state for r in requests)):
             raise ValueError("add_group needs requests with the same prompt_tokens and initial_state")
-        entries = [self._new_entry(r) for r in requests]
-        runnable = [e for e in entries if self._needs_prefill(e)]
-        with self._cond:
-            self._finals.extend(e for e in entries if e not in runnable)
-            if runnable:
-                runnable[0].forks = runnable[1:]
-                self._waiting.append(runnable[0])
-            self._cond.notify_all()
+        runnable = [e for e in [self._new_entry(r) for r in requests] if self._needs_prefill(e)]
+        if runnable:
+            runnable[0].forks = runnable[1:]
+            self._books.move(runnable[0], RequestState.WAITING)
 
-    def queue_sizes(self) -> dict[str, int]:
-        """{"waiting", "prefill", "ready", "running"}: requests in each state now (any thread)."""
-        with self._cond:
-            waiting = len(self._waiting) + sum(len(e.forks) for e in self._waiting)
-            return {"waiting": waiting, "prefill": self._prefilling, "ready": len(self._ready),
-                    "running": self._live_count}
+    def cancel(self, request_id: str) -> None:
+        """Cancel a request (any thread). A waiting one is dropped at once; a running one
+        leaves the batch before the next step. Finishes with finish_reason "cancelled"."""
+        self._books.cancel(request_id)
 
     def score(self, tokens: Sequence[int]) -> TokenLogprobs:
         """The prompt's own token logprobs (``Logprobs.prompt_logprobs``: N = len(tokens) - 1),
@@ -168,47 +131,30 @@ class Scheduler:
         with self.prefill_lock:
             return self.engine.prompt_logprobs(np.asarray(tokens, np.int32))
 
-    @staticmethod
-    def _needs_prefill(entry: _Entry) -> bool:
-        """Valid, and something to draw (or a final state to return)."""
-        return entry.error is None and (entry.params.max_tokens > 0 or entry.request.return_state)
+    def queue_sizes(self) -> dict[str, int]:
+        """{"waiting", "prefill", "ready", "running"}: requests in each state now (any thread)."""
+        return self._books.queue_sizes()
 
-    def _new_entry(self, request: Request) -> _Entry:
-        """A registered, validated entry (``error`` set when invalid)."""
-        if request.id in self._entries or request.id in self.results:
-            raise ValueError(f"duplicate request id {request.id!r}")
-        entry = _Entry(request, time.perf_counter())
-        self._entries[request.id] = entry
-        try:
-            entry.params, entry.prompt = self._validated(request)
-        except (ValueError, TypeError) as e:
-            entry.error = f"invalid request: {e}"
-        return entry
-
-    def cancel(self, request_id: str) -> None:
-        """Cancel a request (any thread). A waiting one is dropped at once; a running one
-        leaves the batch before the next step. Finishes with finish_reason "cancelled"."""
-        with self._cond:
-            entry = self._entries.get(request_id)
-            if entry is None or entry.state.is_final:
-                return
-            if entry.state is RequestState.WAITING and entry in self._waiting and not entry.forks:
-                self._waiting.remove(entry)
-                entry.cancel_requested = True
-                self._finals.append(entry)
-            else:
-                self._cancels.add(request_id)
-            self._cond.notify_all()
-
-    @property
-    def live_count(self) -> int:
-        """Rows decoding now."""
-        return self._live_count
+    def state(self, request_id: str) -> RequestState | None:
+        """A request's state now; None once its result is handed over (or for an unknown id)."""
+        return self._books.state(request_id)
 
     def unstarted(self) -> list[str]:
         """Ids of requests still WAITING (e.g. after ``should_stop`` ended a run)."""
-        with self._cond:
-            return [f.id for e in self._waiting for f in [e, *e.forks]]
+        return self._books.unstarted()
+
+    def precompile(self) -> None:
+        """Compile every bucket and the prefill shapes of the policy (once; ``run`` does it
+        first when ``config.precompile``)."""
+        self._ensure_compiled(self.config.buckets)
+        if self._prefill_compiled:
+            return
+        start = time.perf_counter()
+        seconds = self._prefill.precompile(self.config.buckets)
+        if Capability.REPORTS_COMPILES not in self.engine.capabilities:
+            for what, s in seconds.items():
+                self.stats.record_compile(CompileEvent(start, what, s))
+        self._prefill_compiled = True
 
     def run(self, on_token: Callable[[str, int], None] | None = None,
             on_finish: Callable[[RequestOutput], None] | None = None,
@@ -227,115 +173,118 @@ class Scheduler:
         self._admitting = True
         self._stop_worker = False
         if self.config.precompile:
-            self._ensure_compiled(self.config.buckets)
-            self._precompile_prefill()
+            self.precompile()
+        books = self._books
         worker = threading.Thread(target=None if self._policy is PrefillPolicy.MIXED else self._prefill_worker,
                                   name="prefill", daemon=True)
         worker.start()
         try:
             while True:
                 if self._admitting and should_stop is not None and should_stop():
-                    with self._cond:
+                    with books.cond:
                         self._admitting = False
                 self._report_finals()
                 self._apply_cancels()
                 admitted = self._take_ready()
                 if self._policy is PrefillPolicy.MIXED:
                     self._start_pieces()
-                if not self._live and not admitted and not self._mixed_work():
-                    with self._cond:
+                if not self._slots.holders and not admitted and not self._mixed_work():
+                    with books.cond:
                         if self._idle() and (serve_until is None or serve_until()):
                             break
-                        self._cond.wait_for(lambda: self._ready or self._finals or self._cancels,
-                                            timeout=0.05)
+                        books.cond.wait_for(lambda: books.ready or books.finals or books.cancels, timeout=0.05)
                     continue
                 self._decode_step(admitted)
         finally:
-            with self._cond:
+            with books.cond:
                 self._stop_worker = True
-                self._cond.notify_all()
+                books.cond.notify_all()
             worker.join()
             self._report_finals()
 
-    # ---- validation -------------------------------------------------------------------
-    def _validated(self, request: Request) -> tuple[SamplingParams, list[int]]:
-        params = request.params
-        if isinstance(params, Mapping):
-            params = SamplingParams.from_dict(params)
-        if not isinstance(params, SamplingParams):
-            raise TypeError(f"params must be SamplingParams or a dict, got {type(params).__name__}")
-        vocab = self.engine.vocab_size
-        params.validate(vocab)
-        if params.stop and self.tokenizer is None:
-            raise ValueError("stop strings need a tokenizer (Scheduler(tokenizer=...))")
-        if params.logprobs is not None and (Capability.LOGPROBS not in self.engine.capabilities
-                                            or self._policy is PrefillPolicy.MIXED):
-            raise ValueError(f"logprobs need an engine with {Capability.LOGPROBS} and a serial or varlen "
-                             f"prefill ({type(self.engine).__name__}, {self._policy.value})")
-        prompt = np.asarray(request.prompt_tokens)
-        if prompt.ndim != 1 or prompt.size == 0:
-            raise ValueError("prompt_tokens is empty" if prompt.size == 0
-                             else f"prompt_tokens must be a flat list, got shape {prompt.shape}")
-        if prompt.dtype.kind not in "iu":
-            raise ValueError(f"prompt_tokens must be integers, got {prompt.dtype}")
-        bad = np.flatnonzero((prompt < 0) | (prompt >= vocab))
-        if bad.size:
-            raise ValueError(f"prompt token {int(prompt[bad[0]])} at position {int(bad[0])} is "
-                             f"outside the vocabulary [0, {vocab})")
-        if params.seed is None:
-            params = params.replace(seed=int(self._seed_rng.integers(2**32)))
-        return params, prompt.tolist()
+    # ---- entering -----------------------------------------------------------------------
+    def _new_entry(self, request: Request) -> Entry:
+        """A tracked, validated entry; an invalid one is final ("error") at once."""
+        if self._books.state(request.id) is not None or request.id in self.results:
+            raise ValueError(f"duplicate request id {request.id!r}")
+        entry = Entry(request, time.perf_counter())
+        self._books.track(entry)
+        try:
+            entry.params, entry.prompt = validated(request, self.engine.vocab_size, self.tokenizer,
+                                                   self._logprobs_unsupported)
+        except (ValueError, TypeError) as e:
+            entry.error = f"invalid request: {e}"
+            self._books.finish(entry, "error")
+            return entry
+        if entry.params.seed is None:
+            entry.params = entry.params.replace(seed=int(self._seed_rng.integers(2**32)))
+        return entry
+
+    def _needs_prefill(self, entry: Entry) -> bool:
+        """Valid, and something to draw (or a final state to return); else final now."""
+        if entry.state.is_final:
+            return False
+        if entry.params.max_tokens > 0 or entry.request.return_state:
+            return True
+        self._books.finish(entry, "length")
+        return False
 
     # ---- prefill (scheduler/prefill.py) ----------------------------------------------
     def _can_start(self) -> bool:
         """A waiting request may start prefill: admissions are open and the batch has room
-        for it beside the live, ready and prefilling ones (caller holds _cond)."""
-        return bool(self._admitting and self._waiting and self._live_count + len(self._ready)
-                    + self._prefilling < self.config.max_batch)
+        for it beside the live, ready and prefilling ones (caller holds the books' cond)."""
+        books = self._books
+        return bool(self._admitting and books.waiting and books.running + len(books.ready)
+                    + books.prefilling < self.config.max_batch)
 
     def _prefill_worker(self) -> None:
         """SERIAL / VARLEN / AUTO: prefill calls beside decode, until the run ends."""
+        books = self._books
         while True:
-            with self._cond:
-                self._cond.wait_for(lambda: self._stop_worker or self._pieces or self._can_start(),
-                                    timeout=0.05)
+            with books.cond:
+                books.cond.wait_for(lambda: self._stop_worker or self._prefill or self._can_start(), timeout=0.05)
                 if self._stop_worker:
                     return
             self._start_pieces()
-            if self._pieces:
+            if self._prefill:
                 with self.prefill_lock:
-                    self._pieces.run()
-                self._hand_over_pieces()
+                    report = self._prefill.run()
+                self._hand_over(report)
 
     def _mixed_work(self) -> bool:
-        return self._policy is PrefillPolicy.MIXED and len(self._pieces) > 0
+        return self._policy is PrefillPolicy.MIXED and len(self._prefill) > 0
 
     def _start_pieces(self) -> None:
         """Move waiting requests into the prefill queue while it wants more."""
-        with self._cond:
-            while self._pieces.wants_more() and self._can_start():
-                entry = self._waiting.popleft()
-                entry.set_state(RequestState.PREFILL)
-                self._prefilling += 1
-                self._pieces.add(entry)
-        self._hand_over_pieces()
+        books = self._books
+        with books.cond:
+            while self._prefill.wants_more() and self._can_start():
+                entry = books.waiting[0]
+                books.move(entry, RequestState.PREFILL)
+                failed = self._prefill.add(entry)
+                if failed is not None:
+                    self._hand_over(PrefillReport([failed], None, [], 0, 0))
 
-    def _hand_over_pieces(self, only_for: PrefillPolicy | None = None) -> None:
-        """Prompts the prefill queue finished (or failed) become READY. Only the thread
-        running the pieces calls this (``only_for`` names that policy)."""
-        if (only_for is not None and self._policy is not only_for) or not self._pieces.completed:
-            return
-        done, self._pieces.completed = self._pieces.completed, []
-        forks = [fork for entry in done for fork in self._forked(entry)]
-        with self._cond:
-            self._prefilling -= len(done)
-            for entry in done + forks:
-                if entry.error is None:
-                    entry.set_state(RequestState.READY)
-                self._ready.append(entry)
-            self._cond.notify_all()
+    def _hand_over(self, report: PrefillReport) -> None:
+        """Apply what a prefill call produced: its stats; each finished prompt (and its
+        group's forks) READY, each failed one final."""
+        for record in report.pieces:
+            self.stats.record_prefill(record)
+        if report.call is not None:
+            self.stats.record_prefill_call(report.call)
+        self.stats.record_prefix_lookups(report.hits, report.misses)
+        for done in report.done:
+            entry = done.entry
+            entry.row, entry.first_token, entry.first_token_time = done.row, done.first_token, done.first_token_time
+            entry.cached_tokens, entry.prefill_seconds, entry.error = (done.cached_tokens, done.prefill_seconds,
+                                                                      done.error)
+            for member in [entry, *self._forked(entry)]:
+                if member.error is None:
+                    self._books.move(member, RequestState.READY)
+                else:
+                    self._books.finish(member, "error")
 
-    def _forked(self, entry: _Entry) -> list[_Entry]:
+    def _forked(self, entry: Entry) -> list[Entry]:
         """The forks of a prefilled entry, each holding the shared row (engines copy a row on
         insert, never alias it) and the first token drawn with its own params."""
         forks, entry.forks = entry.forks, []
@@ -348,76 +297,61 @@ class Scheduler:
                 fork.first_token_time = time.perf_counter()
         return forks
 
-    # ---- main-thread bookkeeping ------------------------------------------------------
+    # ---- run-thread bookkeeping -------------------------------------------------------
     def _idle(self) -> bool:
-        """Nothing left to do in this run (caller holds _cond)."""
-        return (not self._ready and not self._finals and not self._prefilling and not self._live
-                and not (self._admitting and self._waiting))
-
-    def _report_finals(self) -> None:
-        with self._cond:
-            finals, self._finals = list(self._finals), deque()
-        for entry in finals:
-            self._finish(entry, self._final_reason(entry) or "length")  # "length": max_tokens == 0
-
-    @staticmethod
-    def _final_reason(entry: _Entry) -> str | None:
-        """"error" or "cancelled" for an entry that failed or was cancelled before decoding."""
-        if entry.error is not None:
-            return "error"
-        return "cancelled" if entry.cancel_requested else None
+        """Nothing left to do in this run (caller holds the books' cond)."""
+        books = self._books
+        return (not books.ready and not books.finals and not books.prefilling and not self._slots.holders
+                and not (self._admitting and books.waiting))
 
     def _apply_cancels(self) -> None:
-        if not self._cancels:
+        if not self._books.cancels:
             return
-        with self._cond:
-            ids, self._cancels = self._cancels, set()
-        for request_id in ids:
-            entry = self._entries.get(request_id)
-            if entry is None:  # it finished meanwhile
-                continue
+        for entry in self._books.take_cancels():
             if entry.state is RequestState.RUNNING:
                 self._finish(entry, "cancelled")
-            elif not entry.state.is_final:
+            else:
                 entry.cancel_requested = True  # finished when it comes out of prefill
-        with self._cond:
-            self._live_count = len(self._live)
-            self._cond.notify_all()
 
-    def _take_ready(self) -> list[_Entry]:
-        """Pop READY entries that fit in max_batch; account their first tokens."""
-        admitted: list[_Entry] = []
-        room = self.config.max_batch - len(self._live)
+    def _take_ready(self) -> list[Entry]:
+        """READY entries that fit in max_batch, first tokens accounted (those that ended on
+        it, or were cancelled meanwhile, made final)."""
+        books = self._books
+        admitted: list[Entry] = []
+        room = self.config.max_batch - len(self._slots)
         while len(admitted) < room:
-            with self._cond:
-                if not self._ready:
+            with books.cond:
+                if not books.ready:
                     break
-                entry = self._ready.popleft()
-            reason = self._final_reason(entry)
-            if reason is not None:
-                self._finish(entry, reason)
-            elif self._accept_first(entry) is None:
+                entry = books.ready[0]
+            if entry.cancel_requested:
+                self._finish(entry, "cancelled")
+            elif not self._ended_on_first(entry):
+                books.move(entry, RequestState.RUNNING)
                 admitted.append(entry)
         return admitted
 
-    def _accept_first(self, entry: _Entry) -> str | None:
-        """Account the first token; returns the finish reason if the request ended."""
+    def _ended_on_first(self, entry: Entry) -> bool:
+        """Account the first token; True (and the entry final) if the request ended."""
         token = entry.first_token
         if token == NONFINITE_TOKEN:
             entry.error = "non-finite logits"
-            return self._finish(entry, "error")
-        if entry.params.max_tokens == 0:  # prefilled only for its final state
-            return self._finish(entry, "length")
-        if token in entry.params.stop_tokens:
-            return self._finish(entry, "stop", stop_token=True)
-        self._emit(entry, token)
-        if len(entry.tokens) >= entry.params.max_tokens:
-            return self._finish(entry, "length")
-        if entry.params.stop and self._stop_string_hit(entry):
-            return self._finish(entry, "stop")
-        return None
+            self._finish(entry, "error")
+        elif entry.params.max_tokens == 0:  # prefilled only for its final state
+            self._finish(entry, "length")
+        elif token in entry.params.stop_tokens:
+            self._finish(entry, "stop", stop_token=True)
+        else:
+            self._emit_first(entry, token)
+            if len(entry.tokens) >= entry.params.max_tokens:
+                self._finish(entry, "length")
+            elif entry.params.stop and self._stop_string_hit(entry):
+                self._finish(entry, "stop")
+            else:
+                return False
+        return True
 
-    def _emit(self, entry: _Entry, token: int) -> None:
+    def _emit_first(self, entry: Entry, token: int) -> None:
         """The first token (drawn after prefill, scored on the row's logits if asked)."""
         entry.tokens.append(token)
         entry.last_emit = time.perf_counter()
@@ -426,7 +360,7 @@ class Scheduler:
         if self._on_token is not None:
             self._on_token(entry.id, token)
 
-    def _stop_string_hit(self, entry: _Entry) -> bool:
+    def _stop_string_hit(self, entry: Entry) -> bool:
         """True when a stop string ends within the text of the newest tokens."""
         stops = entry.params.stop
         window = 4 * max(len(s) for s in stops) + 2  # a token holds >= 1 byte, a char <= 4
@@ -436,40 +370,20 @@ class Scheduler:
             return False
         return any(s in text for s in stops)
 
-    def _finish(self, entry: _Entry, reason: str, stop_token: bool = False) -> str:
-        """Make a request final (``stop_token``: it ended on a stop token, which the state
-        has not consumed and never will)."""
-        final = None
+    def _finish(self, entry: Entry, reason: str, stop_token: bool = False) -> None:
+        """Make a READY or RUNNING request final (``stop_token``: it ended on a stop token,
+        which the state has not consumed and never will); its row and slot are freed."""
         if entry.request.return_state and reason in ("length", "stop"):
             try:
-                final = self._final_state(entry, pending=bool(entry.tokens) and not stop_token)
+                entry.final_state = self._final_state(entry, pending=bool(entry.tokens) and not stop_token)
             except Exception as e:
                 entry.error, reason = f"reading the final state failed: {type(e).__name__}: {e}", "error"
-        slot = entry.slot
-        if slot >= 0:
-            self._slot_entry[slot] = None
-            self._live_mask[slot] = False
-            del self._live[entry.id]
-            entry.slot = -1
-        state = final_state(reason)
-        entry.set_state(state)
+        if entry.slot >= 0:
+            self._slots.remove(entry)
         entry.row = None
-        out = RequestOutput(id=entry.id, tokens=entry.tokens, finish_reason=reason, error=entry.error,
-                            prompt_tokens=len(entry.prompt) or len(entry.request.prompt_tokens),
-                            generated_tokens=len(entry.tokens), arrival_time=entry.arrival,
-                            first_token_time=entry.first_token_time, finish_time=entry.times[state],
-                            final_state=final)
-        self.stats.record_request(RequestRecord(
-            entry.id, out.prompt_tokens, entry.cached_tokens, entry.prefill_seconds, out.ttft,
-            out.generated_tokens, reason, out.arrival_time, out.finish_time))
-        del self._entries[entry.id]
-        if self._on_finish is not None:
-            self._on_finish(out)
-        else:
-            self.results[entry.id] = out
-        return reason
+        self._books.finish(entry, reason)
 
-    def _final_state(self, entry: _Entry, pending: bool):
+    def _final_state(self, entry: Entry, pending: bool):
         """Host row after the prompt and every emitted token: the slot's (or, before the batch,
         the prefill row's) state, run through the last emitted token when it is ``pending``
         (drawn but not yet fed: every finish but a stop token's)."""
@@ -479,45 +393,20 @@ class Scheduler:
                 row = self.engine.prefill(np.array(entry.tokens[-1:], np.int32), row)
         return self.engine.to_host(row)
 
+    def _report_finals(self) -> None:
+        """Hand every final request's output over (``on_finish`` or ``results``) and forget it."""
+        for entry in self._books.take_finals():
+            out = entry.output()
+            self.stats.record_request(RequestRecord(
+                entry.id, out.prompt_tokens, entry.cached_tokens, entry.prefill_seconds, out.ttft,
+                out.generated_tokens, out.finish_reason, out.arrival_time, out.finish_time))
+            self._books.forget(entry)
+            if self._on_finish is not None:
+                self._on_finish(out)
+            else:
+                self.results[entry.id] = out
+
     # ---- batch ------------------------------------------------------------------------
-    def _resize_slots(self, bucket: int, keep: list[int]) -> None:
-        """Fresh per-slot host arrays for ``bucket`` slots; the entry in slot keep[i] moves
-        to slot i with its last token."""
-        old_entries = getattr(self, "_slot_entry", [])
-        old_tok = getattr(self, "_tok", None)
-        old_emit = getattr(self, "_last_emit", None)
-        self._slot_entry: list[_Entry | None] = [None] * bucket
-        self._tok = np.zeros(bucket, np.int32)
-        self._pos = np.zeros(bucket, np.int32)
-        self._remaining = np.zeros(bucket, np.int64)
-        self._stops = np.full((bucket, 1), _NO_TOKEN, np.int32)
-        self._has_stop_str = np.zeros(bucket, bool)
-        self._wants_logprobs = np.zeros(bucket, bool)
-        self._live_mask = np.zeros(bucket, bool)
-        self._last_emit = np.zeros(bucket, np.float64)
-        self._live: dict[str, _Entry] = {}
-        for i, s in enumerate(keep):
-            self._place(old_entries[s], i, int(old_tok[s]))
-            self._last_emit[i] = old_emit[s]
-
-    def _place(self, entry: _Entry, slot: int, last_token: int) -> None:
-        p = entry.params
-        entry.slot = slot
-        self._slot_entry[slot] = entry
-        self._live[entry.id] = entry
-        self._live_mask[slot] = True
-        self._tok[slot] = last_token
-        self._last_emit[slot] = entry.last_emit
-        self._pos[slot] = len(entry.tokens)
-        self._remaining[slot] = p.max_tokens - len(entry.tokens)
-        if len(p.stop_tokens) > self._stops.shape[1]:
-            pad = np.full((len(self._stops), len(p.stop_tokens) - self._stops.shape[1]), _NO_TOKEN, np.int32)
-            self._stops = np.concatenate([self._stops, pad], axis=1)
-        self._stops[slot] = _NO_TOKEN
-        self._stops[slot, :len(p.stop_tokens)] = p.stop_tokens
-        self._has_stop_str[slot] = bool(p.stop)
-        self._wants_logprobs[slot] = p.logprobs is not None
-
     def _ensure_compiled(self, buckets) -> None:
         todo = [b for b in buckets if b not in self._compiled]
         if not todo:
@@ -530,120 +419,101 @@ class Scheduler:
                 self.stats.record_compile(CompileEvent(start, f"bucket {b}", seconds[b]))
         self._compiled.update(todo)
 
-
-    def _precompile_prefill(self) -> None:
-        """Once per scheduler: the prefill shapes the policy uses (so no compile mid-run)."""
-        if self._prefill_compiled:
-            return
-        start = time.perf_counter()
-        seconds = self._pieces.precompile(self.config.buckets)
-        if Capability.REPORTS_COMPILES not in self.engine.capabilities:
-            for what, s in seconds.items():
-                self.stats.record_compile(CompileEvent(start, what, s))
-        self._prefill_compiled = True
-
-    def _decode_step(self, admitted: list[_Entry]) -> None:
-        engine = self.engine
-        with self._cond:  # a prompt in prefill joins soon: keep room for it (no shrink-then-grow)
-            prefilling = self._prefilling
-        rows = min(len(self._live) + len(admitted) + prefilling, self.config.max_batch)
+    def _decode_step(self, admitted: list[Entry]) -> None:
+        engine, slots = self.engine, self._slots
+        with self._books.cond:  # a prompt in prefill joins soon: keep room for it (no shrink-then-grow)
+            prefilling = self._books.prefilling
+        rows = min(len(slots) + len(admitted) + prefilling, self.config.max_batch)
         target = self._target_bucket(rows, admitted)
+        report = None
         try:
-            if target != len(self._slot_entry):
-                self._ensure_compiled([target])
-                keep = sorted(e.slot for e in self._live.values())
-                clock = self.stats.start_call()
-                engine.resize(keep, target)
-                self.stats.record_switch(BucketSwitch(clock[1], len(self._slot_entry), target, len(keep),
-                                                      self.stats.call_seconds(clock)))
-                self._resize_slots(target, keep)
-            free = iter(np.flatnonzero(~self._live_mask).tolist())
+            if target != slots.bucket:
+                self._resize(target)
+            free = iter(slots.free_slots())
             for entry in admitted:
                 slot = next(free)
                 engine.insert(slot, entry.row, entry.params)
                 entry.row = None
-                entry.set_state(RequestState.RUNNING)
-                self._place(entry, slot, entry.first_token)
-            with self._cond:
-                self._live_count = len(self._live)
+                slots.place(entry, slot, entry.first_token)
             clock = self.stats.start_call()
             scored = None
             if self._mixed_work():
-                out = np.asarray(self._pieces.mixed_step(self._tok, self._pos))
-            elif (self._wants_logprobs & self._live_mask).any():
-                out, scored = engine.step_logprobs(self._tok, self._pos)
+                out, report = self._prefill.mixed_step(slots.tokens, slots.positions)
+                out = np.asarray(out)
+            elif slots.any_wants_logprobs():
+                out, scored = engine.step_logprobs(slots.tokens, slots.positions)
             else:
-                out = np.asarray(engine.step(self._tok, self._pos))
+                out = np.asarray(engine.step(slots.tokens, slots.positions))
             seconds = self.stats.call_seconds(clock)
-        except Exception as e:  # fail this step's requests; the scheduler stays usable
-            self._fail_batch(admitted, f"engine step failed: {type(e).__name__}: {e}")
-            self._hand_over_pieces(PrefillPolicy.MIXED)
+        except PiecesFailed as e:
+            self._hand_over(e.report)
+            self._fail_batch(admitted, e.__cause__)
             return
-        self._hand_over_pieces(PrefillPolicy.MIXED)
-        self.stats.record_step(clock[1], target, len(self._live), engine.last_path, seconds)
+        except Exception as e:  # fail this step's requests; the scheduler stays usable
+            self._fail_batch(admitted, e)
+            return
+        if report is not None:
+            self._hand_over(report)
+        self.stats.record_step(clock[1], target, len(slots), engine.last_path, seconds)
         last = self._step_seconds.get(target)
         self._step_seconds[target] = seconds if last is None else 0.8 * last + 0.2 * seconds
         self._account(out, scored)
 
-    def _target_bucket(self, rows: int, admitted: list[_Entry]) -> int:
+    def _resize(self, target: int) -> None:
+        """Move the batch to bucket ``target`` (compiled first), live rows compacted to the front."""
+        self._ensure_compiled([target])
+        keep = self._slots.live_slots()
+        clock = self.stats.start_call()
+        self.engine.resize(keep, target)
+        self.stats.record_switch(BucketSwitch(clock[1], self._slots.bucket, target, len(keep),
+                                              self.stats.call_seconds(clock)))
+        self._slots.resize(target, keep)
+
+    def _target_bucket(self, rows: int, admitted: list[Entry]) -> int:
         """The smallest bucket holding ``rows``, unless that is a shrink to a bucket not yet
         compiled that would not pay for its compile (then the current bucket)."""
-        target, current = bucket_for(rows, self.config.buckets), len(self._slot_entry)
+        target, current = bucket_for(rows, self.config.buckets), self._slots.bucket
         if target >= current or target in self._compiled:
             return target
-        steps_left = max([int(self._remaining[self._live_mask].max(initial=0))]
-                         + [e.params.max_tokens - len(e.tokens) for e in admitted])
+        steps_left = max([self._slots.steps_left()] + [e.params.max_tokens - len(e.tokens) for e in admitted])
         if shrink_pays(current, target, self._step_seconds.get(current), steps_left,
                        self._bucket_compile_seconds):
             return target
         return current
 
-    def _fail_batch(self, admitted: list[_Entry], message: str) -> None:
-        failing = {**{e.id: e for e in admitted if not e.state.is_final}, **self._live}  # each once
+    def _fail_batch(self, admitted: list[Entry], error: BaseException) -> None:
+        """Every live and admitted request fails with ``error``; the next step starts a fresh batch."""
+        message = f"engine step failed: {type(error).__name__}: {error}"
+        failing = {**{e.id: e for e in admitted if not e.state.is_final}, **self._slots.holders}  # each once
         for entry in failing.values():
             entry.error = message
             self._finish(entry, "error")
-        self._resize_slots(0, [])  # the next step asks the engine for a fresh batch
-        with self._cond:
-            self._live_count = 0
-            self._cond.notify_all()
+        self._slots.resize(0, [])
 
     def _account(self, out: np.ndarray, scored: TokenLogprobs | None = None) -> None:
         """Consume one step's drawn tokens [bucket] (and their scores, when some row asked)."""
-        live = self._live_mask
-        nonfinite = out == NONFINITE_TOKEN
-        stop_hit = (out[:, None] == self._stops).any(axis=1)
-        emit = live & ~nonfinite & ~stop_hit
-        self._remaining -= emit
-        self._pos += 1
-        self._tok = np.where(out < 0, 0, out).astype(np.int32)
+        slots = self._slots
+        live = slots.live
+        drawn = slots.advance(out, NONFINITE_TOKEN, time.perf_counter())
+        self.stats.inter_token.add_many(drawn.gaps)
         tokens = out.tolist()
-        entries = self._slot_entry
+        entries = slots.entries
         on_token, on_logprobs = self._on_token, self._on_logprobs
-        emitted = np.flatnonzero(emit)
-        now = time.perf_counter()
-        self.stats.inter_token.add_many(now - self._last_emit[emitted])
-        self._last_emit[emitted] = now
-        for slot in emitted.tolist():
+        for slot in np.flatnonzero(drawn.emit).tolist():
             entry = entries[slot]
             entry.tokens.append(tokens[slot])
-            if scored is not None and on_logprobs is not None and self._wants_logprobs[slot]:
+            if scored is not None and on_logprobs is not None and slots.wants_logprobs[slot]:
                 on_logprobs(entry.id, scored.row(slot))
             if on_token is not None:
                 on_token(entry.id, tokens[slot])
-        stopped = live & stop_hit
-        for slot in np.flatnonzero(emit & self._has_stop_str).tolist():
+        stopped = live & drawn.stop_hit
+        for slot in np.flatnonzero(drawn.emit & slots.has_stop_str).tolist():
             stopped[slot] = self._stop_string_hit(entries[slot])
-        ended = live & (nonfinite | stopped | (self._remaining <= 0))
-        if not ended.any():
-            return
+        ended = live & (drawn.nonfinite | stopped | (slots.remaining <= 0))
         for slot in np.flatnonzero(ended).tolist():
             entry = entries[slot]
-            if nonfinite[slot]:
+            if drawn.nonfinite[slot]:
                 entry.error = "non-finite logits"
                 self._finish(entry, "error")
             else:
-                self._finish(entry, "stop" if stopped[slot] else "length", stop_token=bool(stop_hit[slot]))
-        with self._cond:
-            self._live_count = len(self._live)
-            self._cond.notify_all()
+                self._finish(entry, "stop" if stopped[slot] else "length", stop_token=bool(drawn.stop_hit[slot]))

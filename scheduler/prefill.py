@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from typing import Sequence
+from typing import Any, NamedTuple, Sequence
 
 import numpy as np
 
@@ -73,40 +73,70 @@ def _namespace(entry) -> str:
     return "" if entry.initial is None else entry.initial.key
 
 
+class Prefilled(NamedTuple):
+    """A prompt that left the prefill queue: its row and first token, or the error."""
+    entry: Any                       # the scheduler's record it was queued with
+    row: Any                         # the engine row after the prompt (None on error)
+    first_token: int | None
+    first_token_time: float | None   # perf_counter
+    cached_tokens: int               # prompt tokens served by the prefix cache
+    prefill_seconds: float | None    # queued -> first token
+    error: str | None
+
+
+class PrefillReport(NamedTuple):
+    """What one call (or one add) produced: the prompts it finished or failed, the kind of
+    engine call that succeeded ("serial", "varlen", "mixed"; None if none did), one
+    PrefillRecord per piece run, and the prefix-cache lookups made."""
+    done: list[Prefilled]
+    call: str | None
+    pieces: list[PrefillRecord]
+    hits: int
+    misses: int
+
+
+class PiecesFailed(Exception):
+    """A mixed step failed: ``report`` holds its pieces' prompts, failed."""
+
+    def __init__(self, report: PrefillReport):
+        super().__init__(report.done[0].error if report.done else "mixed step failed")
+        self.report = report
+
+
 class _Progress:
     """One prompt being prefilled in pieces: its first `done` tokens are in `row`."""
-    __slots__ = ("entry", "done", "row", "start_time", "looked_up")
+    __slots__ = ("entry", "done", "row", "start_time", "looked_up", "cached")
 
     def __init__(self, entry):
-        self.entry, self.done, self.row, self.looked_up = entry, 0, None, False
+        self.entry, self.done, self.row, self.looked_up, self.cached = entry, 0, None, False, 0
         self.start_time = time.perf_counter()
 
 
 class Prefill:
     """The prompts in progress and the calls that advance them (see the module docstring).
 
-    Entries are the scheduler's request records: read ``id``, ``prompt`` (list of ints),
-    ``params``, ``initial`` (an InitialState or None); written: ``row``, ``first_token``,
-    ``first_token_time``, ``cached_tokens``, ``prefill_seconds``, ``error``. Finished (or
-    failed) entries collect in ``completed`` for the scheduler to take. Stats count each
-    successful call by kind (serial, varlen, mixed) and get one PrefillRecord per piece; a
-    call's seconds (less the compiles it triggered) are shared among its pieces by token
-    count (in a mixed step the decode rows count as one token each, so only the pieces'
-    share counts as prefill).
+    Queued entries are the scheduler's request records, read only: ``id``, ``prompt`` (list
+    of ints), ``params``, ``initial`` (an InitialState or None). Each call returns a
+    PrefillReport of what it produced. ``clock``: the ``start_call`` / ``call_seconds`` pair
+    of ``scheduler.stats.Stats`` (compiles excluded); a call's seconds are shared among its
+    pieces by token count (in a mixed step the decode rows count as one token each, so only
+    the pieces' share counts as prefill).
     """
 
-    def __init__(self, engine, policy: PrefillPolicy, chunk: int, stats, prefix_cache=None,
+    def __init__(self, engine, policy: PrefillPolicy, chunk: int, clock, prefix_cache=None,
                  prefix_block: int = 64):
         if policy is PrefillPolicy.AUTO and Capability.VARLEN_PREFILL not in engine.capabilities:
             policy = PrefillPolicy.SERIAL
-        self.engine, self.policy, self.stats, self.cache = engine, policy, stats, prefix_cache
+        self.engine, self.policy, self.clock, self.cache = engine, policy, clock, prefix_cache
         self.prefix_block = prefix_block
         serial = policy is PrefillPolicy.SERIAL
         self.budget = None if serial else chunk
         self.max_pieces = 1 if serial else MAX_PIECES
         self.token_rows = None if serial else varlen_shape(chunk)
         self.queue: deque[_Progress] = deque()
-        self.completed: list = []
+        self._done: list[Prefilled] = []
+        self._pieces: list[PrefillRecord] = []
+        self._lookups = [0, 0]  # hits, misses
 
     def __len__(self) -> int:
         return len(self.queue)
@@ -131,26 +161,25 @@ class Prefill:
                 seconds[f"mixed:({b}, {self.token_rows})"] = self.engine.compile_mixed(b, self.token_rows)
         return seconds
 
-    def add(self, entry) -> None:
+    def add(self, entry) -> Prefilled | None:
         """Queue an entry (its prompt runs from the longest cached prefix, else from its
-        initial state)."""
+        initial state); the failure when its initial state does not load."""
         progress = _Progress(entry)
         if entry.initial is not None:
             try:
                 progress.row = self.engine.from_host(entry.initial.row)
             except Exception as e:
-                entry.error, entry.row = f"bad initial state: {type(e).__name__}: {e}", None
-                self.completed.append(entry)
-                return
+                return Prefilled(entry, None, None, None, 0, None, f"bad initial state: {type(e).__name__}: {e}")
         self.queue.append(progress)
+        return None
 
-    def run(self) -> None:
+    def run(self) -> PrefillReport:
         """One prefill call (SERIAL, VARLEN or AUTO) over the head of the queue."""
         taken, prompts, starts = self._take()
         serial = len(taken) == 1 and self.policy is not PrefillPolicy.VARLEN
         if not taken:  # every queued prompt was served whole by the prefix cache
-            return
-        clock = self.stats.start_call()
+            return self._report(None)
+        clock = self.clock.start_call()
         try:
             if serial:
                 rows = [self.engine.prefill(prompts[0], starts[0])]
@@ -158,38 +187,39 @@ class Prefill:
                 rows = self.engine.prefill_varlen(prompts, starts, self.token_rows)
         except Exception as e:  # those prompts fail; the queue goes on
             self._fail(taken, f"prefill failed: {type(e).__name__}: {e}")
-            return
-        self.stats.record_prefill_call((PrefillPolicy.SERIAL if serial else PrefillPolicy.VARLEN).value)
-        self._advance(taken, rows, clock[1], self.stats.call_seconds(clock), extra_rows=0)
+            return self._report(None)
+        self._advance(taken, rows, clock[1], self.clock.call_seconds(clock), extra_rows=0)
+        return self._report((PrefillPolicy.SERIAL if serial else PrefillPolicy.VARLEN).value)
 
-    def mixed_step(self, tokens: np.ndarray, positions: np.ndarray) -> np.ndarray:
-        """MIXED: ``Engine.step`` plus a chunk from the head of the queue; returns the drawn
-        tokens. On an engine error the pieces' prompts fail and the error propagates."""
+    def mixed_step(self, tokens: np.ndarray, positions: np.ndarray) -> tuple[np.ndarray, PrefillReport]:
+        """MIXED: ``Engine.step`` plus a chunk from the head of the queue; the drawn tokens
+        and the report. On an engine error: PiecesFailed (the pieces' prompts failed), from it."""
         taken, prompts, starts = self._take()
         if not taken:
-            return self.engine.step(tokens, positions)
-        clock = self.stats.start_call()
+            return self.engine.step(tokens, positions), self._report(None)
+        clock = self.clock.start_call()
         try:
             drawn, rows = self.engine.mixed_step(tokens, positions, prompts, starts, self.token_rows)
         except Exception as e:
             self._fail(taken, f"engine step failed: {type(e).__name__}: {e}")
-            raise
-        self.stats.record_prefill_call(PrefillPolicy.MIXED.value)
-        self._advance(taken, rows, clock[1], self.stats.call_seconds(clock), extra_rows=len(tokens))
-        return drawn
+            raise PiecesFailed(self._report(None)) from e
+        self._advance(taken, rows, clock[1], self.clock.call_seconds(clock), extra_rows=len(tokens))
+        return drawn, self._report(PrefillPolicy.MIXED.value)
 
+    def _report(self, call: str | None) -> PrefillReport:
+        report = PrefillReport(self._done, call, self._pieces, *self._lookups)
+        self._done, self._pieces, self._lookups = [], [], [0, 0]
+        return report
 
     # -- planning ------------------------------------------------------------------------
     def _look_up(self, progress: _Progress) -> None:
         entry = progress.entry
         progress.looked_up = True
         progress.done, host = self.cache.longest_prefix(entry.prompt, _namespace(entry))
+        self._lookups[0 if progress.done else 1] += 1
         if progress.done:
-            self.stats.prefix_hits += 1
             progress.row = self.engine.from_host(host)
-        else:
-            self.stats.prefix_misses += 1
-        entry.cached_tokens = progress.done
+        progress.cached = progress.done
         if progress.done == len(entry.prompt):  # the whole prompt was cached, logits too
             self.queue.remove(progress)
             self._complete(progress)
@@ -242,7 +272,7 @@ class Prefill:
             entry = progress.entry
             progress.done += n
             progress.row = row
-            self.stats.record_prefill(PrefillRecord(start, entry.id, n, seconds * n / total))
+            self._pieces.append(PrefillRecord(start, entry.id, n, seconds * n / total))
             if progress.done == self._boundary(progress) > 0:
                 self.cache.put(entry.prompt[:progress.done], self.engine.to_host(row), _namespace(entry))
             if progress.done == len(entry.prompt):
@@ -252,17 +282,14 @@ class Prefill:
                 self._complete(progress)
 
     def _complete(self, progress: _Progress) -> None:
-        """Draw the first token from the finished row and hand the entry over."""
+        """Draw the first token from the finished row."""
         entry = progress.entry
-        entry.row = progress.row
-        entry.first_token = int(self.engine.sample(progress.row, entry.params, 0))
-        entry.first_token_time = now = time.perf_counter()
-        entry.prefill_seconds = now - progress.start_time
-        self.completed.append(entry)
+        first = int(self.engine.sample(progress.row, entry.params, 0))
+        now = time.perf_counter()
+        self._done.append(Prefilled(entry, progress.row, first, now, progress.cached, now - progress.start_time,
+                                    None))
 
     def _fail(self, taken, message: str) -> None:
         for progress, _ in taken:
             self.queue.remove(progress)
-            progress.entry.error = message
-            progress.entry.row = None
-            self.completed.append(progress.entry)
+            self._done.append(Prefilled(progress.entry, None, None, None, progress.cached, None, message))

@@ -127,6 +127,12 @@ class Stats:
         with self._lock:
             self.prefill_calls[kind] = self.prefill_calls.get(kind, 0) + 1
 
+    def record_prefix_lookups(self, hits: int, misses: int) -> None:
+        """Prefix-cache lookups that found a cached prefix (``hits``) or none (``misses``)."""
+        with self._lock:
+            self.prefix_hits += hits
+            self.prefix_misses += misses
+
     def record_switch(self, switch: BucketSwitch) -> None:
         self.switches.append(switch)
 

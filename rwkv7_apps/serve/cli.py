@@ -1,7 +1,8 @@
 """``rwkv7-serve`` (also ``python -m rwkv7_apps.serve``): the OpenAI-compatible HTTP server.
 
 Loads the model, starts uvicorn at once (``/health`` answers 503 until ready), then (with
-``--precompile``) compiles every prefill piece and bucket, and starts the scheduler thread.
+``--precompile``) runs the scheduler's ``precompile`` (every bucket and the prefill shapes
+of its policy), starts the scheduler thread and reports ready.
 SIGINT/SIGTERM stop the server: open streams end, the scheduler thread stops.
 """
 from __future__ import annotations
@@ -58,8 +59,9 @@ def check_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
 
 def build_app(sched, model_name: str, defaults: dict, limits, ready, seed: int | None = None,
               api_key: str | None = None, max_body_bytes: int = 4 << 20):
-    """The ASGI app and its (not yet started) Service for a Scheduler; ``ready()`` gates
-    /health and the generation routes."""
+    """The ASGI app and its (not yet started) Service for ``sched`` (a
+    ``scheduler.interface.SchedulerInterface``); ``ready()`` gates /health and the generation
+    routes."""
     import numpy as np
 
     from .app import create_app
@@ -108,8 +110,7 @@ def main(argv: list[str] | None = None) -> int:
     def warm_up() -> None:
         try:
             if sched.config.precompile:
-                engine.compile_prefill()
-                engine.compile(sched.config.buckets)
+                sched.precompile()
         except Exception as e:  # cannot serve: stop the server (exit status 1)
             failed.append(e)
             logging.getLogger("rwkv7_serve").error("compiling failed: %s: %s", type(e).__name__, e)

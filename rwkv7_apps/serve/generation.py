@@ -70,7 +70,6 @@ class Job:
     choices: list[Choice]
     logprobs: int | None            # alternatives per token (None = no logprobs)
     echo: bool
-    max_tokens: int
     id: str = field(default_factory=lambda: uuid.uuid4().hex[:24])
     created: int = field(default_factory=lambda: int(time.time()))
 
@@ -111,7 +110,7 @@ def build_job(ctx: Context, body, kind: str) -> tuple[Job, list[list[Request]]]:
     engine = ctx.service.scheduler.engine
     if logprobs is not None and Capability.LOGPROBS not in engine.capabilities:
         raise APIError(400, f"logprobs are not supported by the {type(engine).__name__}", "logprobs")
-    job = Job(kind, body, prompts, texts, [], logprobs, echo, params.max_tokens)
+    job = Job(kind, body, prompts, texts, [], logprobs, echo)
     groups = []
     for p, tokens in enumerate(prompts):
         group = []
@@ -173,9 +172,8 @@ async def submit(ctx: Context, job: Job,
     if job.echo and job.logprobs is not None:
         scores = [await ctx.service.score(p) if len(p) > 1 else None for p in job.prompts]
     queue: asyncio.Queue = asyncio.Queue()
-    if job.max_tokens > 0:
-        for group in groups:
-            ctx.service.submit(group, shared_prompt=True, queue=queue)
+    for group in groups:
+        ctx.service.submit(group, shared_prompt=True, queue=queue)
     return queue, scores
 
 
@@ -189,15 +187,10 @@ async def events(ctx: Context, job: Job, queue: asyncio.Queue
                  ) -> AsyncIterator[list[tuple[Choice, str, bool, Token | None]]]:
     """Batches of (choice, text delta, finished, the Token drawn or None): each batch is every
     event available at one wake-up (so a stream sends one write per step; one choice may have
-    several tokens in it), until every choice is final. Choices with max_tokens 0 finish at once."""
+    several tokens in it), until every choice is final (the scheduler finishes max_tokens=0
+    choices at once, "length")."""
     by_id = {c.request_id: c for c in job.choices}
     pending = set(by_id)
-    if job.max_tokens == 0:
-        for c in job.choices:
-            c.output = RequestOutput(c.request_id, [], "length", None, len(job.prompts[c.prompt_index]), 0,
-                                     0.0, None, 0.0)
-        yield [(c, "", True, None) for c in job.choices]
-        return
     while pending:
         items = [await queue.get()]
         while not queue.empty():

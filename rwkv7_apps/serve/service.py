@@ -1,7 +1,8 @@
 """The scheduler as a service for async HTTP handlers.
 
-One thread runs ``Scheduler.run(serve_until=...)`` for the server's lifetime; handlers only
-``submit`` requests (``Scheduler.add`` / ``add_group``, thread-safe) and read events from an
+One thread runs the scheduler's ``run(serve_until=...)`` for the server's lifetime (a
+``scheduler.interface.SchedulerInterface``: one Scheduler or a ReplicaSet); handlers only
+``submit`` requests (``add`` / ``add_group``, thread-safe) and read events from an
 ``asyncio.Queue`` per request, filled from the scheduler thread's callbacks through
 ``loop.call_soon_threadsafe`` (no model work on the event loop); the events of one step
 share one wake-up of the loop. ``cancel`` frees a slot at
@@ -18,7 +19,8 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from rwkv7_core.sampling import TokenLogprobs
-from scheduler import Request, RequestOutput, Scheduler
+from scheduler import Request, RequestOutput
+from scheduler.interface import SchedulerInterface
 
 log = logging.getLogger("rwkv7_serve")
 
@@ -46,7 +48,7 @@ class Stream:
 class Service:
     """Owns the scheduler thread; ``observer`` (metrics) gets on_token/on_finish calls too."""
 
-    def __init__(self, scheduler: Scheduler, observer=None):
+    def __init__(self, scheduler: SchedulerInterface, observer=None):
         self.scheduler = scheduler
         self.observer = observer
         self._streams: dict[str, Stream] = {}

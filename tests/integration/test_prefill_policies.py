@@ -208,7 +208,7 @@ def test_varlen_and_mixed_policies_match_serial_greedy_tokens(tiny_model):
 
 def test_policies_need_engine_support():
     from scheduler import Scheduler, SchedulerConfig
-    from scheduler.testing import FakeEngine
+    from tests.support.scheduler_engines import FakeEngine
     Scheduler(FakeEngine(), SchedulerConfig(prefill_policy="serial"))
     Scheduler(FakeEngine(), SchedulerConfig(prefill_policy="auto"))  # falls back to serial
     for policy, capability in (("varlen", "Capability.VARLEN_PREFILL"), ("mixed", "Capability.MIXED_STEP")):

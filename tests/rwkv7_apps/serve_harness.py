@@ -83,3 +83,25 @@ def running_server(args: list[str], tmp_path: Path, timeout: float = 300):
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+@contextlib.contextmanager
+def in_process_server(app, service):
+    """Serve ``app`` (``build_app``'s) with uvicorn on a free loopback port in a thread of
+    this process, ``service`` started; yields the /v1 base URL; always stopped."""
+    import threading
+
+    import uvicorn
+
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=free_port(), log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    service.start()
+    thread.start()
+    try:
+        while not server.started:
+            time.sleep(0.05)
+        yield f"http://127.0.0.1:{server.config.port}/v1"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
+        service.stop()

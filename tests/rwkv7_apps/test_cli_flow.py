@@ -9,7 +9,7 @@ import numpy as np
 
 import rwkv7_apps.generate as cli
 from scheduler import Request, SamplingParams, Scheduler, generate
-from scheduler.testing import FakeEngine
+from tests.support.scheduler_engines import FakeEngine
 
 
 def test_input_is_streamed_through_a_window(tiny_ckpt, tmp_path, monkeypatch):

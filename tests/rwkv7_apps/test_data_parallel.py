@@ -12,7 +12,7 @@ import pytest
 
 from rwkv7_apps.replicas import AllReplicasFailed, Fault, ReplicaSet, build_replica_set
 from scheduler import Request, SamplingParams, Scheduler, SchedulerConfig
-from scheduler.testing import FakeEngine
+from tests.support.scheduler_engines import FakeEngine
 
 CONFIG = SchedulerConfig(max_batch=4)
 

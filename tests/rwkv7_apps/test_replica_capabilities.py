@@ -12,7 +12,7 @@ import pytest
 from rwkv7_apps.replicas import build_replica_set
 from rwkv7_core.engine import Capability
 from scheduler import Request, SamplingParams, Scheduler, SchedulerConfig
-from scheduler.testing import FakeEngine
+from tests.support.scheduler_engines import FakeEngine
 
 POLICIES = ("serial", "varlen", "mixed", "auto")
 CALLS = {"serial": {"serial"}, "varlen": {"varlen"}, "mixed": {"mixed"}}

@@ -9,7 +9,7 @@ from rwkv7_apps.replicas import build_replica_set
 from scheduler import Request, SamplingParams, Scheduler, SchedulerConfig
 from scheduler.prefix_disk import DiskPrefixStore
 from scheduler.request import InitialState
-from scheduler.testing import FakeEngine
+from tests.support.scheduler_engines import FakeEngine
 
 CONFIG = SchedulerConfig(max_batch=2, prefix_block=8)
 

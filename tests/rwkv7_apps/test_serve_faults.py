@@ -3,21 +3,18 @@ keeps serving. A real uvicorn server on loopback, in this process, so the test c
 the (torch, tiny) engine fail one step."""
 from __future__ import annotations
 
-import threading
-import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
 openai = pytest.importorskip("openai")
 pytest.importorskip("torch")
-import uvicorn  # noqa: E402
 
 from rwkv7_apps.engines import load_engine  # noqa: E402
 from rwkv7_apps.serve.cli import build_app  # noqa: E402
 from rwkv7_apps.serve.generation import Limits  # noqa: E402
 from scheduler import Scheduler, SchedulerConfig  # noqa: E402
-from tests.rwkv7_apps.serve_harness import free_port  # noqa: E402
+from tests.rwkv7_apps.serve_harness import in_process_server  # noqa: E402
 
 
 class FailingSteps:
@@ -42,19 +39,8 @@ def served(tiny_ckpt):
     engine = FailingSteps(load_engine("torch", tiny_ckpt, kernels="torch"))
     sched = Scheduler(engine, SchedulerConfig(max_batch=4))
     app, service = build_app(sched, "m", {"max_tokens": 8}, Limits(64, 16), lambda: True)
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    service.start()
-    thread.start()
-    while not server.started:
-        time.sleep(0.05)
-    try:
-        yield engine, openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="x", max_retries=0)
-    finally:
-        server.should_exit = True
-        thread.join(timeout=10)
-        service.stop()
+    with in_process_server(app, service) as url:
+        yield engine, openai.OpenAI(base_url=url, api_key="x", max_retries=0)
 
 
 def test_engine_fault_fails_that_steps_requests_only(served):

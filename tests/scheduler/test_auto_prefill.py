@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from scheduler import PrefillPolicy, Request, SamplingParams, Scheduler, SchedulerConfig
-from scheduler.testing import CountingEngine, FakeEngine, reference_decode
+from tests.support.scheduler_engines import CountingEngine, FakeEngine, reference_decode
 
 
 class RecordingEngine(CountingEngine):

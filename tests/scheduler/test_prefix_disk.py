@@ -12,7 +12,7 @@ import pytest
 
 from scheduler import Request, SamplingParams, Scheduler, SchedulerConfig
 from scheduler.prefix_disk import DiskPrefixStore
-from scheduler.testing import FakeEngine
+from tests.support.scheduler_engines import FakeEngine
 
 V = 64
 FP = "model-a/float32/torch/cpu"

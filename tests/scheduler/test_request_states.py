@@ -7,7 +7,7 @@ import pytest
 
 from scheduler import Request, SamplingParams, Scheduler, SchedulerConfig, generate
 from scheduler.request import InitialState
-from scheduler.testing import FakeEngine
+from tests.support.scheduler_engines import FakeEngine
 
 V = 64
 

@@ -6,7 +6,7 @@ import pytest
 
 from scheduler import (Request, RequestState, SamplingParams, Scheduler, SchedulerConfig, bucket_ladder,
                        generate)
-from scheduler.testing import FakeEngine, reference_decode
+from tests.support.scheduler_engines import FakeEngine, reference_decode
 
 V = 64
 
@@ -120,9 +120,11 @@ def test_every_request_final_exactly_once_with_cancel_and_should_stop():
     scheduler.add(Request("bad", [], SamplingParams()))
     scheduler.cancel("req29")  # still waiting: dropped at once
     finished = []
+    drawn = {}
 
     def on_token(request_id, token):
-        if request_id == "req0" and len(scheduler._entries["req0"].tokens) == 3:
+        drawn[request_id] = drawn.get(request_id, 0) + 1
+        if request_id == "req0" and drawn[request_id] == 3:
             scheduler.cancel("req0")
 
     scheduler.run(on_token=on_token, on_finish=finished.append, should_stop=lambda: len(finished) >= 10)
@@ -136,14 +138,14 @@ def test_every_request_final_exactly_once_with_cancel_and_should_stop():
     assert results["bad"].finish_reason == "error"
     unstarted = scheduler.unstarted()
     assert unstarted and set(unstarted).isdisjoint(ids) and len(ids) + len(unstarted) == 31
-    assert all(scheduler._entries[i].state is RequestState.WAITING for i in unstarted)
+    assert all(scheduler.state(i) is RequestState.WAITING for i in unstarted)
     # a second run finishes the rest; nothing is reported twice
     scheduler.run(on_finish=finished.append)
     ids = [o.id for o in finished]
     assert sorted(ids) == sorted([r.id for r in requests] + ["bad"])
     # results went only to on_finish; nothing per request is left, and cancelling a finished
     # or unknown id is a no-op
-    assert scheduler.results == {} and scheduler._entries == {}
+    assert scheduler.results == {} and all(scheduler.state(i) is None for i in ids)
     scheduler.cancel("req1")
     scheduler.cancel("no such id")
     scheduler.run()

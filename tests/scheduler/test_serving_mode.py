@@ -8,7 +8,7 @@ import time
 import numpy as np
 
 from scheduler import Request, SamplingParams, Scheduler, SchedulerConfig, generate
-from scheduler.testing import FakeEngine
+from tests.support.scheduler_engines import FakeEngine
 
 
 def test_serve_until_waits_for_requests_added_later_and_stops_when_told():

@@ -6,7 +6,7 @@ import pytest
 
 from scheduler import Request, SamplingParams, Scheduler, SchedulerConfig
 from scheduler.config import shrink_pays
-from scheduler.testing import FakeEngine, reference_decode
+from tests.support.scheduler_engines import FakeEngine, reference_decode
 
 V = 64
 

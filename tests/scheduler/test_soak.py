@@ -9,7 +9,7 @@ import pytest
 
 from scheduler import Scheduler, SchedulerConfig
 from scheduler.sketch import RELATIVE_ERROR, LogHistogram
-from scheduler.testing import CountingEngine, rss_bytes, soak
+from tests.support.scheduler_engines import CountingEngine, rss_bytes, soak
 
 N = 1_000_000
 GROWTH_LIMIT = 50 * 2**20

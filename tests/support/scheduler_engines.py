@@ -1,4 +1,4 @@
-"""Testing helpers: a fast numpy stand-in for a model engine (``FakeEngine``), a zero-cost
+"""Scheduler test and benchmark helpers: a fast numpy stand-in for a model engine (``FakeEngine``), a zero-cost
 one (``CountingEngine``) and a soak driver (``soak``), for scheduler tests and benchmarks
 (never used by the scheduler itself).
 
@@ -237,8 +237,7 @@ def soak(scheduler, n: int, checkpoints: Sequence[int] = (), window: int = 512, 
     runs when ``done`` results have arrived, for each done in checkpoints. Returns the number
     of times each id finished (int8 [n])."""
     from rwkv7_core.sampling import SamplingParams
-
-    from .request import Request
+    from scheduler.request import Request
 
     engine = scheduler.engine
     finished = np.zeros(n, np.int8)
