@@ -368,6 +368,8 @@ def test_parser_conventions():
     assert script_of("XLA_FLAGS=x rwkv7-generate --model m") == [str(BIN / "rwkv7-generate")]
     assert script_of("PYTHONPATH=. python3 benchmarks/gpu_check.py --out d")[-1].endswith("benchmarks/gpu_check.py")
     assert script_of("ray start --head") is None
+    assert FLAG.findall(" ".join(command_words("XLA_FLAGS=--x=2 rwkv7-generate --model m --state a=b  # --c"))) \
+        == ["--model", "--state"]
     assert slug("The batch job: `rwkv7-generate`") == "the-batch-job-rwkv7-generate"
     assert slug("States, prefix cache, faults") == "states-prefix-cache-faults"
     assert slug("The torch reference (`rwkv_torch_ref`)") == "the-torch-reference-rwkv_torch_ref"
