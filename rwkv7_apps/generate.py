@@ -50,7 +50,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="write each successful request's final state as DIR/<id>.safetensors")
     p.add_argument("--data-parallel", default="auto", metavar="N|auto",
                    help="replicas, one engine + scheduler per device, requests routed to the least loaded "
-                        "(auto: every local accelerator, 1 on the CPU; see README)")
+                        "(auto: every local accelerator, 1 on the CPU; see docs/states-and-scale-out.md)")
     p.add_argument("--ray", metavar="ADDRESS|local",
                    help="run the --data-parallel replicas as Ray actors on this cluster ('local': start one "
                         "here); needs the [ray] extra")

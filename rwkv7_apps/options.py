@@ -34,7 +34,7 @@ def add_engine_options(p: argparse.ArgumentParser) -> None:
     """Backend, kernels, dtype and the scheduler options."""
     p.add_argument("--backend", default="jax", choices=BACKENDS)
     p.add_argument("--kernels", default="auto",
-                   help="jax: auto|xla|pallas|pallas-interpret; torch: auto|torch|triton "
+                   help="jax: auto|xla|pallas|pallas-fused|pallas-interpret|pallas-fused-interpret; torch: auto|torch|triton "
                         "(auto = the fastest available on this machine; checked by the backend)")
     p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
     p.add_argument("--max-batch", type=int, default=None,
@@ -47,7 +47,7 @@ def add_engine_options(p: argparse.ArgumentParser) -> None:
                    help="compile every bucket and the prefill shapes the policy uses before the first step")
     p.add_argument("--prefill", default="auto", choices=("auto", "serial", "varlen", "mixed"),
                    help="prefill policy (default auto: one prompt per call when one waits, flattened "
-                        "prompts when several do; see README)")
+                        "prompts when several do; see docs/batch-job.md)")
     p.add_argument("--chunk", type=int, default=256, metavar="K", help="prompt tokens per varlen/mixed call")
 
 

@@ -1,7 +1,7 @@
 """Serving benchmark (`rwkv7-bench`): one seeded workload under each prefill policy.
 
     rwkv7-bench --model tiny --requests 256 --prompt-len 20 2000 --output-len 16 256
-    rwkv7-bench --smoke                      # tiny model, 16 short requests, < 1 minute
+    rwkv7-bench --smoke                      # tiny model, 8 short requests, < 1 minute
 
 The workload: `--requests` greedy requests, prompt lengths log-uniform in `--prompt-len`,
 output lengths uniform in `--output-len` (no stop token, so every request runs its full
@@ -318,11 +318,12 @@ def gpu_check_section(out_dir: str, budget_s: float) -> dict:
             **{p: {k: r.get(k) for k in keys} for p, r in result["policies"].items()}}
 
 
-def main(argv=None) -> dict:
+def run_cli(argv=None) -> dict:
+    """Parse argv, run, save and print the benchmark; returns its result."""
     ap = argparse.ArgumentParser(description="Serving benchmark: prefill policies on one seeded workload")
     ap.add_argument("--model", default="tiny", help="named shape: tiny, 0.1b, 0.4b, 1.5b, 2.9b (random weights)")
     ap.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
-    ap.add_argument("--kernels", default="auto", choices=("xla", "pallas", "pallas-interpret", "auto"))
+    ap.add_argument("--kernels", default="auto", choices=("xla", "pallas", "pallas-fused", "pallas-interpret", "pallas-fused-interpret", "auto"))
     ap.add_argument("--requests", type=int, default=256)
     ap.add_argument("--prompt-len", type=int, nargs=2, default=(20, 2000), metavar=("MIN", "MAX"))
     ap.add_argument("--output-len", type=int, nargs=2, default=(16, 256), metavar=("MIN", "MAX"))
@@ -369,5 +370,11 @@ def main(argv=None) -> dict:
     return result
 
 
+def main(argv=None) -> int:
+    """The rwkv7-bench console script: exit status 0 after a run (errors raise)."""
+    run_cli(argv)
+    return 0
+
+
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

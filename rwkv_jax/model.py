@@ -95,8 +95,8 @@ def load(path: str | os.PathLike, dtype: str = "float32", kernels: str | Kernels
     """Load a .pth or .safetensors RWKV-7 checkpoint (.safetensors needs no torch).
 
     dtype: float32 | bfloat16 | float16 weights and activations (wkv state, decay, kk and
-    relu^2 stay float32). kernels: xla | pallas | pallas-interpret | auto (pallas on a GPU,
-    xla elsewhere; resolved here). device: where the weights are put once and every
+    relu^2 stay float32). kernels: xla | pallas | pallas-fused | pallas-interpret |
+    pallas-fused-interpret | auto (pallas on a GPU, xla elsewhere; resolved here). device: where the weights are put once and every
     executable runs: a jax.Device, an index into ``jax.local_devices()``, or None (JAX's
     default device).
     """

@@ -5,7 +5,7 @@ import json
 
 import numpy as np
 
-from rwkv7_apps.serving_bench import main, make_workload
+from rwkv7_apps.serving_bench import make_workload, run_cli
 
 
 def test_workload_is_seeded_and_within_bounds():
@@ -24,7 +24,7 @@ def test_workload_is_seeded_and_within_bounds():
 
 
 def test_smoke_run_writes_valid_json(tmp_path):
-    result = main(["--smoke", "--out", str(tmp_path), "--tag", "t"])
+    result = run_cli(["--smoke", "--out", str(tmp_path), "--tag", "t"])
     data = json.loads((tmp_path / "serving_t.json").read_text())
     table = (tmp_path / "serving_t.md").read_text()
     assert all(f"\n| {policy} | " in table for policy in ("auto", "serial", "varlen", "mixed"))
