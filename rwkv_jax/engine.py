@@ -28,6 +28,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from rwkv7_core.engine import Capability, Slots
+from rwkv7_core.engine_checks import check_prompt, check_resize, check_slot
 from rwkv7_core.sampling import SamplingParams, TokenLogprobs, banned_mask, sampling_rows
 
 from .compilation import ExecutableCache, compiler_options, platform_of
@@ -128,9 +129,7 @@ class JaxEngine:
         return {T: self.compile_seconds[("prefill", T)] if ("prefill", T) in new else 0.0 for T in self.pieces}
 
     def prefill(self, tokens: np.ndarray, start=None):
-        tokens = np.asarray(tokens, np.int32)
-        if tokens.ndim != 1 or tokens.size == 0:
-            raise ValueError(f"prefill needs a non-empty 1-D token array, got shape {tokens.shape}")
+        tokens = check_prompt(tokens, "prefill").astype(np.int32)
         state = self._run("fresh_row", 1) if start is None else self._run("copy_row", 1, start[0])
         offset = 0
         for piece in self.prefill_pieces(tokens.size):
@@ -143,18 +142,16 @@ class JaxEngine:
                              np.array([position], np.int32)))
 
     def insert(self, slot: int, row, params: SamplingParams) -> None:
-        self._check_slot(slot)
+        check_slot(slot, self.bucket)
         self.slots = self._run("insert", self.bucket, self.slots, np.int32(slot), row[0], sampling_rows([params]),
                                banned_mask([params], self.vocab_size))
 
     def extract(self, slot: int):
-        self._check_slot(slot)
+        check_slot(slot, self.bucket)
         return self._run("extract", self.bucket, self.slots.state, np.int32(slot)), None
 
     def resize(self, keep_slots: Sequence[int], new_bucket: int) -> None:
-        keep = list(keep_slots)
-        if len(keep) > new_bucket or any(not 0 <= s < self.bucket for s in keep):
-            raise ValueError(f"cannot keep slots {keep} of bucket {self.bucket} in bucket {new_bucket}")
+        keep = check_resize(keep_slots, self.bucket, new_bucket)
         if self.slots is None or not keep:  # nothing to keep: a fresh batch (also recovers
             self.slots = self._run("empty", new_bucket)  # from a failed step's donated buffers)
         else:
@@ -182,9 +179,7 @@ class JaxEngine:
     def prompt_logprobs(self, tokens: np.ndarray) -> TokenLogprobs:
         """Full-output prefill in the pieces ``prefill`` uses (so at most len(prefill_pieces)
         executables); only the scores come back, [T-1] rows."""
-        tokens = np.asarray(tokens, np.int32)
-        if tokens.ndim != 1 or tokens.size < 2:
-            raise ValueError(f"prompt_logprobs needs a 1-D prompt of >= 2 tokens, got shape {tokens.shape}")
+        tokens = check_prompt(tokens, "prompt_logprobs", min_tokens=2).astype(np.int32)
         following = np.append(tokens[1:], np.int32(0))  # the last position predicts nothing
         state, parts, offset = self.model.init_state(1), [], 0
         for piece in self.prefill_pieces(tokens.size):
@@ -243,7 +238,3 @@ class JaxEngine:
             flat, rows, seg_starts, seg_lengths)
         self.last_path = Path.DENSE.name
         return np.asarray(drawn), list(out_rows[:n])
-
-    def _check_slot(self, slot: int) -> None:
-        if not 0 <= slot < self.bucket:
-            raise ValueError(f"slot {slot} outside the current bucket of {self.bucket}")
