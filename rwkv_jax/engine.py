@@ -45,8 +45,8 @@ class JaxEngine:
     Rows (``prefill``/``extract`` results) are ``(State with B=1, logits float32 [V] | None)``;
     host rows are the numpy copies of the same leaves. ``executables`` is the one cache of
     compiled executables, keyed (kind, shape) (the kinds: ``rwkv_jax.executables.EXECUTABLES``);
-    ``lower(key)`` gives a key's jax.stages.Lowered. ``device``: the model's device (None =
-    JAX's default), where the batch lives.
+    ``lower(key)`` gives a key's jax.stages.Lowered. The contract's ``config``, ``dtype``, ``kernels``
+    and ``device`` are the model's.
     """
 
     capabilities = frozenset(Capability)
@@ -55,10 +55,10 @@ class JaxEngine:
         if 1 not in prefill_pieces:
             raise ValueError(f"prefill_pieces={tuple(prefill_pieces)} must include 1")
         self.model = model
-        self.device = model.device
-        self.config = model.config
-        self.vocab_size = model.config.vocab_size
-        self.pieces = tuple(sorted(set(int(p) for p in prefill_pieces), reverse=True))
+        self.config, self.vocab_size = model.config, model.config.vocab_size
+        self.dtype, self.kernels = jnp.dtype(model.dtype).name, model.kernels.value
+        self.device = None if model.device is None else str(model.device)
+        self.prefill_pieces = tuple(sorted(set(int(p) for p in prefill_pieces), reverse=True))
         self.bucket = 0
         self.last_path = ""
         self.slots: Slots | None = None
@@ -96,11 +96,11 @@ class JaxEngine:
             jax.block_until_ready([self.executables.call(key, *warm_up_args(self.model, key)) for key in new])
         return new
 
-    def prefill_pieces(self, T: int) -> list[int]:
+    def piece_lengths(self, T: int) -> list[int]:
         """Piece lengths a T-token prompt runs as: the largest allowed length that fits, repeatedly."""
         pieces = []
         while T:
-            piece = next(p for p in self.pieces if p <= T)
+            piece = next(p for p in self.prefill_pieces if p <= T)
             pieces.append(piece)
             T -= piece
         return pieces
@@ -125,14 +125,14 @@ class JaxEngine:
         """Compile every prefill piece length, the fresh and copied rows and the first-token
         sampling, and run each once (its one-off first-run set-up); {length: seconds}."""
         new = self._compile_and_run([("fresh_row", 1), ("copy_row", 1), ("sample", 1)]
-                                    + [("prefill", T) for T in self.pieces])
-        return {T: self.compile_seconds[("prefill", T)] if ("prefill", T) in new else 0.0 for T in self.pieces}
+                                    + [("prefill", T) for T in self.prefill_pieces])
+        return {T: self.compile_seconds[("prefill", T)] if ("prefill", T) in new else 0.0 for T in self.prefill_pieces}
 
     def prefill(self, tokens: np.ndarray, start=None):
         tokens = check_prompt(tokens, "prefill").astype(np.int32)
         state = self._run("fresh_row", 1) if start is None else self._run("copy_row", 1, start[0])
         offset = 0
-        for piece in self.prefill_pieces(tokens.size):
+        for piece in self.piece_lengths(tokens.size):
             logits, state = self._run("prefill", piece, self.model.params, tokens[offset:offset + piece], state)
             offset += piece
         return jax.block_until_ready((state, logits))  # as prefill_varlen: callers time the call
@@ -182,7 +182,7 @@ class JaxEngine:
         tokens = check_prompt(tokens, "prompt_logprobs", min_tokens=2).astype(np.int32)
         following = np.append(tokens[1:], np.int32(0))  # the last position predicts nothing
         state, parts, offset = self.model.init_state(1), [], 0
-        for piece in self.prefill_pieces(tokens.size):
+        for piece in self.piece_lengths(tokens.size):
             scored, state = self._run(
                 "score_piece", piece, self.model.params, tokens[offset:offset + piece], following[offset:offset + piece], state)
             parts.append(scored)

@@ -25,14 +25,18 @@ from .state import State, select_rows
 class TorchEngine:
     """Engine protocol implementation for a loaded ``rwkv_torch_ref`` model.
 
-    Rows are ``(State with B=1, logits float32 [V] | None)``; host rows are numpy copies.
+    Rows are ``(State with B=1, logits float32 [V] | None)``; host rows are numpy copies. The
+    contract's ``config``, ``dtype``, ``kernels`` and ``device`` are the model's; a prompt is
+    prefilled in one call (``prefill_pieces`` is empty).
     """
     capabilities = frozenset({Capability.LOGPROBS})
 
     def __init__(self, model):
         self.model = model
-        self.device = model.device
-        self.vocab_size = model.config.vocab_size
+        self.config, self.vocab_size = model.config, model.config.vocab_size
+        self.dtype, self.kernels = str(model.dtype).removeprefix("torch."), model.kernels.value
+        self.device = str(model.device)
+        self.prefill_pieces = ()
         self.bucket = 0
         self.last_path = f"torch-{model.kernels.value}"
         self.slots: Slots | None = None
