@@ -85,15 +85,15 @@ import numpy as np
 
 import rwkv_jax
 from pallas_kernels import shift_mix, small_m_linear, sparse_channel_mix, wkv_seq, wkv_step
-from pallas_kernels.random_inputs import ffn_inputs, linear_inputs, mix_inputs, wkv_inputs
 from rwkv7_core.config import ModelConfig, named_config
 from rwkv7_core.cost import step_bytes_and_flops
 from rwkv7_core.random_weights import write_random_checkpoint
 from rwkv_jax.engine import JaxEngine
 from rwkv_jax.model import Model
 from rwkv_jax.ops import XLA_OPS
-from rwkv_jax.pallas_ops import channel_mix as pallas_channel_mix, sparse_rows_threshold
+from rwkv_jax.pallas_ops import channel_mix as pallas_channel_mix
 from rwkv_jax.random_params import random_params
+from tests.support.pallas_inputs import ffn_inputs, linear_inputs, mix_inputs, wkv_inputs
 
 TOTAL_BUDGET_S = 440          # whole run from the imports on: 40 s margin under 8 minutes
 PARITY_BUDGET_S = 150         # parity items stop starting after this long
@@ -707,6 +707,16 @@ def sparse_split_times(args, reps, interpret, smoke) -> dict:
     return {"active_fraction": float(jnp.mean(jnp.any(hidden != 0, axis=0))),
             "value_sparse_us": time_calls(sparse, sets, min_t) * 1e6,
             "value_dense_xla_us": time_calls(jnp.matmul, sets, min_t) * 1e6}
+
+
+def sparse_rows_threshold(kernel_rows: list) -> int | None:
+    """Largest row count M whose sparse value product beat the dense one (the measured value
+    for rwkv_jax.pallas_ops.SPARSE_MAX_ROWS); 0 if it never did, None if not measured."""
+    timed = [(int(r["case"].split("M=")[1]), r["value_sparse_us"] < r["value_dense_xla_us"])
+             for r in kernel_rows if "value_sparse_us" in r]
+    if not timed:
+        return None
+    return max((m for m, wins in timed if wins), default=0)
 
 
 # ----------------------------------------------------------------------------- deviceless
