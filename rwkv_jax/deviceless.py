@@ -101,7 +101,7 @@ CUDA_PLUGINS = ("cuda13", "cuda12")
 PLUGIN_ENV = "RWKV7_CUDA_PLUGIN"
 
 
-def _plugin_names() -> tuple[str, ...]:
+def plugin_names() -> tuple[str, ...]:
     """The plugins to try: the one ``$RWKV7_CUDA_PLUGIN`` names, else every known one."""
     named = os.environ.get(PLUGIN_ENV)
     if named and named not in CUDA_PLUGINS:
@@ -129,7 +129,7 @@ def _register_cuda_plugin(plugin_dir: str | None) -> bool:
     if plugin_dir not in sys.path:
         sys.path.insert(0, plugin_dir)
     importlib.invalidate_caches()
-    for name in _plugin_names():
+    for name in plugin_names():
         try:
             plugin = importlib.import_module(f"jax_plugins.xla_{name}")
         except ImportError:
@@ -152,7 +152,7 @@ def _topology(target: GpuTarget, plugin_dir: str | None):
         if not _register_cuda_plugin(plugin_dir):
             v = jax.__version__
             raise RuntimeError(
-                f"deviceless GPU compiles need a CUDA plugin of jax {v} ({' or '.join(_plugin_names())}): "
+                f"deviceless GPU compiles need a CUDA plugin of jax {v} ({' or '.join(plugin_names())}): "
                 f"pip install --no-deps --target DIR jax-cuda13-plugin=={v} jax-cuda13-pjrt=={v} "
                 f"(or the cuda12 pair) and set {PLUGIN_DIR_ENV}=DIR") from None
         return make()

@@ -167,7 +167,7 @@ def test_the_cuda_plugin_and_ptxas_in_use_are_named(monkeypatch):
     assert re.fullmatch(r"jax-cuda1[23]-plugin \S+", deviceless.cuda_plugin() or ""), deviceless.cuda_plugin()
     monkeypatch.setenv(deviceless.PLUGIN_ENV, "cuda11")
     with pytest.raises(ValueError, match="cuda11"):
-        deviceless._plugin_names()
+        deviceless.plugin_names()
 
 
 def test_ptxas_rejecting_a_newer_ptx_names_both_versions(tmp_path):
