@@ -7,16 +7,17 @@ fed tokens, run ``forward_fn`` (T=1, kernel path ``select_path(bucket, 1)``) and
 row on device; only the drawn int32 [bucket] tokens come back to the host.
 
 Every executable is compiled ahead of time and kept in the engine's one ``executables``
-cache, keyed (kind, shape): per bucket the step, the empty batch, the slot insert and the
-slot extract; a fresh and a copied B=1 row (the starts of prefill); per pair of buckets the
-gather used by ``resize`` (compiled with the buckets when they are compiled together, as
-``--precompile`` does, else by the first resize between them); per prompt piece length the
-prefill: a prompt of T tokens runs as pieces of the allowed lengths ``prefill_pieces``
-(default 1, 2, 4, ..., 256), largest first, so any T needs at most len(prefill_pieces)
-prefill executables; per flat size the varlen prefill and per (bucket, flat size) the mixed
-step (Capability.VARLEN_PREFILL, MIXED_STEP); for Capability.LOGPROBS, compiled on first
-use: per bucket the step that also scores the drawn tokens, the first-token scoring, and
-per piece length the full-output prompt scoring (the plain step stays as lean as before).
+cache, keyed (kind, shape); each kind is one entry of ``rwkv_jax.executables.EXECUTABLES``.
+Per bucket the step, the empty batch, the slot insert and the slot extract; a fresh and a
+copied B=1 row (the starts of prefill); per pair of buckets the gather used by ``resize``
+(compiled with the buckets when they are compiled together, as ``--precompile`` does, else
+by the first resize between them); per prompt piece length the prefill: a prompt of T
+tokens runs as pieces of the allowed lengths ``prefill_pieces`` (default 1, 2, 4, ..., 256),
+largest first, so any T needs at most len(prefill_pieces) prefill executables; per flat
+size the varlen prefill and per (bucket, flat size) the mixed step
+(Capability.VARLEN_PREFILL, MIXED_STEP); for Capability.LOGPROBS, compiled on first use: per
+bucket the step that also scores the drawn tokens, the first-token scoring, and per piece
+length the full-output prompt scoring (the plain step stays as lean as before).
 """
 from __future__ import annotations
 
