@@ -22,6 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import rwkv_jax
+from rwkv_jax.engine import JaxEngine
 from rwkv7_core.config import named_config
 from rwkv7_core.random_weights import write_random_checkpoint
 
@@ -64,8 +65,16 @@ def matmul_gflops(seconds: float) -> dict:
 
 
 # ----------------------------------------------------------------------------- models
-def jax_decode(m, B: int, seconds: float) -> float:
-    exe = m.executables.get((B, 1, False))
+def compile_forwards(engine: JaxEngine, buckets) -> dict:
+    """Compile the (B, T) forwards ahead of time: {(B, T): seconds}."""
+    keys = {(B, T): ("forward", (B, T, False)) for B, T in buckets}
+    for key in keys.values():
+        engine.executables.get(key)
+    return {bt: engine.compile_seconds[key] for bt, key in keys.items()}
+
+
+def jax_decode(engine: JaxEngine, B: int, seconds: float) -> float:
+    m, exe = engine.model, engine.executables.get(("forward", (B, 1, False)))
     tokens = jnp.asarray(np.random.default_rng(B).integers(0, m.config.vocab_size, (B, 1)), jnp.int32)
     box = [m.init_state(B)]
 
@@ -75,8 +84,8 @@ def jax_decode(m, B: int, seconds: float) -> float:
     return B / timed(step, seconds)
 
 
-def jax_prefill(m, T: int, seconds: float) -> float:
-    exe = m.executables.get((1, T, False))
+def jax_prefill(engine: JaxEngine, T: int, seconds: float) -> float:
+    m, exe = engine.model, engine.executables.get(("forward", (1, T, False)))
     tokens = jnp.asarray(np.random.default_rng(T).integers(0, m.config.vocab_size, (1, T)), jnp.int32)
     return T / timed(lambda: exe(m.params, tokens, m.init_state(1))[0].block_until_ready(), seconds, 2)
 
@@ -128,12 +137,12 @@ def official_prefill(model, T: int, seconds: float) -> float:
     return T / timed(lambda: model.forward(tokens, None), seconds, 2, warmup=2)
 
 
-def dispatch_overhead_us(tiny, seconds: float) -> dict:
+def dispatch_overhead_us(engine: JaxEngine, seconds: float) -> dict:
     """Per-call wall time on the tiny model (compute is ~1 MFLOP, so this is overhead):
     a no-op jit taking the same params pytree, the compiled B1T1 step, and m.forward."""
     noop = jax.jit(lambda params, x: x + 1)
     x = jnp.zeros(())
-    exe = tiny.executables.get((1, 1, False))
+    tiny, exe = engine.model, engine.executables.get(("forward", (1, 1, False)))
     tokens, box = jnp.zeros((1, 1), jnp.int32), [tiny.init_state(1)]
 
     def step():
@@ -168,9 +177,9 @@ def run(seconds: float) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         tiny_path = Path(tmp) / "tiny.safetensors"
         write_random_checkpoint(tiny_path, named_config("tiny"), seed=0)
-        tiny = rwkv_jax.load(tiny_path)
+        tiny = JaxEngine(rwkv_jax.load(tiny_path))
         buckets = [(1, 1), (8, 1), (32, 1), (1, PREFILL_T)]
-        out["compile_seconds"] = {"tiny": {f"{b}x{t}": s for (b, t), s in tiny.compile(buckets).items()}}
+        out["compile_seconds"] = {"tiny": {f"{b}x{t}": s for (b, t), s in compile_forwards(tiny, buckets).items()}}
         out["dispatch_us_tiny"] = dispatch_overhead_us(tiny, seconds)
 
         config = named_config("0.1b")
@@ -179,14 +188,14 @@ def run(seconds: float) -> dict:
         write_random_checkpoint(pth_path, config, seed=0)
         decode, prefill = {}, {}
         for dtype in ("float32", "bfloat16"):
-            m = rwkv_jax.load(st_path, dtype=dtype)
-            times = m.compile(buckets if dtype == "float32" else [(1, 1)])
+            engine = JaxEngine(rwkv_jax.load(st_path, dtype=dtype))
+            times = compile_forwards(engine, buckets if dtype == "float32" else [(1, 1)])
             if dtype == "float32":
                 out["compile_seconds"]["0.1b"] = {f"{b}x{t}": s for (b, t), s in times.items()}
-                prefill["jax_xla_float32"] = jax_prefill(m, PREFILL_T, seconds)
+                prefill["jax_xla_float32"] = jax_prefill(engine, PREFILL_T, seconds)
             for B in (DECODE_BATCHES if dtype == "float32" else (1,)):
-                decode[f"jax_xla_{dtype}_B{B}"] = jax_decode(m, B, seconds)
-            del m
+                decode[f"jax_xla_{dtype}_B{B}"] = jax_decode(engine, B, seconds)
+            del engine
         official = official_model(pth_path)
         threads = official_thread_probe(official, seconds)
         out["torch_threads"] = threads

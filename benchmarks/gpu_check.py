@@ -85,14 +85,15 @@ import numpy as np
 
 import rwkv_jax
 from pallas_kernels import shift_mix, small_m_linear, sparse_channel_mix, wkv_seq, wkv_step
-from pallas_kernels.random_inputs import ffn_inputs, linear_inputs, mix_inputs, wkv_inputs
 from rwkv7_core.config import ModelConfig, named_config
 from rwkv7_core.cost import step_bytes_and_flops
 from rwkv7_core.random_weights import write_random_checkpoint
+from rwkv_jax.engine import JaxEngine
 from rwkv_jax.model import Model
 from rwkv_jax.ops import XLA_OPS
-from rwkv_jax.pallas_ops import channel_mix as pallas_channel_mix, sparse_rows_threshold
+from rwkv_jax.pallas_ops import channel_mix as pallas_channel_mix
 from rwkv_jax.random_params import random_params
+from tests.support.pallas_inputs import ffn_inputs, linear_inputs, mix_inputs, wkv_inputs
 
 TOTAL_BUDGET_S = 440          # whole run from the imports on: 40 s margin under 8 minutes
 PARITY_BUDGET_S = 150         # parity items stop starting after this long
@@ -267,6 +268,12 @@ def params_for(config: ModelConfig, dtype) -> dict:
 def model_for(config: ModelConfig, dtype, kernels: str, device=None) -> Model:
     """One Model per (config, dtype, kernels, device), so each executable compiles once a run."""
     return Model(params_for(config, dtype), config, dtype, kernels, device)
+
+
+@functools.lru_cache(maxsize=None)
+def executables_for(model: Model):
+    """One engine's executable cache per Model, so each forward compiles once a run."""
+    return JaxEngine(model).executables
 
 
 def diff(got, want) -> dict:
@@ -513,8 +520,8 @@ def run_roofline(smoke: bool) -> dict:
 # ----------------------------------------------------------------------------- models
 def measure_model(model: Model, B, T, smoke, roofline) -> dict:
     """Compile (once a run) one (B, T) forward and time it with the state carried (donated)."""
-    key = (B, T, False)
-    exe = model.executables.get(key)
+    key = ("forward", (B, T, False))
+    exe = executables_for(model).get(key)
     tokens = jax.random.randint(jax.random.key(B * T), (B, T), 0, model.config.vocab_size)
     state = model.init_state(B)
     _, state = block(exe(model.params, tokens, state))
@@ -531,7 +538,7 @@ def measure_model(model: Model, B, T, smoke, roofline) -> dict:
     nbytes, flops = step_bytes_and_flops(model.config, params_bytes, jnp.dtype(model.dtype).itemsize, B, T)
     bytes_s = nbytes / (roofline["copy_GBps"] * 1e9)
     flops_s = flops / (roofline["bf16_matmul_TFLOPs"] * 1e12)
-    return {"path": rwkv_jax.select_path(B, T).name, "compile_s": model.executables.compile_seconds[key],
+    return {"path": rwkv_jax.select_path(B, T).name, "compile_s": executables_for(model).compile_seconds[key],
             "step_ms": step_s * 1e3, "tok_s": B * T / step_s, "launches": launches(exe.as_text()),
             "hbm_roofline_fraction": bytes_s / step_s, "compute_roofline_fraction": flops_s / step_s,
             "roofline_fraction": max(bytes_s, flops_s) / step_s}
@@ -548,7 +555,6 @@ def measure_engine_step(model: Model, B, smoke) -> dict:
     drawn tokens, as rwkv7-generate runs it) at bucket B: ms per step with every row greedy,
     and with one row sampling (temperature 1, top-k 50, top-p 0.9: the sampler's
     conditionals and threshold loops then run; they are a device while loop each on a GPU)."""
-    from rwkv_jax.engine import JaxEngine
     from rwkv7_core.sampling import SamplingParams
 
     engine = JaxEngine(model, prefill_pieces=(1,))
@@ -703,6 +709,16 @@ def sparse_split_times(args, reps, interpret, smoke) -> dict:
             "value_dense_xla_us": time_calls(jnp.matmul, sets, min_t) * 1e6}
 
 
+def sparse_rows_threshold(kernel_rows: list) -> int | None:
+    """Largest row count M whose sparse value product beat the dense one (the measured value
+    for rwkv_jax.pallas_ops.SPARSE_MAX_ROWS); 0 if it never did, None if not measured."""
+    timed = [(int(r["case"].split("M=")[1]), r["value_sparse_us"] < r["value_dense_xla_us"])
+             for r in kernel_rows if "value_sparse_us" in r]
+    if not timed:
+        return None
+    return max((m for m, wins in timed if wins), default=0)
+
+
 # ----------------------------------------------------------------------------- deviceless
 def run_deviceless(smoke: bool, budget: Budget) -> dict:
     """Deviceless H200 compile of a tiny forward (B=2, T=1), serialized; on a GPU also loaded
@@ -716,9 +732,9 @@ def run_deviceless(smoke: bool, budget: Budget) -> dict:
     config, B = named_config("tiny"), 2
     target = deviceless.load_target("h200")
     kernels = "xla" if smoke else "pallas"
-    model = deviceless.abstract_engine(config, "float32", kernels, target).model
+    engine = deviceless.abstract_engine(config, "float32", kernels, target)
     t0 = time.perf_counter()
-    compiled = model.lower((B, 1, False)).compile()
+    compiled = engine.lower(("forward", (B, 1, False))).compile()
     blob = deviceless.serialize(compiled)
     out = {"target": target.device, "kernels": kernels, "compile_s": time.perf_counter() - t0,
            "serialized_bytes": len(blob)}
@@ -726,7 +742,7 @@ def run_deviceless(smoke: bool, budget: Budget) -> dict:
         return {**out, "loaded": False, "ok": True, "note": "loading needs a GPU"}
     local = Model(params_for(config, jnp.float32), config, jnp.float32, kernels)  # default precision
     tokens = jax.random.randint(jax.random.key(5), (B, 1), 0, config.vocab_size)
-    want = block(local.executables.get((B, 1, False))(local.params, tokens, local.init_state(B)))
+    want = block(executables_for(local).get(("forward", (B, 1, False)))(local.params, tokens, local.init_state(B)))
     got = block(deviceless.deserialize(blob)(local.params, tokens, local.init_state(B)))
     d = diff(jax.tree.leaves(got), jax.tree.leaves(want))
     return {**out, "loaded": True, "max_abs_diff": d["max_abs_err"], "ok": d["max_abs_err"] == 0.0}

@@ -31,6 +31,7 @@ class ZeroCostEngine:
     capabilities = frozenset()
     vocab_size = 65536
     last_path = "none"
+    config, dtype, kernels, device, prefill_pieces = None, "none", "none", None, ()  # no model
 
     def __init__(self):
         self.bucket = 0

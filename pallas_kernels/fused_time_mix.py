@@ -16,7 +16,7 @@ from .wkv_tail import wkv_tail
 
 
 def supports(M: int, wts: TimeMixWeights) -> bool:
-    """Whether the three kernels serve M rows of these weights (else use the reference)."""
+    """Whether the four launches serve M rows of these weights (else use the reference)."""
     downs, _ = wts.down(first=False)
     C = wts.receptance.shape[1]
     ups = wts.ups(first=False)

@@ -137,5 +137,4 @@ def replica_devices(backend: str, data_parallel: str | int) -> list:
 def engine_device(engine) -> str:
     """A readable name of the device an engine runs on ("cpu:0", "cuda:1", ...; "default"
     for an engine on its framework's default device)."""
-    device = getattr(engine, "device", None)
-    return "default" if device is None else str(device)
+    return "default" if engine.device is None else engine.device

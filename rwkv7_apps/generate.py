@@ -263,7 +263,7 @@ def _run_states(args, engine) -> RunStates:
     """The --state / --save-states options (the model's shape is read only when they are given)."""
     if not args.state and args.save_states is None:
         return RunStates({}, None, None, args.dtype)
-    config = engine.model.config
+    config = engine.config
     return RunStates(register_states(args.state or [], config), args.save_states, config, args.dtype)
 
 

@@ -68,8 +68,8 @@ class InjectedThreadDeath(BaseException):
 
 
 class EngineGuard:
-    """An engine seen through the replica layer: forwards everything (``capabilities``
-    explicitly, the rest through ``__getattr__``), and counts the exceptions of each guarded
+    """An engine seen through the replica layer: forwards everything (the contract's declared
+    facts explicitly, the rest through ``__getattr__``), and counts the exceptions of each guarded
     call kind (``raised``: total; ``consecutive``: since that kind last succeeded).
     Optionally injects a ``Fault``."""
 
@@ -80,10 +80,13 @@ class EngineGuard:
         self._fault = fault
         self._steps = 0
 
-    @property
-    def capabilities(self):
-        """The wrapped engine's declared ``frozenset[Capability]``."""
-        return self.engine.capabilities
+    # the contract's declared facts (rwkv7_core.engine.Engine), forwarded as they are
+    capabilities = property(lambda self: self.engine.capabilities)
+    config = property(lambda self: self.engine.config)
+    dtype = property(lambda self: self.engine.dtype)
+    kernels = property(lambda self: self.engine.kernels)
+    device = property(lambda self: self.engine.device)
+    prefill_pieces = property(lambda self: self.engine.prefill_pieces)
 
     def __getattr__(self, name: str):
         attr = getattr(self.engine, name)  # AttributeError for a capability the engine lacks

@@ -203,11 +203,11 @@ def run_serving_benchmark(model: str = "tiny", *, requests: int = 256, prompt_le
     result = {"environment": {"date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                               "backend": jax.default_backend(), "jax": jax.__version__,
                               "python": platform.python_version(), "machine": platform.machine()},
-              "settings": {"model": model, "dtype": dtype, "kernels": engine.model.kernels,
+              "settings": {"model": model, "dtype": dtype, "kernels": engine.kernels,
                            "requests": requests, "prompt_len": list(prompt_len),
                            "output_len": list(output_len), "max_batch": max_batch, "chunk": chunk,
                            "buckets": list(config.buckets), "seed": seed, "repeats": repeats,
-                           "serial_prefill_pieces": list(engine.pieces)},
+                           "serial_prefill_pieces": list(engine.prefill_pieces)},
               "precompile_s": compile_s, "call_ms": costs, "policies": {}, "repeats": {}}
     runs: dict[str, list] = {p: [] for p in policies}
     for _ in range(repeats):

@@ -77,9 +77,9 @@ def model_fingerprint(model_path: str | os.PathLike, backend: str, engine, dtype
         import jax
         device = jax.devices()[0].device_kind
     else:
-        device = str(engine.device)
+        device = engine.device
     return json.dumps({"checkpoint_sha256": checkpoint_digest(model_path, cache_dir), "dtype": dtype,
-                       "backend": backend, "kernels": engine.model.kernels.value, "device": device})
+                       "backend": backend, "kernels": engine.kernels, "device": device})
 
 
 def checkpoint_digest(path: str | os.PathLike, cache_dir: Path) -> str:

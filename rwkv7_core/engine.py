@@ -10,7 +10,9 @@ sits in which slot; the engine never sees request ids. Two kinds of handle cross
 - ``HostRow``: the same as a tuple of numpy arrays (for the host-side prefix cache); its
   size is ``host_row_bytes(row)``.
 
-Every engine implements ``Engine``. Optional capabilities are declared, not inferred: an
+Every engine implements ``Engine``, stating its facts as plain values (``config``, ``dtype``,
+``kernels``, ``device``, ``prefill_pieces``) so that callers never reach into its model.
+Optional capabilities are declared, not inferred: an
 engine lists the ``Capability`` members it has in its ``capabilities`` frozenset, and callers
 test ``Capability.X in engine.capabilities`` (so a wrapper that forwards attributes, e.g.
 the replica layer's EngineGuard, keeps them). Each capability's methods are documented by a
@@ -37,6 +39,7 @@ from typing import Any, Callable, NamedTuple, Protocol, Sequence
 
 import numpy as np
 
+from .config import ModelConfig
 from .sampling import NONFINITE_TOKEN, SamplingParams, SamplingRows, TokenLogprobs
 
 __all__ = ["Capability", "Engine", "HostRow", "Logprobs", "MAX_PIECES", "MixedStep", "NONFINITE_TOKEN",
@@ -75,6 +78,11 @@ class Capability(enum.Enum):
 class Engine(Protocol):
     capabilities: frozenset[Capability]  # the optional capabilities it implements
     vocab_size: int
+    config: ModelConfig | None     # the model's shape (None: a test engine with no RWKV-7 model)
+    dtype: str                     # the weights' dtype name, e.g. "float32", "bfloat16"
+    kernels: str                   # the resolved kernel set, e.g. "xla", "pallas", "triton"
+    device: str | None             # where the batch lives, e.g. "cuda:1"; None: the framework's default
+    prefill_pieces: tuple[int, ...]  # prompt piece lengths prefill runs, largest first; (): any length at once
     bucket: int          # current number of slots; 0 before the first resize
     last_path: str       # kernel-path name of the last step (e.g. "B1T1", "BATCHED_DECODE")
 

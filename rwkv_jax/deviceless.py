@@ -8,7 +8,7 @@ runs for a bucket and reports what was built (``rwkv_jax.gpu_dump.step_report``)
 
 - ``Bucket("step", B, 1)``: the decode step with on-device sampling (``JaxEngine.lower(("step", B))``);
 - ``Bucket("prefill", 1, T)``: one prompt piece of T tokens (``("prefill", T)``);
-- ``Bucket("forward", B, T)``: the model forward over B x T tokens (``Model.lower((B, T, False))``);
+- ``Bucket("forward", B, T)``: the model forward over B x T tokens (``("forward", (B, T, False))``);
 - ``Bucket("varlen", 1, T)`` / ``Bucket("mixed", B, T)``: the varlen prefill of T flat tokens
   and the mixed step of B slots plus T prompt tokens.
 
@@ -102,7 +102,7 @@ CUDA_PLUGINS = ("cuda13", "cuda12")
 PLUGIN_ENV = "RWKV7_CUDA_PLUGIN"
 
 
-def _plugin_names() -> tuple[str, ...]:
+def plugin_names() -> tuple[str, ...]:
     """The plugins to try: the one ``$RWKV7_CUDA_PLUGIN`` names, else every known one."""
     named = os.environ.get(PLUGIN_ENV)
     if named and named not in CUDA_PLUGINS:
@@ -130,7 +130,7 @@ def _register_cuda_plugin(plugin_dir: str | None) -> bool:
     if plugin_dir not in sys.path:
         sys.path.insert(0, plugin_dir)
     importlib.invalidate_caches()
-    for name in _plugin_names():
+    for name in plugin_names():
         try:
             plugin = importlib.import_module(f"jax_plugins.xla_{name}")
         except ImportError:
@@ -153,7 +153,7 @@ def _topology(target: GpuTarget, plugin_dir: str | None):
         if not _register_cuda_plugin(plugin_dir):
             v = jax.__version__
             raise RuntimeError(
-                f"deviceless GPU compiles need a CUDA plugin of jax {v} ({' or '.join(_plugin_names())}): "
+                f"deviceless GPU compiles need a CUDA plugin of jax {v} ({' or '.join(plugin_names())}): "
                 f"pip install --no-deps --target DIR jax-cuda13-plugin=={v} jax-cuda13-pjrt=={v} "
                 f"(or the cuda12 pair) and set {PLUGIN_DIR_ENV}=DIR") from None
         return make()
@@ -190,7 +190,7 @@ def abstract_engine(config: ModelConfig, dtype: str, kernels: str | Kernels, tar
                     plugin_dir: str | None = None) -> JaxEngine:
     """A JaxEngine over a Model whose params are ShapeDtypeStructs on ``target``'s device.
 
-    Only lowering works on it (``engine.lower``, ``engine.model.lower``): the arguments
+    Only lowering works on it (``engine.lower``): the arguments
     placed on the target device carry the whole computation there."""
     if dtype not in DTYPES:
         raise ValueError(f"dtype {dtype!r} not supported; choose one of {sorted(DTYPES)}")
@@ -239,13 +239,11 @@ class Bucket:
     def label(self) -> str:
         return {"varlen": f"varlen:{self.T}", "mixed": f"mixed:{self.B}x{self.T}"}.get(self.kind, f"{self.B}x{self.T}")
 
-    def lower(self, engine: JaxEngine):
-        """The jax.stages.Lowered of this bucket's executable."""
-        if self.kind == "forward":
-            return engine.model.lower((self.B, self.T, False))
-        key = {"step": ("step", self.B), "prefill": ("prefill", self.T), "varlen": ("varlen_prefill", self.T),
-               "mixed": ("mixed", (self.B, self.T))}[self.kind]
-        return engine.lower(key)
+    @property
+    def key(self) -> tuple:
+        """The engine executable's key (``rwkv_jax.executables``)."""
+        return {"step": ("step", self.B), "prefill": ("prefill", self.T), "forward": ("forward", (self.B, self.T, False)),
+                "varlen": ("varlen_prefill", self.T), "mixed": ("mixed", (self.B, self.T))}[self.kind]
 
 
 @dataclass
@@ -281,7 +279,7 @@ def compile_bucket(engine: JaxEngine, bucket: Bucket, target: GpuTarget, *, ptxa
         start = time.perf_counter()
         try:
             with on_target(target):
-                lowered = bucket.lower(engine)
+                lowered = engine.lower(bucket.key)
             with without_persistent_cache():
                 compiled = lowered.compile(dump_options(dump))
         except Exception as e:  # the compile's failure is the result

@@ -46,7 +46,9 @@ def ops_for(path: Path, kernels: str | Kernels) -> Ops:
     kind = resolve(kernels)
     if kind is Kernels.XLA:
         return XLA_OPS
-    from .pallas_ops import fused_ops, pallas_ops  # only Pallas runs import the Triton lowering
+    # The Pallas Ops load only for Pallas runs; the Triton lowering is imported with any
+    # rwkv_jax import, by the pallas_kernels modules whose reference ops rwkv_jax.ops uses.
+    from .pallas_ops import fused_ops, pallas_ops
     interpret = kind in (Kernels.PALLAS_INTERPRET, Kernels.PALLAS_FUSED_INTERPRET)
     build = fused_ops if kind in (Kernels.PALLAS_FUSED, Kernels.PALLAS_FUSED_INTERPRET) else pallas_ops
     return build(path, interpret=interpret)

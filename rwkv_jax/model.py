@@ -1,4 +1,4 @@
-"""`rwkv_jax.load`: the user-facing JAX RWKV-7 model with per-shape compiled executables."""
+"""`rwkv_jax.load`: the user-facing JAX RWKV-7 model (weights, config and a jitted forward)."""
 from __future__ import annotations
 
 import os
@@ -12,7 +12,7 @@ from rwkv7_core.checkpoint import read_checkpoint
 from rwkv7_core.config import ModelConfig
 from rwkv7_core.state import check_tokens
 
-from .compilation import ExecutableCache, compiler_options, platform_of
+from .compilation import compiler_options, platform_of
 from .forward import forward_fn
 from .kernels import Kernels, ops_for, resolve
 from .modules import RWKV7
@@ -22,19 +22,14 @@ from .state import State, check_state, init_state
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 
 
-def abstract(tree):
-    """ShapeDtypeStructs of a pytree of arrays (or of structs)."""
-    return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), tree)
-
-
 class Model:
     """A loaded RWKV-7 model. `forward` consumes (donates) the state passed to it.
 
     Attributes: config (ModelConfig), dtype, kernels (a resolved Kernels), device (the
     jax.Device the weights live on and every executable runs on; None = JAX's default),
     params (pure dict of per-layer weights), last_path (Path of the last forward), path_counts (Counter of
-    Path -> calls), executables (ExecutableCache: one compiled executable per (B, T,
-    full_output)).
+    Path -> calls). ``forward`` is jitted (one trace per (B, T, full_output)); the engine's
+    executables, the forward's among them, are compiled ahead of time by ``rwkv_jax.engine.JaxEngine``.
     """
 
     def __init__(self, params: dict, config: ModelConfig, dtype, kernels: str | Kernels,
@@ -45,46 +40,28 @@ class Model:
         self.kernels = resolve(kernels)
         self.last_path: Path | None = None
         self.path_counts: Counter = Counter()
-        self._jitted = jax.jit(forward_fn, static_argnames=("config", "path", "kernels", "full_output"),
-                               donate_argnames=("state",))
-        self.executables = ExecutableCache(self.lower, compiler_options(platform_of(self.params)))
+        self._forward = jax.jit(forward_fn, static_argnames=("config", "path", "kernels", "full_output"),
+                                donate_argnames="state", compiler_options=compiler_options(platform_of(self.params)))
 
     def on_device(self):
         """Context in which new arrays and lowered executables land on ``device``."""
         return jax.default_device(self.device)
-
-    def lower(self, key: tuple[int, int, bool]):
-        """The jax.stages.Lowered forward for key = (B, T, full_output)."""
-        B, T, full_output = key
-        tokens = jax.ShapeDtypeStruct((B, T), jnp.int32)
-        state = abstract(jax.eval_shape(lambda: self.init_state(B)))
-        with self.on_device():
-            return self._jitted.lower(self.params, tokens, state, config=self.config,
-                                      path=select_path(B, T), kernels=self.kernels, full_output=full_output)
 
     def init_state(self, batch_size: int) -> State:
         """Fresh zero State for `batch_size` sequences on ``device`` (see rwkv_jax.state.State)."""
         with self.on_device():
             return init_state(self.config, batch_size, self.dtype)
 
-    def compile(self, buckets, full_output: bool = False) -> dict:
-        """AOT-compile each (B, T) bucket; returns {(B, T): compile seconds} (0 if cached)."""
-        times = {}
-        for B, T in buckets:
-            key = (int(B), int(T), bool(full_output))
-            before = key in self.executables
-            self.executables.get(key)
-            times[(key[0], key[1])] = 0.0 if before else self.executables.compile_seconds[key]
-        return times
-
     def forward(self, tokens, state: State, full_output: bool = False):
         """tokens int [B, T] (numpy or jax); state State of batch B (consumed)
         -> (logits float32 [B, V], or [B, T, V] with full_output; new State)."""
-        tokens = jnp.asarray(check_tokens(tokens, self.config.vocab_size), jnp.int32)
+        tokens = check_tokens(tokens, self.config.vocab_size)
         B, T = tokens.shape
         state = check_state(state, self.config, B, self.dtype)
         path = select_path(B, T)
-        logits, state = self.executables.get((B, T, bool(full_output)))(self.params, tokens, state)
+        with self.on_device():
+            logits, state = self._forward(self.params, jnp.asarray(tokens, jnp.int32), state, config=self.config,
+                                          path=path, kernels=self.kernels, full_output=bool(full_output))
         self.last_path = path
         self.path_counts[path] += 1
         return logits, state

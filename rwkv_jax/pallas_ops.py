@@ -13,7 +13,7 @@ fall back to the XLA op, decided at trace time from static shapes.
 ``fused_ops`` (``kernels="pallas-fused"``) is the fewer-launch decode variant (B1T1 and
 BATCHED_DECODE; DENSE is as above): the state is updated in place (``InPlaceState``: the
 mixes and wkv kernels read and write their layer of the whole [B, L, ...] leaves), and the
-time-mix runs as three launches (``pallas_kernels.fused_time_mix``) instead of eleven products,
+time-mix runs as four launches (``pallas_kernels.fused_time_mix``) instead of eleven products,
 their reductions and the elementwise fusions between them.
 """
 from __future__ import annotations
@@ -113,12 +113,3 @@ def fused_ops(path: Path, interpret: bool) -> Ops:
         state_views=InPlaceState,
     )
 
-
-def sparse_rows_threshold(kernel_rows: list) -> int | None:
-    """Largest row count M whose sparse value product beat the dense one (the measured value
-    for SPARSE_MAX_ROWS); 0 if it never did, None if not measured."""
-    timed = [(int(r["case"].split("M=")[1]), r["value_sparse_us"] < r["value_dense_xla_us"])
-             for r in kernel_rows if "value_sparse_us" in r]
-    if not timed:
-        return None
-    return max((m for m, wins in timed if wins), default=0)

@@ -15,6 +15,7 @@ import numpy as np
 import torch
 
 from rwkv7_core.engine import Capability, Slots
+from rwkv7_core.engine_checks import check_prompt, check_resize, check_slot
 from rwkv7_core.sampling import SamplingParams, SamplingRows, TokenLogprobs, banned_mask, sampling_rows
 
 from .sampling import sample_rows, token_logprobs, update_counts
@@ -24,14 +25,18 @@ from .state import State, select_rows
 class TorchEngine:
     """Engine protocol implementation for a loaded ``rwkv_torch_ref`` model.
 
-    Rows are ``(State with B=1, logits float32 [V] | None)``; host rows are numpy copies.
+    Rows are ``(State with B=1, logits float32 [V] | None)``; host rows are numpy copies. The
+    contract's ``config``, ``dtype``, ``kernels`` and ``device`` are the model's; a prompt is
+    prefilled in one call (``prefill_pieces`` is empty).
     """
     capabilities = frozenset({Capability.LOGPROBS})
 
     def __init__(self, model):
         self.model = model
-        self.device = model.device
-        self.vocab_size = model.config.vocab_size
+        self.config, self.vocab_size = model.config, model.config.vocab_size
+        self.dtype, self.kernels = str(model.dtype).removeprefix("torch."), model.kernels.value
+        self.device = str(model.device)
+        self.prefill_pieces = ()
         self.bucket = 0
         self.last_path = f"torch-{model.kernels.value}"
         self.slots: Slots | None = None
@@ -51,9 +56,7 @@ class TorchEngine:
 
     @torch.inference_mode()
     def prefill(self, tokens: np.ndarray, start=None):
-        tokens = np.asarray(tokens, np.int64)
-        if tokens.ndim != 1 or tokens.size == 0:
-            raise ValueError(f"prefill needs a non-empty 1-D token array, got shape {tokens.shape}")
+        tokens = check_prompt(tokens, "prefill").astype(np.int64)
         state = self.model.init_state(1) if start is None else start[0]
         logits, state = self.model.forward(tokens[None], state)
         return state, logits[0]
@@ -67,7 +70,7 @@ class TorchEngine:
 
     @torch.inference_mode()
     def insert(self, slot: int, row, params: SamplingParams) -> None:
-        self._check_slot(slot)
+        check_slot(slot, self.bucket)
         for leaf, part in zip(self.slots.state, row[0]):
             leaf[slot] = part[0].to(leaf.dtype)
         self.slots.counts[slot] = 0
@@ -77,14 +80,12 @@ class TorchEngine:
 
     @torch.inference_mode()
     def extract(self, slot: int):
-        self._check_slot(slot)
+        check_slot(slot, self.bucket)
         return select_rows(self.slots.state, [slot]), None
 
     @torch.inference_mode()
     def resize(self, keep_slots: Sequence[int], new_bucket: int) -> None:
-        keep = list(keep_slots)
-        if len(keep) > new_bucket or any(not 0 <= s < self.bucket for s in keep):
-            raise ValueError(f"cannot keep slots {keep} of bucket {self.bucket} in bucket {new_bucket}")
+        keep = check_resize(keep_slots, self.bucket, new_bucket)
         if self.slots is None or not keep:
             V = self.vocab_size
             self.slots = Slots(self.model.init_state(new_bucket),
@@ -123,9 +124,7 @@ class TorchEngine:
 
     @torch.inference_mode()
     def prompt_logprobs(self, tokens: np.ndarray) -> TokenLogprobs:
-        tokens = np.asarray(tokens, np.int64)
-        if tokens.ndim != 1 or tokens.size < 2:
-            raise ValueError(f"prompt_logprobs needs a 1-D prompt of >= 2 tokens, got shape {tokens.shape}")
+        tokens = check_prompt(tokens, "prompt_logprobs", min_tokens=2).astype(np.int64)
         logits, _ = self.model.forward(tokens[None], self.model.init_state(1), full_output=True)
         return token_logprobs(logits[0, :-1], torch.from_numpy(tokens[1:]).to(self.device))
 
@@ -141,7 +140,3 @@ class TorchEngine:
         dtypes = [leaf.dtype for leaf in self.model.init_state(1)]
         state = State(*(self._tensor(a).to(dt) for a, dt in zip(state, dtypes)))
         return state, (None if logits is None else self._tensor(logits))
-
-    def _check_slot(self, slot: int) -> None:
-        if not 0 <= slot < self.bucket:
-            raise ValueError(f"slot {slot} outside the current bucket of {self.bucket}")

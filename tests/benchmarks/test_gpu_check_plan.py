@@ -42,3 +42,11 @@ def test_cold_run_at_the_recorded_compile_speed_ends_within_8_minutes(monkeypatc
     assert all("engine_step_sampled_ms" in r for r in decode["engine"])
     assert all(r["skipped"].startswith("time budget") for r in decode["rows"] + models["rows"] if "tok_s" not in r)
     assert [r["model"] for r in models["rows"] if "tok_s" in r] == ["2.9b"]  # pallas-fused B=1
+
+
+def test_sparse_threshold_is_the_largest_winning_row_count():
+    rows = [{"case": f"channel_mix M={m}", "value_sparse_us": s, "value_dense_xla_us": 10.0}
+            for m, s in ((1, 5.0), (2, 9.0), (4, 12.0), (8, 30.0))] + [{"case": "linear M=1"}]
+    assert g.sparse_rows_threshold(rows) == 2
+    assert g.sparse_rows_threshold(rows[2:]) == 0
+    assert g.sparse_rows_threshold([]) is None

@@ -187,22 +187,17 @@ def test_device_sampling_matches_numpy_reference(name):
 def check_failed_step_fails_its_requests_and_engine_recovers(name, model, engine, monkeypatch):
     calls = {"n": 0}
     if name == "jax":
-        real = engine._exe
+        real = engine.executables.call
 
-        def flaky(kind, shape):
-            exe = real(kind, shape)
-            if kind != "step":
-                return exe
-
-            def run(params, slots, tokens, positions):
+        def flaky(key, *args):
+            if key[0] == "step":
                 calls["n"] += 1
                 if calls["n"] == 3:  # lose the donated batch, as a mid-step failure would
-                    for leaf in jax_leaves(slots):
+                    for leaf in jax_leaves(args[1]):
                         leaf.delete()
                     raise RuntimeError("device fault")
-                return exe(params, slots, tokens, positions)
-            return run
-        monkeypatch.setattr(engine, "_exe", flaky)
+            return real(key, *args)
+        monkeypatch.setattr(engine.executables, "call", flaky)
     else:
         real = model.forward
 

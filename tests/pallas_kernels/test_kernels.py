@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 from jax.experimental import pallas as pl
 
-from pallas_kernels.random_inputs import wkv_inputs
 from pallas_kernels import shift_mix, small_m_linear, wkv_seq, wkv_step
 from pallas_kernels.common import triton_params
+from tests.support.pallas_inputs import wkv_inputs
 
 
 def _keys(seed: int, n: int):

@@ -1,9 +1,11 @@
-"""rwkv_jax's public API on the tiny checkpoint: batch independence, path coverage,
-AOT-compiled buckets reused, input errors, and loading .safetensors with torch blocked."""
+"""rwkv_jax's public API on the tiny checkpoint: batch independence, path coverage, the
+forward compiled ahead of time in the engine's executable cache, input errors, and loading
+.safetensors with torch blocked."""
 import subprocess
 import sys
 import textwrap
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -25,10 +27,6 @@ def test_batch_rows_equal_single_runs_and_paths_are_reported(tiny):
     rng = np.random.default_rng(21)
     prompts, steps = rng.integers(0, V, size=(3, 8)), rng.integers(0, V, size=(2, 3))
     before = tiny.path_counts.copy()
-    compile_times = tiny.compile([(3, 1)])  # AOT: the decode steps below reuse this executable
-    assert list(compile_times) == [(3, 1)] and compile_times[(3, 1)] >= 0
-    decode_exe = tiny.executables.get((3, 1, False))
-
     batch_logits, state = tiny.forward(prompts, tiny.init_state(3), full_output=True)
     assert tiny.last_path is Path.DENSE
     batch_steps = []
@@ -36,8 +34,6 @@ def test_batch_rows_equal_single_runs_and_paths_are_reported(tiny):
         logits, state = tiny.forward(tok[:, None], state)
         assert tiny.last_path is Path.BATCHED_DECODE
         batch_steps.append(np.asarray(logits))
-    assert tiny.executables.get((3, 1, False)) is decode_exe
-    assert tiny.compile([(3, 1)]) == {(3, 1): 0.0}
 
     for row in range(3):
         logits, s = tiny.forward(prompts[row:row + 1], tiny.init_state(1), full_output=True)
@@ -51,6 +47,26 @@ def test_batch_rows_equal_single_runs_and_paths_are_reported(tiny):
 
     taken = tiny.path_counts - before
     assert taken == {Path.DENSE: 4, Path.BATCHED_DECODE: 2, Path.B1T1: 6}
+
+
+def test_the_engine_compiles_the_forward_once_and_it_equals_model_forward(tiny):
+    """The engine's one executable cache holds the model forward too: compiled ahead of time
+    once per (B, T, full_output), the same executable afterwards, with Model.forward's outputs."""
+    from rwkv_jax.engine import JaxEngine
+
+    engine, key = JaxEngine(tiny), ("forward", (3, 1, False))
+    exe = engine.executables.get(key)
+    assert engine.compile_seconds[key] > 0 and engine.executables.get(key) is exe
+    rng = np.random.default_rng()
+    prompts = rng.integers(0, tiny.config.vocab_size, (3, 5))
+    tokens = rng.integers(0, tiny.config.vocab_size, (3, 1)).astype(np.int32)
+    _, start = tiny.forward(prompts, tiny.init_state(3))
+    starts = [jax.tree.map(jnp.copy, start) for _ in range(2)]
+    want_logits, want_state = tiny.forward(tokens, starts[0])
+    logits, state = exe(tiny.params, tokens, starts[1])
+    np.testing.assert_allclose(np.asarray(logits), np.asarray(want_logits), atol=1e-6, rtol=0)
+    for got, want in zip(state, want_state):
+        np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=1e-6, rtol=0)
 
 
 def test_decode_beyond_max_batch_runs_dense_form_with_same_result(tiny):

@@ -18,6 +18,8 @@ import pytest
 from rwkv7_core import named_config
 from rwkv7_core.state import state_shapes
 from rwkv_jax import deviceless
+from rwkv_jax.engine import JaxEngine
+from rwkv_jax.executables import EXECUTABLES
 from tests.gpu_target import H200, assert_pallas_resources_reported, engine
 from tests.shapes import ODD_CONFIG
 
@@ -124,6 +126,10 @@ def test_buckets_parse_into_the_engine_executables():
     assert deviceless.Bucket.parse("3x17") == deviceless.Bucket("forward", 3, 17)
     assert deviceless.Bucket.parse("varlen:128") == deviceless.Bucket("varlen", 1, 128)
     assert deviceless.Bucket.parse("mixed:8x64").path == "DENSE"
+    assert deviceless.Bucket.parse("mixed:8x64").key == ("mixed", (8, 64))
+    assert deviceless.Bucket.parse("3x17").key == ("forward", (3, 17, False))
+    assert all(deviceless.Bucket.parse(label).key[0] in EXECUTABLES
+               for label in ("1x1", "1x64", "3x17", "varlen:128", "mixed:8x64"))
     assert deviceless.Bucket.parse("300x1").path == "DENSE" and deviceless.Bucket.parse("300x1").kind == "step"
     for bad in ("1x", "x1", "0x1", "foo:3", "2", "varlen:x"):
         with pytest.raises(ValueError, match="bucket"):
@@ -145,11 +151,12 @@ def test_cpu_executables_get_the_cpu_compile_options_and_gpu_ones_xla_defaults()
     from rwkv_jax.compilation import CPU_COMPILER_OPTIONS
     from rwkv_jax.random_params import random_model
 
-    cpu = random_model(CONFIGS["tiny"], "float32")
+    cpu = JaxEngine(random_model(CONFIGS["tiny"], "float32"))
     assert cpu.executables.options == CPU_COMPILER_OPTIONS
-    assert cpu.compile([(2, 1)])[(2, 1)] > 0
+    cpu.executables.get(("forward", (2, 1, False)))
+    assert cpu.compile_seconds[("forward", (2, 1, False))] > 0
     gpu = _engine("tiny", "bfloat16", "xla")
-    assert gpu.executables.options == {} and gpu.model.executables.options == {}
+    assert gpu.executables.options == {}
     assert compile_ok("tiny", "xla", "2x1").report.launches
 
 
@@ -160,7 +167,7 @@ def test_the_cuda_plugin_and_ptxas_in_use_are_named(monkeypatch):
     assert re.fullmatch(r"jax-cuda1[23]-plugin \S+", deviceless.cuda_plugin() or ""), deviceless.cuda_plugin()
     monkeypatch.setenv(deviceless.PLUGIN_ENV, "cuda11")
     with pytest.raises(ValueError, match="cuda11"):
-        deviceless._plugin_names()
+        deviceless.plugin_names()
 
 
 def test_ptxas_rejecting_a_newer_ptx_names_both_versions(tmp_path):

@@ -65,15 +65,6 @@ def test_pallas_ops_rejects_a_non_path():
         pallas_ops("b1t1", interpret=True)
 
 
-def test_sparse_threshold_is_the_largest_winning_row_count():
-    from rwkv_jax.pallas_ops import sparse_rows_threshold
-    rows = [{"case": f"channel_mix M={m}", "value_sparse_us": s, "value_dense_xla_us": 10.0}
-            for m, s in ((1, 5.0), (2, 9.0), (4, 12.0), (8, 30.0))] + [{"case": "linear M=1"}]
-    assert sparse_rows_threshold(rows) == 2
-    assert sparse_rows_threshold(rows[2:]) == 0
-    assert sparse_rows_threshold([]) is None
-
-
 def test_fused_decode_ops_launch_the_fused_kernels_on_whole_state_leaves():
     from pallas_kernels.segment_linear import SplitSum
     from pallas_kernels.time_mix import TimeMixWeights

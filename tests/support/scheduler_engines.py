@@ -24,6 +24,7 @@ from rwkv7_core.sampling import SamplingRows, banned_mask, sample_rows, sampling
 
 class FakeEngine:
     capabilities = frozenset()
+    config, dtype, kernels, device, prefill_pieces = None, "float64", "fake", None, ()  # no RWKV-7 model
 
     def __init__(self, vocab_size: int = 64, hidden: int = 8, seed: int = 0, *,
                  step_seconds: float = 0.0, prefill_seconds_per_token: float = 0.0,
@@ -169,6 +170,7 @@ class CountingEngine:
     default stop token), so each request runs to max_tokens. Implements ``Engine`` with
     ``Capability.VARLEN_PREFILL``; ``expected_tokens(prompt, params)`` gives a request's output."""
     capabilities = frozenset({Capability.VARLEN_PREFILL})
+    config, dtype, kernels, device, prefill_pieces = None, "int64", "counting", None, ()  # no RWKV-7 model
 
     def __init__(self, vocab_size: int = 64):
         self.vocab_size = vocab_size
