@@ -2,7 +2,6 @@
 compilation cache."""
 from __future__ import annotations
 
-import contextlib
 import os
 import threading
 import time
@@ -37,20 +36,6 @@ def enable_compilation_cache(directory: str | os.PathLike) -> None:
     jax.config.update("jax_compilation_cache_dir", str(directory))
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
-
-
-@contextlib.contextmanager
-def without_persistent_cache():
-    """Compile with JAX's persistent cache off (JAX_COMPILATION_CACHE_DIR,
-    ``enable_compilation_cache``) inside this block: for compiles that must really run, e.g. a
-    deviceless compile read for its dump (a compile-only client cannot load a cached executable
-    anyway: it warns and compiles)."""
-    enabled = jax.config.jax_enable_compilation_cache
-    jax.config.update("jax_enable_compilation_cache", False)
-    try:
-        yield
-    finally:
-        jax.config.update("jax_enable_compilation_cache", enabled)
 
 
 class ExecutableCache:

@@ -37,7 +37,6 @@ import jax
 
 from rwkv7_core.config import ModelConfig
 
-from .compilation import without_persistent_cache
 from .engine import JaxEngine
 from .gpu_dump import StepReport, base_name, dump_options, step_report  # noqa: F401 (base_name: re-exported)
 from .kernels import Kernels
@@ -280,8 +279,7 @@ def compile_bucket(engine: JaxEngine, bucket: Bucket, target: GpuTarget, *, ptxa
         try:
             with on_target(target):
                 lowered = engine.lower(bucket.key)
-            with without_persistent_cache():
-                compiled = lowered.compile(dump_options(dump))
+            compiled = lowered.compile(dump_options(dump))
         except Exception as e:  # the compile's failure is the result
             message = " ".join(str(e).split())
             return BucketResult(bucket, False, f"{type(e).__name__}: {message[:2000]}", time.perf_counter() - start)
@@ -296,8 +294,7 @@ def compile_function(fn, args, target: GpuTarget, *, plugin_dir: str | None = No
     placed on the target device here) and return its StepReport; a failing compile raises."""
     with on_target(target, plugin_dir) as sharding, tempfile.TemporaryDirectory(prefix="rwkv7_gpu_dump_") as dump:
         lowered = jax.jit(fn).trace(*placed(args, sharding)).lower()
-        with without_persistent_cache():
-            lowered.compile(dump_options(dump))
+        lowered.compile(dump_options(dump))
         return step_report(dump, ptxas=ptxas, entry_prefix=entry_prefix, arch=target.arch)
 
 

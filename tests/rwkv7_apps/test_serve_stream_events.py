@@ -21,7 +21,7 @@ def _stream_all_queued_at_once(ids, logprobs):
     choice = generation.Choice(index=0, prompt_index=0, request_id="r0", text=TextStream())
     body = SimpleNamespace(return_token_ids=True)
     job = generation.Job("completion", body, [[1, 2]], [None], [choice], logprobs=1 if logprobs else None,
-                         echo=False, max_tokens=len(ids))
+                         echo=False)
     queue: asyncio.Queue = asyncio.Queue()
     for i, t in enumerate(ids):  # everything is queued before the handler wakes up
         scores = TokenLogprobs(np.array([-0.1 * i], np.float32), np.array([[t]], np.int32),
