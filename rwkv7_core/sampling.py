@@ -91,14 +91,14 @@ class SamplingParams:
         def is_real(v):
             return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
-        if not is_int(self.max_tokens) or self.max_tokens < 0:
-            bad("max_tokens", "must be an integer >= 0")
+        if not is_int(self.max_tokens) or not 0 <= self.max_tokens <= DEVICE_INT_MAX:
+            bad("max_tokens", f"must be an integer in [0, {DEVICE_INT_MAX}]")
         if not is_real(self.temperature) or self.temperature < 0:
             bad("temperature", "must be a finite number >= 0")
         if not is_real(self.top_p) or not 0 < self.top_p <= 1:
             bad("top_p", "must lie in (0, 1]")
-        if not is_int(self.top_k) or self.top_k < 0:
-            bad("top_k", "must be an integer >= 0 (0 = no top-k)")
+        if not is_int(self.top_k) or not 0 <= self.top_k <= DEVICE_INT_MAX:
+            bad("top_k", f"must be an integer in [0, {DEVICE_INT_MAX}] (0 = no top-k)")
         for name in ("presence_penalty", "frequency_penalty"):
             if not is_real(getattr(self, name)):
                 bad(name, "must be a finite number")
@@ -122,6 +122,10 @@ class SamplingParams:
 
 TOP_LOGPROBS = 20
 """Alternatives an engine returns per scored token: the most a request may ask for."""
+
+DEVICE_INT_MAX = 2**31 - 1
+"""The largest ``max_tokens`` and ``top_k``: engines keep both as int32 per row (a top_k at or
+above the vocabulary size keeps every token, as 0 does)."""
 
 
 class TokenLogprobs(NamedTuple):

@@ -11,7 +11,7 @@ from typing import Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
 
-from rwkv7_core.sampling import TOP_LOGPROBS
+from rwkv7_core.sampling import DEVICE_INT_MAX, TOP_LOGPROBS
 
 MAX_N = 64
 TokenIds = list[StrictInt]
@@ -42,10 +42,10 @@ class SamplingFields(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     model: StrictStr | None = None
-    max_tokens: int | None = Field(None, ge=0)
+    max_tokens: int | None = Field(None, ge=0, le=DEVICE_INT_MAX)
     temperature: float | None = Field(None, ge=0)
     top_p: float | None = Field(None, gt=0, le=1)
-    top_k: int | None = Field(None, ge=0)
+    top_k: int | None = Field(None, ge=0, le=DEVICE_INT_MAX)
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
     penalty_decay: float | None = Field(None, gt=0, le=1)
@@ -78,7 +78,7 @@ class ChatMessage(BaseModel):
 
 class ChatCompletionRequest(SamplingFields):
     messages: list[ChatMessage] = Field(min_length=1)
-    max_completion_tokens: int | None = Field(None, ge=0)
+    max_completion_tokens: int | None = Field(None, ge=0, le=DEVICE_INT_MAX)
     logprobs: StrictBool = False
     top_logprobs: int | None = Field(None, ge=0, le=TOP_LOGPROBS)
 
