@@ -18,6 +18,8 @@ import os
 import time
 from typing import Any, Iterator, NamedTuple
 
+from rwkv7_core.text_checks import unpaired_surrogate
+
 ResultKey = tuple[str, Any]  # ("id", id) or ("line", line number)
 
 PROMPT_FIELDS = ("id", "prompt", "tokens", "state")
@@ -58,6 +60,11 @@ def parse_line(line_no: int, text: str) -> InputRequest | InputError:
         obj = json.loads(text)
     except ValueError as e:
         return InputError(line_no, None, f"line {line_no}: malformed JSON ({e})", by_line=True)
+    except RecursionError:
+        return InputError(line_no, None, f"line {line_no}: malformed JSON (nested too deeply)", by_line=True)
+    surrogate = unpaired_surrogate(obj)
+    if surrogate:  # keyed by line: the id itself may be the bad text
+        return InputError(line_no, None, f"line {line_no}: {surrogate.message()}", by_line=True)
     if not isinstance(obj, dict):
         return InputError(line_no, None, f"line {line_no}: expected a JSON object, got {type(obj).__name__}",
                           by_line=True)
@@ -91,13 +98,20 @@ def read_requests(path: str | os.PathLike, skip=frozenset()) -> Iterator[InputRe
     """Yield every non-blank line of ``path`` as a request or an input error.
 
     A repeated id becomes an InputError on its later lines (the first line keeps it).
-    Line numbers count from 1 and include blank lines. A line whose result key is in
+    Line numbers count from 1 and include blank lines. A line that is not valid UTF-8, or
+    whose JSON holds an unpaired surrogate escape, is an input error keyed by its line. A line whose result key is in
     ``skip`` (e.g. the keys already in the output) yields None, cheaply: its JSON is parsed
     for the id but nothing else is checked.
     """
     first_line: dict[Any, int] = {}
-    with open(path, encoding="utf-8", errors="replace") as f:
-        for line_no, text in enumerate(f, start=1):
+    with open(path, "rb") as f:
+        for line_no, raw in enumerate(f, start=1):
+            try:
+                text = raw.decode("utf-8")
+            except UnicodeDecodeError as e:  # never replaced: "bad\xff" and "bad\xfe" must not merge
+                yield None if ("line", line_no) in skip else InputError(
+                    line_no, None, f"line {line_no}: invalid UTF-8 at byte {e.start} of the line", by_line=True)
+                continue
             if not text.strip():
                 continue
             if skip:
@@ -123,10 +137,10 @@ def _plain_id(text: str):
     """The valid id of a line that is a JSON object, else None."""
     try:
         obj = json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):
         return None
     rid = obj.get("id") if isinstance(obj, dict) else None
-    return rid if _valid_id(rid) else None
+    return rid if _valid_id(rid) and not unpaired_surrogate(rid) else None
 
 
 def error_record(err: InputError) -> dict[str, Any]:

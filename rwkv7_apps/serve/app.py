@@ -16,6 +16,8 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from rwkv7_core.text_checks import unpaired_surrogate
+
 from . import generation
 from .generation import Context
 from .metrics import CONTENT_TYPE, ServerMetrics
@@ -135,6 +137,9 @@ def _validation_error(e: RequestValidationError) -> APIError:
 
 
 async def _handle(ctx: Context, metrics: ServerMetrics, body, request: Request, kind: str):
+    surrogate = unpaired_surrogate(body.model_dump(exclude_none=True))
+    if surrogate:
+        raise APIError(400, surrogate.message(), surrogate.path or None)
     job, groups = generation.build_job(ctx, body, kind)
     queue, prompt_scores = await generation.submit(ctx, job, groups)
     endpoint = request.url.path
