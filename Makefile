@@ -1,7 +1,7 @@
 # Set-up and checks. `make demo` runs the main job on a random-weight model; `make test` runs
 # the whole test suite on the pinned stack; `make ci` runs what CI runs (every stack, see below:
-# the whole suite on the GPU machine's stack, and on the pinned stack all but the slow tests
-# marked `single_stack`, whose stack-sensitive parts other tests cover).
+# the whole suite on the pinned stack, and on the GPU machine's stack the tests whose behaviour
+# depends on the stack, less the slow sweeps marked `single_stack`).
 # Each stack lives in its own virtual environment, created on first use.
 #
 #   stack   Python  jax             CUDA compile plugin  torch / triton           venv
@@ -17,9 +17,12 @@ NVCC := nvidia-cuda-nvcc==13.5.37
 # tests and rwkv7-gpu-compile; kept outside each environment (pip --target) so that plain
 # runs never see them.
 PLUGIN = $(1)/cuda-plugin
-# pytest's selection for `make test` (CI: PYTEST_SELECT='-m "not single_stack"').
-PYTEST_SELECT ?=
 PYTEST = -m pytest -n 2 --dist worksteal -q --durations=25
+# What the stack changes: jax and Pallas (model, kernels, deviceless compiles), torch/Triton,
+# the engines under the scheduler, Python 3.12's protocol checks on replicas, the GPU script.
+GPU_STACK_TESTS := tests/rwkv_jax tests/pallas_kernels tests/rwkv_torch_ref tests/integration \
+	tests/rwkv7_apps/test_replica_capabilities.py tests/rwkv7_apps/test_data_parallel_cli.py \
+	tests/rwkv7_apps/test_gpu_compile.py tests/benchmarks/test_gpu_check_smoke.py
 # Tests share one JAX compilation cache per stack (in-process compiles and every CLI
 # subprocess): the same tiny-model executables are compiled by many tests.
 TEST_ENV = JAX_PLATFORMS=cpu RWKV7_CUDA_PLUGIN_DIR=$(abspath $(call PLUGIN,$(1))) \
@@ -50,7 +53,7 @@ demo: .venv/.installed
 	@echo "outputs: /tmp/rwkv7_demo_out.jsonl  metrics: /tmp/rwkv7_demo_metrics.json  plot: /tmp/rwkv7_demo_run.png"
 
 test: .venv/.installed .venv/cuda-plugin/.installed
-	$(call TEST_ENV,.venv) .venv/bin/python $(PYTEST) $(PYTEST_SELECT) tests
+	$(call TEST_ENV,.venv) .venv/bin/python $(PYTEST) tests
 
 # -- the GPU machine's stack --------------------------------------------------------------
 .venv-gpu/.installed: pyproject.toml
@@ -63,7 +66,7 @@ test: .venv/.installed .venv/cuda-plugin/.installed
 	touch $@
 
 test-gpu-stack: .venv-gpu/.installed
-	$(call TEST_ENV,.venv-gpu) .venv-gpu/bin/python $(PYTEST) tests
+	$(call TEST_ENV,.venv-gpu) .venv-gpu/bin/python $(PYTEST) -m "not single_stack" $(GPU_STACK_TESTS)
 
 # -- newest jax on Python 3.12: install, demo, the deviceless 1.5b decode compile -----------
 .venv-newest/.installed: pyproject.toml
@@ -103,8 +106,7 @@ test-offline: wheelhouse
 # -- everything CI runs, each stage timed -----------------------------------------------------
 CI_STAGES := smoke-newest test-offline test-gpu-stack test
 ci:
-	@for stage in $(CI_STAGES); do start=$$(date +%s); \
-		$(MAKE) --no-print-directory $$stage PYTEST_SELECT='-m "not single_stack"' || exit 1; \
+	@for stage in $(CI_STAGES); do start=$$(date +%s); $(MAKE) --no-print-directory $$stage || exit 1; \
 		echo "== make $$stage: $$(( $$(date +%s) - start )) s"; done
 
 bench: .venv/.installed

@@ -42,7 +42,6 @@ def run_script(*args, timeout=900):
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, cwd=ROOT)
 
 
-@pytest.mark.single_stack
 def test_gpu_check_smoke_writes_a_complete_report(tmp_path):
     result = run_script("--smoke", "--out", str(tmp_path))
     assert result.returncode == 0, result.stderr[-3000:]

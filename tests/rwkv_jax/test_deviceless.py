@@ -7,7 +7,8 @@ checked too: the Pallas kernels a step launches per layer, no spill in a decode 
 shared memory under the opt-in limit, and no copy of the whole donated wkv state.
 
 Compiles are slow (tens of seconds each on two cores), so the sweeps are marked
-`single_stack`: CI runs them on the GPU machine's stack and a B=1 / 1.5b subset elsewhere.
+`single_stack`: CI runs them on the pinned stack (the whole suite) and a B=1 / 1.5b subset on the
+GPU machine's stack.
 `rwkv7-gpu-compile --buckets ...` compiles any other bucket on demand."""
 from __future__ import annotations
 
