@@ -99,9 +99,9 @@ def read_requests(path: str | os.PathLike, skip=frozenset()) -> Iterator[InputRe
 
     A repeated id becomes an InputError on its later lines (the first line keeps it).
     Line numbers count from 1 and include blank lines. A line that is not valid UTF-8, or
-    whose JSON holds an unpaired surrogate escape, is an input error keyed by its line. A line whose result key is in
-    ``skip`` (e.g. the keys already in the output) yields None, cheaply: its JSON is parsed
-    for the id but nothing else is checked.
+    whose JSON holds an unpaired surrogate escape, is an input error keyed by its line. A line
+    whose result key is in ``skip`` (e.g. the keys already in the output) yields None,
+    cheaply: its JSON is parsed for the id but nothing else is checked.
     """
     first_line: dict[Any, int] = {}
     with open(path, "rb") as f:
