@@ -553,8 +553,9 @@ def launches(hlo_text: str) -> int:
 def measure_engine_step(model: Model, B, smoke) -> dict:
     """The engine's whole decode step (forward + on-device sampling + the host reading the
     drawn tokens, as rwkv7-generate runs it) at bucket B: ms per step with every row greedy,
-    and with one row sampling (temperature 1, top-k 50, top-p 0.9: the sampler's
-    conditionals and threshold loops then run; they are a device while loop each on a GPU)."""
+    and with one row sampling (temperature 1, top-k 50, top-p 0.9). With the GPU kernels the
+    step samples in straight-line code (rwkv_jax.kernels.straight_line_sampling): both cost
+    the same, the difference between them is noise."""
     from rwkv7_core.sampling import SamplingParams
 
     engine = JaxEngine(model, prefill_pieces=(1,))

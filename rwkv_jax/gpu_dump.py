@@ -97,6 +97,8 @@ class StepReport:
     copies: list = field(default_factory=list)
     kernels: list = field(default_factory=list)
     ptxas_error: str | None = None
+    while_loops: int = 0     # kWhile thunks: device loops (their bodies run trip-count times)
+    conditionals: int = 0    # kConditional thunks: device branches on a device predicate
 
     @property
     def copy_bytes(self) -> int:
@@ -108,9 +110,11 @@ class StepReport:
                                         if (t.name or "").startswith(prefix)))
 
     def summary(self) -> dict:
-        """JSON-ready counts: launches (all, in loops, in conditional branches), copies and bytes."""
+        """JSON-ready counts: launches (all, in loops, in conditional branches), device loops and
+        conditionals, copies and bytes."""
         return {"launches": len(self.launches), "launches_in_loops": sum(t.in_loop for t in self.launches),
-                "launches_in_branches": sum(t.in_branch for t in self.launches), "copies": len(self.copies),
+                "launches_in_branches": sum(t.in_branch for t in self.launches), "while_loops": self.while_loops,
+                "conditionals": self.conditionals, "copies": len(self.copies),
                 "copy_bytes": self.copy_bytes, "largest_copies": [
                     {"hlo": c.hlo, "shape": c.shape, "bytes": c.bytes}
                     for c in sorted(self.copies, key=lambda c: -c.bytes)[:3]]}
@@ -136,7 +140,8 @@ def _one(dump_dir: str, pattern: str) -> str:
 
 
 def parse_thunks(dump_dir: str) -> list[Thunk]:
-    """Every leaf thunk of the dumped executable, in order, with copy shapes and bytes."""
+    """Every thunk of the dumped executable, in order, with copy shapes and bytes: the leaves
+    and the containers (``kind`` in CONTAINERS; no kernel name)."""
     sequence = _one(dump_dir, "*.thunk_sequence.txt")
     module = os.path.basename(sequence).rsplit(".thunk_sequence.txt", 1)[0]
     loops, branches, thunks = [], [], []
@@ -151,8 +156,6 @@ def parse_thunks(dump_dir: str) -> list[Thunk]:
             loops.append(indent)
         elif kind == "kConditional":
             branches.append(indent)
-        if kind in CONTAINERS:
-            continue
         t = Thunk(id=int(m[2]), kind=kind, name=m[4] if m[5] else None, in_loop=bool(loops),
                   in_branch=bool(branches))
         if m[5]:
@@ -256,8 +259,10 @@ def step_report(dump_dir: str, ptxas: bool = True, entry_prefix: str = "", arch:
     spills and static shared memory of the kernels whose names start with entry_prefix
     ("" = every kernel; "rwkv7" = the Pallas kernels)."""
     thunks = parse_thunks(dump_dir)
-    report = StepReport(launches=[t for t in thunks if t.kind not in COPIES],
-                        copies=[t for t in thunks if t.kind in COPIES])
+    kinds = collections.Counter(t.kind for t in thunks)
+    report = StepReport(launches=[t for t in thunks if t.kind not in COPIES | CONTAINERS],
+                        copies=[t for t in thunks if t.kind in COPIES],
+                        while_loops=kinds["kWhile"], conditionals=kinds["kConditional"])
     resources = {}
     if ptxas:
         ptx_files = sorted(glob.glob(os.path.join(dump_dir, "*.ptx")))

@@ -1,7 +1,8 @@
 """Which kernels implement the ops: the ``Kernels`` choice, resolved in one place.
 
 ``Kernels.AUTO`` becomes ``PALLAS`` on a GPU backend and ``XLA`` elsewhere (``resolve``,
-called by ``rwkv_jax.load``); ``ops_for(path, kernels)`` returns the ``Ops`` a path runs.
+called by ``rwkv_jax.load``); ``ops_for(path, kernels)`` returns the ``Ops`` a path runs;
+``straight_line_sampling(kernels)`` says which form of the sampler the decode step uses.
 """
 from __future__ import annotations
 
@@ -37,6 +38,17 @@ def resolve(kernels: str | Kernels) -> Kernels:
     if kind is Kernels.AUTO:
         return Kernels.PALLAS if jax.default_backend() == "gpu" else Kernels.XLA
     return kind
+
+
+GPU_KERNELS = (Kernels.PALLAS, Kernels.PALLAS_FUSED)
+
+
+def straight_line_sampling(kernels: str | Kernels) -> bool:
+    """True for the GPU kernels: their decode step samples with no device control flow
+    (``rwkv_jax.sampling``: every row's draw computed, 8 unrolled radix passes), so XLA
+    keeps the step one command buffer. Elsewhere (the CPU's XLA, the interpreters) greedy
+    batches skip the draw with a lax.cond: cheaper where passes cost compute, not launches."""
+    return resolve(kernels) in GPU_KERNELS
 
 
 def ops_for(path: Path, kernels: str | Kernels) -> Ops:

@@ -1,7 +1,7 @@
 """Batched on-device sampling in JAX: the math of ``rwkv7_core.sampling`` (the numpy
 reference, which documents every step), traceable and jitted with the decode step. The
-top-k/top-p threshold is found by bisection instead of the reference's sort (the same kept
-set; a [32, 65536] batch took 0.09 s against 0.6 s with the sort on a 2-core CPU).
+top-k/top-p threshold is found by a radix search instead of the reference's sort (the same
+kept set; a [32, 65536] batch took 0.09 s against 0.6 s with the sort on a 2-core CPU).
 
 Rows are independent: each row's draw depends only on its logits, its penalty counts, its
 parameters and its (seed, position) hash noise, so batch size and slot do not matter.
@@ -38,46 +38,71 @@ def _order_key(z: jax.Array) -> jax.Array:
     return jnp.where(bits >> 31 == 1, ~bits, bits | jnp.uint32(1 << 31))
 
 
-def _smallest_key(keys: jax.Array, holds) -> jax.Array:
-    """Per row, the smallest uint32 key u with holds(u [B, 1]) true, for a predicate that is
-    monotone in u (false below some key, true from it on): bisection, 32 passes over [B, V]."""
-    def halve(_, bounds):
-        lo, hi = bounds
-        mid = lo + (hi - lo) // 2
-        ok = holds(mid[:, None])[:, 0]
-        return jnp.where(ok, lo, mid + 1), jnp.where(ok, mid, hi)
+def _smallest_key(keys: jax.Array, holds, straight_line: bool) -> jax.Array:
+    """Per row, the smallest uint32 key u with holds(u) true, for a predicate monotone in u
+    (false below some key, true from it on; 0xFFFFFFFF when it never holds). ``holds`` maps
+    candidates uint32 [B, M] to bool [B, M]. Radix search over the 32 bits: each pass splits
+    the row's window into 2**bits parts and tests the last key of each but the top one, so
+    the window shrinks to the first part whose end holds. Branching form: 32 one-bit passes
+    in a fori_loop; straight-line form: 8 four-bit passes (15 candidates each), unrolled."""
+    bits = 4 if straight_line else 1
+    parts = jnp.arange(1, 2 ** bits, dtype=jnp.uint32)
 
-    B = keys.shape[0]
-    lo, hi = jnp.zeros((B,), jnp.uint32), jnp.full((B,), 0xFFFFFFFF, jnp.uint32)
-    return jax.lax.fori_loop(0, 32, halve, (lo, hi))[1]
+    def narrow(step, lo):
+        width = jnp.left_shift(jnp.uint32(1), jnp.uint32(32 - bits) - jnp.uint32(bits) * step.astype(jnp.uint32))
+        below = ~holds(lo[:, None] + parts[None, :] * width - jnp.uint32(1))
+        return lo + jnp.sum(below, axis=1, dtype=jnp.uint32) * width
+
+    lo = jnp.zeros(keys.shape[:1], jnp.uint32)
+    if straight_line:
+        for step in range(32 // bits):
+            lo = narrow(jnp.uint32(step), lo)
+        return lo
+    return jax.lax.fori_loop(0, 32, narrow, lo)
 
 
-def nucleus_mask(z: jax.Array, top_k: jax.Array, top_p: jax.Array) -> jax.Array:
+def _greater(keys: jax.Array, u: jax.Array, values: jax.Array | None = None) -> jax.Array:
+    """Per candidate u [B, M]: how many keys [B, V] exceed it (or the sum of ``values``
+    [B, V] over those keys) -> [B, M]."""
+    above = keys[:, None, :] > u[:, :, None]
+    if values is None:
+        return jnp.sum(above, axis=2, dtype=jnp.int32)
+    return jnp.sum(jnp.where(above, values[:, None, :], 0.0), axis=2)
+
+
+def nucleus_mask(z: jax.Array, top_k: jax.Array, top_p: jax.Array, straight_line: bool = False) -> jax.Array:
     """bool [B, V]: tokens kept by top-k (0 = off) then top-p on scaled logits z [B, V].
 
     The numpy reference's rule without sorting V logits: a token of logit v is kept when
     fewer than top_k logits exceed v and the softmax mass (over the top-k survivors) of the
     logits above v is below top_p. Both counts only grow as v falls, so the kept set is
-    {z >= t}; t is found by bisection on order-preserving uint32 keys (exact, ~64 passes
-    over [B, V] instead of a sort)."""
+    {z >= t}; t is found by a radix search on order-preserving uint32 keys (exact; see
+    ``_smallest_key``). ``straight_line``: no device control flow (the top-k search always
+    runs); else the top-k search is skipped (lax.cond) when no row has a top_k."""
     keys = _order_key(z)
     k = jnp.where(top_k > 0, top_k, z.shape[1])
-    t_k = jax.lax.cond(  # without any top-k row every key survives: skip those 32 passes
-        jnp.any(top_k > 0),
-        lambda: _smallest_key(keys, lambda u: jnp.sum(keys > u, axis=1, keepdims=True) < k[:, None]),
-        lambda: jnp.zeros(keys.shape[:1], jnp.uint32))
+
+    def top_k_threshold():
+        return _smallest_key(keys, lambda u: _greater(keys, u) < k[:, None], straight_line)
+
+    if straight_line:
+        t_k = top_k_threshold()
+    else:
+        t_k = jax.lax.cond(jnp.any(top_k > 0), top_k_threshold, lambda: jnp.zeros(keys.shape[:1], jnp.uint32))
     survivor = keys >= t_k[:, None]
     p = jnp.where(survivor, jnp.exp(z - z.max(axis=1, keepdims=True)), 0.0)
     p = p / p.sum(axis=1, keepdims=True)
-    t_p = _smallest_key(keys, lambda u: (jnp.sum(jnp.where(keys > u, p, 0.0), axis=1, keepdims=True)
-                                         < top_p[:, None]) | (top_p[:, None] >= 1))
+    t_p = _smallest_key(keys, lambda u: (_greater(keys, u, p) < top_p[:, None]) | (top_p[:, None] >= 1),
+                        straight_line)
     return keys >= jnp.maximum(t_k, t_p)[:, None]
 
 
 def sample_rows(logits: jax.Array, counts: jax.Array, rows: SamplingRows, banned: jax.Array,
-                positions: jax.Array) -> jax.Array:
+                positions: jax.Array, straight_line: bool = False) -> jax.Array:
     """int32 [B] tokens from float32 logits [B, V]; NONFINITE_TOKEN for non-finite rows.
-    The sort/noise work is skipped (lax.cond) when every row is greedy."""
+    ``straight_line`` (the GPU decode step, ``kernels.straight_line_sampling``): every row's
+    draw is computed and greedy rows pick their argmax with a select, no device control flow;
+    else the nucleus/noise work is skipped (lax.cond) when every row is greedy."""
     logits = logits.astype(jnp.float32)
     x = logits - rows.presence[:, None] * (counts > 0) - rows.frequency[:, None] * counts
     x = jnp.where(banned, -jnp.inf, x)
@@ -86,11 +111,14 @@ def sample_rows(logits: jax.Array, counts: jax.Array, rows: SamplingRows, banned
     def draw(_):
         temperature = jnp.where(rows.temperature > 0, rows.temperature, 1.0)
         z = x / temperature[:, None]
-        keep = nucleus_mask(z, rows.top_k, rows.top_p)
+        keep = nucleus_mask(z, rows.top_k, rows.top_p, straight_line)
         noisy = jnp.where(keep, z + gumbel_noise(rows.seed, positions, x.shape[1]), -jnp.inf)
         return jnp.where(rows.temperature > 0, jnp.argmax(noisy, axis=1).astype(jnp.int32), greedy)
 
-    tokens = jax.lax.cond(jnp.any(rows.temperature > 0), draw, lambda _: greedy, None)
+    if straight_line:
+        tokens = draw(None)
+    else:
+        tokens = jax.lax.cond(jnp.any(rows.temperature > 0), draw, lambda _: greedy, None)
     return jnp.where(jnp.isfinite(logits).all(axis=1), tokens, NONFINITE_TOKEN)
 
 

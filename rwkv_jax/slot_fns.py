@@ -12,6 +12,7 @@ from rwkv7_core.engine import Slots
 from rwkv7_core.sampling import SamplingRows, sampling_rows
 
 from .forward import forward_fn
+from .kernels import straight_line_sampling
 from .sampling import sample_rows, token_logprobs, update_counts
 from .state import State, init_state
 
@@ -20,7 +21,7 @@ def decode_step(params, slots: Slots, tokens, positions, *, config, path, kernel
     """tokens, positions int32 [B] -> (drawn int32 [B], TokenLogprobs of them or None, new slots)."""
     counts = update_counts(slots.counts, tokens, slots.rows.decay)
     logits, state = forward_fn(params, tokens[:, None], slots.state, config=config, path=path, kernels=kernels)
-    drawn = sample_rows(logits, counts, slots.rows, slots.banned, positions)
+    drawn = sample_rows(logits, counts, slots.rows, slots.banned, positions, straight_line_sampling(kernels))
     scored = token_logprobs(logits, drawn) if with_logprobs else None
     return drawn, scored, slots._replace(state=state, counts=counts)
 

@@ -18,6 +18,7 @@ import numpy as np
 from rwkv7_core.engine import MAX_PIECES, Slots
 
 from .forward import varlen_forward_fn
+from .kernels import straight_line_sampling
 from .sampling import sample_rows, update_counts
 from .state import State
 from .varlen import segments_from_lengths
@@ -51,7 +52,7 @@ def mixed_step_fn(params, slots: Slots, tokens, positions, chunk, rows, starts, 
         jnp.concatenate([jnp.arange(B, dtype=jnp.int32), starts + B]),
         jnp.concatenate([jnp.ones(B, jnp.int32), lengths]),
         config=config, kernels=kernels, n_single=B)
-    drawn = sample_rows(logits[:B], counts, slots.rows, slots.banned, positions)
+    drawn = sample_rows(logits[:B], counts, slots.rows, slots.banned, positions, straight_line_sampling(kernels))
     slots = slots._replace(state=State(*(leaf[:B] for leaf in state)), counts=counts)
     return drawn, slots, _split(logits, state, B)
 

@@ -148,14 +148,16 @@ def check_resize_gathers_compile_with_their_buckets_or_on_first_use(engine):
     assert ("gather", (3, 6)) in cache and ("gather", (6, 3)) in cache and ("gather", (5, 6)) not in cache
 
 
-@pytest.mark.parametrize("name", ["jax", "torch"])
+@pytest.mark.parametrize("name", ["jax", "jax-straight-line", "torch"])
 def test_device_sampling_matches_numpy_reference(name):
-    if name == "jax":
+    form = {}
+    if name.startswith("jax"):
         import jax.numpy as xp
         from rwkv_jax import sampling as dev
 
         def to_dev(a):
             return xp.asarray(a)
+        form = {"straight_line": name == "jax-straight-line"}
     else:
         import torch
         from rwkv_torch_ref import sampling as dev
@@ -176,7 +178,7 @@ def test_device_sampling_matches_numpy_reference(name):
     positions = rng.integers(0, 100, B).astype(np.int32)
     want = np_sampling.sample_rows(logits, counts, rows, banned, positions)
     got = dev.sample_rows(to_dev(logits), to_dev(counts), type(rows)(*(to_dev(a) for a in rows)),
-                          to_dev(banned), to_dev(positions))
+                          to_dev(banned), to_dev(positions), **form)
     assert np.asarray(got).tolist() == want.tolist()
     np.testing.assert_allclose(np.asarray(dev.gumbel_noise(to_dev(rows.seed), to_dev(positions), V)),
                                np_sampling.gumbel_noise(rows.seed, positions, V), rtol=1e-5, atol=1e-6)
@@ -227,14 +229,15 @@ def jax_leaves(tree):
     return jax.tree.leaves(tree)
 
 
+@pytest.mark.parametrize("straight_line", [False, True])  # the CPU's form, the GPU step's form
 @pytest.mark.parametrize("scale", [8.0, 0.5])  # peaked rows, flat rows
-def test_jax_nucleus_mask_equals_numpy_sort_rule(scale):
-    """rwkv_jax finds the top-k/top-p threshold by bisection instead of a sort; the kept
+def test_jax_nucleus_mask_equals_numpy_sort_rule(scale, straight_line):
+    """rwkv_jax finds the top-k/top-p threshold by a radix search instead of a sort; the kept
     set must equal the numpy reference's sort-and-cumsum rule, ties at the threshold too."""
     import jax.numpy as jnp
     from rwkv_jax import sampling as dev
 
-    rng = np.random.default_rng(int(scale * 10))
+    rng = np.random.default_rng()
     B, Vbig = 12, 4096
     z = (rng.standard_normal((B, Vbig)) * scale).astype(np.float32)
     z[0, :3] = z[0].max() + 1.0  # a three-way tie for the top
@@ -242,7 +245,7 @@ def test_jax_nucleus_mask_equals_numpy_sort_rule(scale):
     top_k = rng.choice([0, 0, 1, 3, 50, 1000], B).astype(np.int32)
     top_p = rng.uniform(0.05, 1.0, B).astype(np.float32)
     top_p[2] = 1.0
-    got = np.asarray(dev.nucleus_mask(jnp.asarray(z), jnp.asarray(top_k), jnp.asarray(top_p)))
+    got = np.asarray(dev.nucleus_mask(jnp.asarray(z), jnp.asarray(top_k), jnp.asarray(top_p), straight_line))
     want = np_sampling.nucleus_mask(z, top_k, top_p)
     np.testing.assert_array_equal(got, want)
     assert got[0, :3].all()
