@@ -2,7 +2,8 @@
 
 Endpoints: POST /v1/completions, POST /v1/chat/completions, GET /v1/models (these need the
 API key when one is set), GET /health (200 once the model is loaded and compiled, 503
-before), GET /metrics (Prometheus text). Handlers validate, enqueue and await events; the
+before, and while draining or after a failure, naming the reason), GET /metrics
+(Prometheus text). Handlers validate, enqueue and await events; the
 model runs in the scheduler thread (service.py).
 """
 from __future__ import annotations
@@ -22,6 +23,7 @@ from . import generation
 from .generation import Context
 from .metrics import CONTENT_TYPE, ServerMetrics
 from .protocol import APIError, ChatCompletionRequest, CompletionRequest
+from .service import UNAVAILABLE
 from .streaming import sse
 
 log = logging.getLogger("rwkv7_serve")
@@ -74,6 +76,9 @@ def create_app(ctx: Context, metrics: ServerMetrics, ready, api_key: str | None 
             raise APIError(401, "missing or wrong API key (send 'Authorization: Bearer KEY')")
 
     def serving() -> None:
+        outage = ctx.service.outage
+        if outage is not None:
+            raise APIError(503, UNAVAILABLE + outage.reason)
         if not ready():
             raise APIError(503, "the model is still loading or compiling; retry shortly")
 
@@ -92,6 +97,9 @@ def create_app(ctx: Context, metrics: ServerMetrics, ready, api_key: str | None 
 
     @app.get("/health")
     async def health():
+        outage = ctx.service.outage
+        if outage is not None:
+            return JSONResponse({"status": outage.status, "reason": outage.reason}, status_code=503)
         if not ready():
             return JSONResponse({"status": "loading"}, status_code=503)
         return {"status": "ok"}
