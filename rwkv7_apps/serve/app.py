@@ -31,8 +31,9 @@ DISCONNECT_POLL_S = 0.25
 
 
 class BodyLimit:
-    """ASGI middleware: a request body over ``max_bytes`` is answered 413 (by its
-    Content-Length at once, or when the streamed body passes the limit)."""
+    """ASGI middleware: a request body over ``max_bytes`` is answered 413, by its
+    Content-Length at once, or (chunked) once the body read so far passes the limit; the app
+    gets the whole body, read before it runs."""
 
     def __init__(self, app, max_bytes: int):
         self.app, self.max_bytes = app, max_bytes
@@ -43,18 +44,22 @@ class BodyLimit:
         length = dict(scope.get("headers") or []).get(b"content-length")
         if length is not None and length.isdigit() and int(length) > self.max_bytes:
             return await _too_large(self.max_bytes)(scope, receive, send)
-        seen = 0
-
-        async def limited():
-            nonlocal seen
+        parts, size, more = [], 0, True
+        while more:
             message = await receive()
-            if message["type"] == "http.request":
-                seen += len(message.get("body", b""))
-                if seen > self.max_bytes:
-                    raise APIError(413, f"request body over the server's limit of {self.max_bytes} bytes")
-            return message
+            if message["type"] != "http.request":
+                return  # the client went away before its body ended
+            parts.append(message.get("body", b""))
+            size += len(parts[-1])
+            if size > self.max_bytes:
+                return await _too_large(self.max_bytes)(scope, receive, send)
+            more = message.get("more_body", False)
+        body = [{"type": "http.request", "body": b"".join(parts), "more_body": False}]
 
-        await self.app(scope, limited, send)
+        async def replay():
+            return body.pop() if body else await receive()
+
+        await self.app(scope, replay, send)
 
 
 def _too_large(limit: int) -> JSONResponse:
