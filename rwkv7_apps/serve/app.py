@@ -1,10 +1,10 @@
 """The FastAPI application: routes, auth, body-size limit and OpenAI-style errors.
 
 Endpoints: POST /v1/completions, POST /v1/chat/completions, GET /v1/models (these need the
-API key when one is set), GET /health (200 once the model is loaded and compiled, 503
-before, and while draining or after a failure, naming the reason), GET /metrics
-(Prometheus text). Handlers validate, enqueue and await events; the
-model runs in the scheduler thread (service.py).
+API key when one is set), GET|HEAD /health (200 once the model is loaded and compiled, 503
+before, and while draining or after a failure, naming the reason), GET|HEAD /metrics
+(Prometheus text). Handlers validate, enqueue and await events; the model runs in the
+scheduler thread (service.py).
 """
 from __future__ import annotations
 
@@ -89,7 +89,7 @@ def create_app(ctx: Context, metrics: ServerMetrics, ready, api_key: str | None 
 
     @app.exception_handler(APIError)
     async def api_error(request: Request, e: APIError):
-        metrics.http.labels(request.url.path, str(e.status)).inc()
+        metrics.count_http(request.url.path, e.status)
         return JSONResponse(e.body(), status_code=e.status)
 
     @app.exception_handler(RequestValidationError)
@@ -100,7 +100,7 @@ def create_app(ctx: Context, metrics: ServerMetrics, ready, api_key: str | None 
     async def http_error(request: Request, e: StarletteHTTPException):
         return await api_error(request, APIError(e.status_code, str(e.detail)))
 
-    @app.get("/health")
+    @app.api_route("/health", methods=["GET", "HEAD"])
     async def health():
         outage = ctx.service.outage
         if outage is not None:
@@ -109,7 +109,7 @@ def create_app(ctx: Context, metrics: ServerMetrics, ready, api_key: str | None 
             return JSONResponse({"status": "loading"}, status_code=503)
         return {"status": "ok"}
 
-    @app.get("/metrics")
+    @app.api_route("/metrics", methods=["GET", "HEAD"])
     async def prometheus():
         return Response(metrics.render(), media_type=CONTENT_TYPE)
 
@@ -155,9 +155,8 @@ async def _handle(ctx: Context, metrics: ServerMetrics, body, request: Request, 
         raise APIError(400, surrogate.message(), surrogate.path or None)
     job, groups = generation.build_job(ctx, body, kind)
     queue, prompt_scores = await generation.submit(ctx, job, groups)
-    endpoint = request.url.path
     if body.stream:
-        metrics.http.labels(endpoint, "200").inc()
+        metrics.count_http(request.url.path, 200)
         return StreamingResponse(_stream(ctx, job, queue, prompt_scores), media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
     texts: dict[int, str] = {}
@@ -184,7 +183,7 @@ async def _handle(ctx: Context, metrics: ServerMetrics, body, request: Request, 
         error = generation.failure(choice)
         if error is not None:
             raise error
-    metrics.http.labels(endpoint, "200").inc()
+    metrics.count_http(request.url.path, 200)
     return JSONResponse(generation.response(ctx, job, texts, prompt_scores))
 
 
