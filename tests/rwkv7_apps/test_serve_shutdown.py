@@ -18,7 +18,7 @@ from tests.rwkv7_apps.serve_harness import running_server
 pytest.importorskip("torch")
 
 SERVER = ["--random-model", "tiny", "--backend", "torch", "--kernels", "torch", "--max-batch", "4"]
-GRACE = 3
+GRACE = 2
 NO_STOP = {"stop_token_ids": [], "return_token_ids": True}
 
 
@@ -73,7 +73,7 @@ def test_sigterm_drains_in_flight_requests_then_ends_the_rest_and_exits_0(tmp_pa
         long_plain.start()
         assert long_stream.started.wait(30)
         _until(lambda: server.metric("rwkv7_live_batch") >= 2)  # the non-streamed one decodes too
-        short = Client(server.port, {"prompt": [6], "max_tokens": 100, "stream": True, **NO_STOP})
+        short = Client(server.port, {"prompt": [6], "max_tokens": 60, "stream": True, **NO_STOP})
         short.start()
         assert short.started.wait(30)
         signalled = time.monotonic()
@@ -87,15 +87,15 @@ def test_sigterm_drains_in_flight_requests_then_ends_the_rest_and_exits_0(tmp_pa
     short.finished()
     assert short.events[-1][1] == "[DONE]" and short.events[-1][0] > signalled
     assert json.loads(short.events[-2][1])["choices"][0]["finish_reason"] == "length"
-    assert len(_stream_tokens(short.events[:-1])) == 100
+    assert len(_stream_tokens(short.events[:-1])) == 60
     # the long ones ended with a JSON error after the grace period
     long_stream.finished()
     assert long_stream.events[-1][1] == "[DONE]"
     error = json.loads(long_stream.events[-2][1])["error"]
-    assert error["code"] == 503 and "--shutdown-grace 3 s" in error["message"]
+    assert error["code"] == 503 and "--shutdown-grace 2 s" in error["message"]
     assert long_stream.events[-2][0] - signalled >= GRACE - 0.5
     long_plain.finished()
-    assert long_plain.status == 503 and "--shutdown-grace 3 s" in long_plain.answer["error"]["message"]
+    assert long_plain.status == 503 and "--shutdown-grace 2 s" in long_plain.answer["error"]["message"]
     assert "Traceback" not in server.log_text()
 
 
