@@ -78,6 +78,7 @@ class Scheduler:
         self._seed_rng = np.random.default_rng()
         self._admitting = True
         self._stop_worker = False
+        self._worker_death: BaseException | None = None  # what ended the prefill thread
         self._compiled: set[int] = set()
         self._bucket_compile_seconds = 0.0       # the last bucket compile's seconds
         self._step_seconds: dict[int, float] = {}  # bucket -> recent decode step seconds
@@ -168,10 +169,12 @@ class Scheduler:
         completion and unstarted ones stay WAITING (not reported). With ``serve_until`` the
         run does not end when idle: it waits for new requests (``add`` from any thread) and
         returns once idle with ``serve_until()`` True (checked every 50 ms). Callbacks run
-        in this thread. Without ``on_finish`` the outputs collect in ``results``."""
+        in this thread. Without ``on_finish`` the outputs collect in ``results``. An exception
+        that ends the prefill thread ends the run: RuntimeError, from it."""
         self._on_token, self._on_finish, self._on_logprobs = on_token, on_finish, on_logprobs
         self._admitting = True
         self._stop_worker = False
+        self._worker_death = None
         if self.config.precompile:
             self.precompile()
         books = self._books
@@ -183,6 +186,9 @@ class Scheduler:
                 if self._admitting and should_stop is not None and should_stop():
                     with books.cond:
                         self._admitting = False
+                if self._worker_death is not None:
+                    death = self._worker_death
+                    raise RuntimeError(f"the prefill thread died: {type(death).__name__}: {death}") from death
                 self._report_finals()
                 self._apply_cancels()
                 admitted = self._take_ready()
@@ -238,7 +244,14 @@ class Scheduler:
                     + books.prefilling < self.config.max_batch)
 
     def _prefill_worker(self) -> None:
-        """SERIAL / VARLEN / AUTO: prefill calls beside decode, until the run ends."""
+        """SERIAL / VARLEN / AUTO: prefill calls beside decode, until the run ends; an
+        exception that escapes ends the run too (``run`` raises it)."""
+        try:
+            self._prefill_calls()
+        except BaseException as e:  # noqa: BLE001 - handed to the run thread
+            self._worker_death = e
+
+    def _prefill_calls(self) -> None:
         books = self._books
         while True:
             with books.cond:

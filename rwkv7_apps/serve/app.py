@@ -1,9 +1,10 @@
 """The FastAPI application: routes, auth, body-size limit and OpenAI-style errors.
 
 Endpoints: POST /v1/completions, POST /v1/chat/completions, GET /v1/models (these need the
-API key when one is set), GET /health (200 once the model is loaded and compiled, 503
-before), GET /metrics (Prometheus text). Handlers validate, enqueue and await events; the
-model runs in the scheduler thread (service.py).
+API key when one is set), GET|HEAD /health (200 once the model is loaded and compiled, 503
+before, and while draining or after a failure, naming the reason), GET|HEAD /metrics
+(Prometheus text). Handlers validate, enqueue and await events; the model runs in the
+scheduler thread (service.py).
 """
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ from . import generation
 from .generation import Context
 from .metrics import CONTENT_TYPE, ServerMetrics
 from .protocol import APIError, ChatCompletionRequest, CompletionRequest
+from .service import UNAVAILABLE
 from .streaming import sse
 
 log = logging.getLogger("rwkv7_serve")
@@ -29,8 +31,9 @@ DISCONNECT_POLL_S = 0.25
 
 
 class BodyLimit:
-    """ASGI middleware: a request body over ``max_bytes`` is answered 413 (by its
-    Content-Length at once, or when the streamed body passes the limit)."""
+    """ASGI middleware: a request body over ``max_bytes`` is answered 413, by its
+    Content-Length at once, or (chunked) once the body read so far passes the limit; the app
+    gets the whole body, read before it runs."""
 
     def __init__(self, app, max_bytes: int):
         self.app, self.max_bytes = app, max_bytes
@@ -41,18 +44,22 @@ class BodyLimit:
         length = dict(scope.get("headers") or []).get(b"content-length")
         if length is not None and length.isdigit() and int(length) > self.max_bytes:
             return await _too_large(self.max_bytes)(scope, receive, send)
-        seen = 0
-
-        async def limited():
-            nonlocal seen
+        parts, size, more = [], 0, True
+        while more:
             message = await receive()
-            if message["type"] == "http.request":
-                seen += len(message.get("body", b""))
-                if seen > self.max_bytes:
-                    raise APIError(413, f"request body over the server's limit of {self.max_bytes} bytes")
-            return message
+            if message["type"] != "http.request":
+                return  # the client went away before its body ended
+            parts.append(message.get("body", b""))
+            size += len(parts[-1])
+            if size > self.max_bytes:
+                return await _too_large(self.max_bytes)(scope, receive, send)
+            more = message.get("more_body", False)
+        body = [{"type": "http.request", "body": b"".join(parts), "more_body": False}]
 
-        await self.app(scope, limited, send)
+        async def replay():
+            return body.pop() if body else await receive()
+
+        await self.app(scope, replay, send)
 
 
 def _too_large(limit: int) -> JSONResponse:
@@ -74,12 +81,15 @@ def create_app(ctx: Context, metrics: ServerMetrics, ready, api_key: str | None 
             raise APIError(401, "missing or wrong API key (send 'Authorization: Bearer KEY')")
 
     def serving() -> None:
+        outage = ctx.service.outage
+        if outage is not None:
+            raise APIError(503, UNAVAILABLE + outage.reason)
         if not ready():
             raise APIError(503, "the model is still loading or compiling; retry shortly")
 
     @app.exception_handler(APIError)
     async def api_error(request: Request, e: APIError):
-        metrics.http.labels(request.url.path, str(e.status)).inc()
+        metrics.count_http(request.url.path, e.status)
         return JSONResponse(e.body(), status_code=e.status)
 
     @app.exception_handler(RequestValidationError)
@@ -90,13 +100,16 @@ def create_app(ctx: Context, metrics: ServerMetrics, ready, api_key: str | None 
     async def http_error(request: Request, e: StarletteHTTPException):
         return await api_error(request, APIError(e.status_code, str(e.detail)))
 
-    @app.get("/health")
+    @app.api_route("/health", methods=["GET", "HEAD"])
     async def health():
+        outage = ctx.service.outage
+        if outage is not None:
+            return JSONResponse({"status": outage.status, "reason": outage.reason}, status_code=503)
         if not ready():
             return JSONResponse({"status": "loading"}, status_code=503)
         return {"status": "ok"}
 
-    @app.get("/metrics")
+    @app.api_route("/metrics", methods=["GET", "HEAD"])
     async def prometheus():
         return Response(metrics.render(), media_type=CONTENT_TYPE)
 
@@ -142,9 +155,8 @@ async def _handle(ctx: Context, metrics: ServerMetrics, body, request: Request, 
         raise APIError(400, surrogate.message(), surrogate.path or None)
     job, groups = generation.build_job(ctx, body, kind)
     queue, prompt_scores = await generation.submit(ctx, job, groups)
-    endpoint = request.url.path
     if body.stream:
-        metrics.http.labels(endpoint, "200").inc()
+        metrics.count_http(request.url.path, 200)
         return StreamingResponse(_stream(ctx, job, queue, prompt_scores), media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
     texts: dict[int, str] = {}
@@ -171,7 +183,7 @@ async def _handle(ctx: Context, metrics: ServerMetrics, body, request: Request, 
         error = generation.failure(choice)
         if error is not None:
             raise error
-    metrics.http.labels(endpoint, "200").inc()
+    metrics.count_http(request.url.path, 200)
     return JSONResponse(generation.response(ctx, job, texts, prompt_scores))
 
 

@@ -3,14 +3,15 @@
 Loads the model, starts uvicorn at once (``/health`` answers 503 until ready), then (with
 ``--precompile``) runs the scheduler's ``precompile`` (every bucket and the prefill shapes
 of its policy), starts the scheduler thread and reports ready.
-SIGINT/SIGTERM stop the server: open streams end, the scheduler thread stops.
+SIGTERM/SIGINT drain the server (``--shutdown-grace``, exit 0); a scheduler that fails ends
+the process with exit status 1 (shutdown.py). ``RWKV7_REPLICA_FAULT`` (tests only, see
+rwkv7_apps/replicas.py) injects a fault into the engine, as replica 0.
 """
 from __future__ import annotations
 
 import argparse
 import logging
 import os
-import signal
 import sys
 import threading
 
@@ -38,6 +39,8 @@ def build_parser() -> argparse.ArgumentParser:
     h.add_argument("--max-waiting", type=int, default=1024,
                    help="most requests queued before prefill; more are refused with 429")
     h.add_argument("--max-body-bytes", type=int, default=4 << 20, help="largest request body (413 beyond)")
+    h.add_argument("--shutdown-grace", type=float, default=30.0, metavar="SECONDS",
+                   help="on SIGTERM/SIGINT, how long requests in flight may run on before they end with an error")
     h.add_argument("--log-level", default="warning", choices=("debug", "info", "warning", "error"))
     add_engine_options(p)
     p.add_argument("--seed", type=int, default=None, metavar="S",
@@ -53,6 +56,8 @@ def check_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     for flag in ("max_prompt_tokens", "max_waiting", "max_body_bytes"):
         if getattr(args, flag) < 1:
             p.error(f"--{flag.replace('_', '-')} must be >= 1")
+    if not args.shutdown_grace >= 0:
+        p.error("--shutdown-grace must be >= 0")
     if not 0 <= args.port < 65536:
         p.error(f"--port {args.port}: not a port number")
 
@@ -81,7 +86,9 @@ def main(argv: list[str] | None = None) -> int:
 
     from scheduler import Scheduler
 
+    from ..replicas import EngineGuard, Fault
     from .generation import Limits
+    from .shutdown import DrainingServer
 
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -92,6 +99,12 @@ def main(argv: list[str] | None = None) -> int:
         engine = load_engine(args.backend, model_path, args.dtype, args.kernels)
     except (OSError, ValueError) as e:
         parser.exit(EXIT_BAD_ARGS, f"rwkv7-serve: error: cannot load model {model_path}: {e}\n")
+    try:
+        fault = Fault.from_env()
+    except ValueError as e:
+        parser.exit(EXIT_BAD_ARGS, f"rwkv7-serve: error: {e}\n")
+    if fault is not None:
+        engine = EngineGuard(engine, fault if fault.replica == 0 else None)
     tokenizer = tokenizer_for(engine.vocab_size)
     if tokenizer is not None:
         tokenizer.decode_bytes([0])  # builds the lazy id -> bytes table before threads share it
@@ -105,27 +118,25 @@ def main(argv: list[str] | None = None) -> int:
     app, service = build_app(sched, name, sampling_defaults(args), Limits(args.max_prompt_tokens, args.max_waiting),
                              ready.is_set, seed=args.seed, api_key=args.api_key, max_body_bytes=args.max_body_bytes)
 
-    failed = []
-
     def warm_up() -> None:
         try:
             if sched.config.precompile:
                 sched.precompile()
-        except Exception as e:  # cannot serve: stop the server (exit status 1)
-            failed.append(e)
-            logging.getLogger("rwkv7_serve").error("compiling failed: %s: %s", type(e).__name__, e)
-            os.kill(os.getpid(), signal.SIGTERM)
+        except Exception as e:  # cannot serve: the server stops (exit status 1)
+            service.fail(f"compiling failed: {type(e).__name__}: {e}")
             return
         service.start()
         ready.set()
         logging.getLogger("rwkv7_serve").warning("ready: http://%s:%d/v1 (model %s)", args.host, args.port, name)
 
+    server = DrainingServer(uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
+                                           timeout_graceful_shutdown=5), service, args.shutdown_grace)
     threading.Thread(target=warm_up, name="warm-up", daemon=True).start()
     try:
-        uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, timeout_graceful_shutdown=5)
+        server.run()
     finally:
         service.stop()
-    return 1 if failed else 0
+    return 1 if server.failed else 0
 
 
 if __name__ == "__main__":

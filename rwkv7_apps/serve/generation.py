@@ -23,7 +23,7 @@ from scheduler import Request, RequestOutput
 
 from . import chat
 from .protocol import APIError, prompt_list
-from .service import Service, Token
+from .service import UNAVAILABLE, Service, ServiceClosed, Token
 from .streaming import TextStream, sse
 
 # SamplingParams field -> request body field, where they differ
@@ -172,8 +172,12 @@ async def submit(ctx: Context, job: Job,
     if job.echo and job.logprobs is not None:
         scores = [await ctx.service.score(p) if len(p) > 1 else None for p in job.prompts]
     queue: asyncio.Queue = asyncio.Queue()
-    for group in groups:
-        ctx.service.submit(group, shared_prompt=True, queue=queue)
+    try:
+        for group in groups:
+            ctx.service.submit(group, shared_prompt=True, queue=queue)
+    except ServiceClosed as e:
+        cancel(ctx, job)
+        raise APIError(503, f"{UNAVAILABLE}{e}") from None
     return queue, scores
 
 
@@ -221,12 +225,14 @@ def token_string(ctx: Context, token: int) -> str:
 
 
 def failure(choice: Choice) -> APIError | None:
-    """The error a finished choice stands for (an engine fault is a 500), else None."""
+    """The error a finished choice stands for (an engine fault is a 500; one the service
+    ended, on shutdown or failure, a 503), else None."""
     out = choice.output
     if out is None or out.finish_reason != "error":
         return None
-    status = 400 if (out.error or "").startswith("invalid request") else 500
-    return APIError(status, out.error or "request failed")
+    error = out.error or "request failed"
+    status = 400 if error.startswith("invalid request") else 503 if error.startswith(UNAVAILABLE) else 500
+    return APIError(status, error)
 
 
 def finish_reason(choice: Choice) -> str:

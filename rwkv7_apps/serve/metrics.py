@@ -2,8 +2,10 @@
 
 Counted as requests flow (``Service`` observer calls, from the scheduler thread): requests by
 finish reason, prompt and generated tokens, TTFT (from submission) and inter-token
-histograms. Read from the scheduler at scrape time: requests waiting / in prefill / ready /
-running, the live decode bucket, prefix-cache hits and misses.
+histograms; HTTP requests by endpoint (the served routes, every other path as "other", so
+no client can grow the label set) and status. Read from the scheduler at scrape time:
+requests waiting / in prefill / ready / running, the live decode bucket, prefix-cache hits
+and misses.
 """
 from __future__ import annotations
 
@@ -15,10 +17,12 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+ENDPOINTS = frozenset({"/v1/completions", "/v1/chat/completions", "/v1/models", "/health", "/metrics"})
 
 
 class ServerMetrics:
-    """``on_submit`` / ``on_token`` / ``on_finish`` observe requests; ``render()`` is the text."""
+    """``on_submit`` / ``on_token`` / ``on_finish`` observe requests, ``count_http`` answers;
+    ``render()`` is the text."""
 
     def __init__(self, scheduler):
         self.scheduler = scheduler
@@ -38,6 +42,10 @@ class ServerMetrics:
         self._lock = threading.Lock()
         self._submitted: dict[str, float] = {}
         self._last: dict[str, float] = {}
+
+    def count_http(self, path: str, status: int) -> None:
+        """One HTTP answer; a path outside ``ENDPOINTS`` counts as "other"."""
+        self.http.labels(path if path in ENDPOINTS else "other", str(status)).inc()
 
     def on_submit(self, request_id: str) -> None:
         with self._lock:

@@ -7,6 +7,12 @@ One thread runs the scheduler's ``run(serve_until=...)`` for the server's lifeti
 ``loop.call_soon_threadsafe`` (no model work on the event loop); the events of one step
 share one wake-up of the loop. ``cancel`` frees a slot at
 the next step; ``score`` runs prompt scoring in a worker thread.
+
+Availability (``outage``): ``close`` stops admission for a shutdown ("draining"); an
+exception that ends the scheduler's run makes the service "failed", and ``fail`` does so
+from outside (e.g. compiling failed). Either way ``abort`` ends the requests still
+outstanding with an error whose message starts ``UNAVAILABLE``; a closed service refuses
+``submit`` (ServiceClosed).
 """
 from __future__ import annotations
 
@@ -16,13 +22,25 @@ import logging
 import threading
 import time
 from dataclasses import dataclass
-from typing import Sequence
+from typing import NamedTuple, Sequence
 
 from rwkv7_core.sampling import TokenLogprobs
 from scheduler import Request, RequestOutput
 from scheduler.interface import SchedulerInterface
 
 log = logging.getLogger("rwkv7_serve")
+UNAVAILABLE = "server unavailable: "
+"""How the error of a request the service itself ended (``abort``) begins."""
+
+
+class Outage(NamedTuple):
+    """Why the service takes no new requests: ``status`` "draining" or "failed"."""
+    status: str
+    reason: str
+
+
+class ServiceClosed(RuntimeError):
+    """``submit`` on a service that is draining or failed (the message is the reason)."""
 
 
 @dataclass
@@ -59,6 +77,7 @@ class Service:
         self._pending: list[tuple[Stream, object]] = []  # events not yet on their queues
         self._pending_lock = threading.Lock()
         self._flush_scheduled = False
+        self.outage: Outage | None = None
 
     def start(self) -> None:
         self._thread.start()
@@ -73,10 +92,12 @@ class Service:
 
     def submit(self, requests: Sequence[Request], shared_prompt: bool, queue: asyncio.Queue) -> None:
         """Queue requests (``shared_prompt``: one prefill for all, ``add_group``); their
-        events go to ``queue``. Call from the event loop."""
+        events go to ``queue``. Call from the event loop. ServiceClosed once closed."""
         loop = asyncio.get_running_loop()
         streams = [Stream(r.id, loop, queue) for r in requests]
         with self._lock:
+            if self.outage is not None:
+                raise ServiceClosed(self.outage.reason)
             self._streams.update((s.id, s) for s in streams)
         if self.observer is not None:
             for r in requests:
@@ -86,6 +107,10 @@ class Service:
         else:
             for r in requests:
                 self.scheduler.add(r)
+        with self._lock:  # aborted while being added: the scheduler drops them too
+            aborted = [r.id for r in requests if r.id not in self._streams] if self.outage is not None else []
+        for request_id in aborted:
+            self.scheduler.cancel(request_id)
 
     def cancel(self, request_id: str) -> None:
         self.scheduler.cancel(request_id)
@@ -93,15 +118,44 @@ class Service:
     async def score(self, tokens: Sequence[int]) -> TokenLogprobs:
         return await asyncio.to_thread(self.scheduler.score, tokens)
 
+    def in_flight(self) -> int:
+        """Requests submitted and not yet final."""
+        with self._lock:
+            return len(self._streams)
+
+    def close(self, reason: str) -> None:
+        """Stop admission ("draining"); requests in flight go on."""
+        with self._lock:
+            if self.outage is None:
+                self.outage = Outage("draining", reason)
+
+    def fail(self, reason: str) -> None:
+        """The service cannot go on: "failed", and every outstanding request aborted."""
+        with self._lock:
+            self.outage = Outage("failed", reason)
+        self.abort(reason)
+
+    def abort(self, reason: str) -> None:
+        """End every outstanding request now with the error ``UNAVAILABLE + reason`` (the
+        scheduler cancels them)."""
+        with self._lock:
+            streams, self._streams = list(self._streams.values()), {}
+        now = time.perf_counter()
+        for stream in streams:
+            self._deliver(stream, RequestOutput(stream.id, [], "error", UNAVAILABLE + reason, prompt_tokens=0,
+                                                generated_tokens=0, arrival_time=now, first_token_time=None,
+                                                finish_time=now))
+            self.scheduler.cancel(stream.id)
+
     # -- scheduler thread ---------------------------------------------------------------
     def _serve(self) -> None:
-        while not self._stop.is_set():
-            try:
-                self.scheduler.run(on_token=self._on_token, on_finish=self._on_finish,
-                                   on_logprobs=self._on_logprobs, serve_until=self._stop.is_set)
-            except Exception:  # a bug in the loop itself: log it and keep serving
-                log.exception("scheduler loop failed; restarting it")
-                time.sleep(0.1)
+        """Run the scheduler until ``stop``; an exception out of it fails the service."""
+        try:
+            self.scheduler.run(on_token=self._on_token, on_finish=self._on_finish,
+                               on_logprobs=self._on_logprobs, serve_until=self._stop.is_set)
+        except BaseException as e:  # noqa: BLE001 - reported through outage, never a silent hang
+            log.debug("the scheduler failed", exc_info=True)
+            self.fail(f"the scheduler failed: {type(e).__name__}: {e}")
 
     def _stream(self, request_id: str) -> Stream | None:
         with self._lock:

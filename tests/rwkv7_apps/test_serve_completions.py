@@ -4,6 +4,7 @@ disconnects, bad input and limits. One server for the module."""
 from __future__ import annotations
 
 import asyncio
+import http.client
 import json
 import time
 
@@ -215,3 +216,43 @@ def test_malformed_json_body_limit_and_queue_limit(server, client):
     after = client.completions.create(model=MODEL, prompt=[[3, 4], [5]], max_tokens=2,
                                       extra_body={"return_token_ids": True, "stop_token_ids": []})
     assert [len(_ids(c)) for c in after.choices] == [2, 2]
+
+
+def _post_chunked(server, body: bytes) -> tuple[int, dict]:
+    """POST a body with Transfer-Encoding: chunked (no Content-Length), 4 kB a chunk."""
+    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=60)
+    try:
+        conn.request("POST", "/v1/completions", body=(body[i:i + 4096] for i in range(0, len(body), 4096)),
+                     headers={"Content-Type": "application/json"})
+        response = conn.getresponse()
+        return response.status, json.loads(response.read())
+    finally:
+        conn.close()
+
+
+def test_a_chunked_body_over_the_limit_is_413_and_one_under_it_is_served(server):
+    status, answer = _post_chunked(server, json.dumps({"prompt": [1] * 8000, "max_tokens": 1}).encode())
+    assert status == 413 and "20000 bytes" in answer["error"]["message"], answer
+    status, answer = _post_chunked(server, json.dumps({"prompt": [3, 4], "max_tokens": 2, "stop_token_ids": [],
+                                                       "return_token_ids": True}).encode())
+    assert status == 200 and len(answer["choices"][0]["token_ids"]) == 2, answer
+
+
+def test_unknown_paths_share_one_metrics_label_and_head_answers_200(server):
+    before = len(server.get("/metrics")[1])
+    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=60)
+    try:
+        for i in range(300):  # distinct unknown URLs: one series, not 300
+            conn.request("GET", f"/no/such/path/{i}?q={i}")
+            response = conn.getresponse()
+            response.read()
+            assert response.status == 404
+        for path in ("/health", "/metrics"):
+            conn.request("HEAD", path)
+            response = conn.getresponse()
+            assert (response.status, response.read()) == (200, b""), path
+    finally:
+        conn.close()
+    text = server.get("/metrics")[1]
+    assert "/no/such" not in text and len(text) - before < 300
+    assert server.metric("rwkv7_http_requests_total", 'endpoint="other",status="404"') >= 300

@@ -1,8 +1,12 @@
 """An engine fault over HTTP: the step's requests get a 500 with the message, the server
-keeps serving. A real uvicorn server on loopback, in this process, so the test can make
-the (torch, tiny) engine fail one step."""
+keeps serving; a scheduler or prefill thread that dies fails the requests it held with a
+503 naming why, and /health says so (503) — never a silent hang. A real uvicorn server on
+loopback, in this process, so the test can make the (torch, tiny) engine fail."""
 from __future__ import annotations
 
+import json
+import urllib.error
+import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -11,6 +15,7 @@ openai = pytest.importorskip("openai")
 pytest.importorskip("torch")
 
 from rwkv7_apps.engines import load_engine  # noqa: E402
+from rwkv7_apps.replicas import InjectedThreadDeath  # noqa: E402
 from rwkv7_apps.serve.cli import build_app  # noqa: E402
 from rwkv7_apps.serve.generation import Limits  # noqa: E402
 from scheduler import Scheduler, SchedulerConfig  # noqa: E402
@@ -32,6 +37,25 @@ class FailingSteps:
             self.failures -= 1
             raise RuntimeError("injected device fault")
         return self._engine.step(tokens, positions)
+
+
+class Dying:
+    """An engine whose calls named in ``methods`` raise InjectedThreadDeath (not an
+    Exception: nothing on the way catches it) once ``armed``."""
+
+    def __init__(self, engine, methods: tuple[str, ...]):
+        self._engine, self.methods, self.armed = engine, methods, False
+
+    def __getattr__(self, name):
+        attr = getattr(self._engine, name)
+        if name not in self.methods:
+            return attr
+
+        def call(*args, **kwargs):
+            if self.armed:
+                raise InjectedThreadDeath(f"injected death in {name}")
+            return attr(*args, **kwargs)
+        return call
 
 
 @pytest.fixture(scope="module")
@@ -65,3 +89,32 @@ def test_engine_fault_fails_that_steps_requests_only(served):
             assert len(r.choices[0].model_extra["token_ids"]) == 200
     again = client.completions.create(prompt=[7, 8], **{**common, "max_tokens": 5})
     assert len(again.choices[0].model_extra["token_ids"]) == 5  # the server keeps serving
+
+
+@pytest.mark.parametrize("methods, reason", [(("step",), "InjectedThreadDeath: injected death in step"),
+                                             (("prefill", "prefill_varlen"), "the prefill thread died")])
+def test_a_dead_thread_fails_its_requests_with_503_and_health_says_why(tiny_ckpt, methods, reason):
+    engine = Dying(load_engine("torch", tiny_ckpt, kernels="torch"), methods)
+    sched = Scheduler(engine, SchedulerConfig(max_batch=4))
+    app, service = build_app(sched, "m", {"max_tokens": 8}, Limits(64, 16), lambda: True)
+    with in_process_server(app, service) as url:
+        client = openai.OpenAI(base_url=url, api_key="x", max_retries=0)
+        common = dict(model="m", max_tokens=50, extra_body={"stop_token_ids": []})
+        assert client.completions.create(prompt=[1, 2], **common).choices[0].finish_reason == "length"
+        engine.armed = True
+
+        def one(prompt):
+            with pytest.raises(openai.APIStatusError) as e:
+                client.completions.create(prompt=prompt, **common)
+            return e.value
+
+        with ThreadPoolExecutor(3) as pool:
+            errors = list(pool.map(one, [[1, 2], [3], [4, 5, 6]]))
+        for e in errors:
+            assert e.status_code == 503 and reason in e.message, e
+        with pytest.raises(urllib.error.HTTPError) as health:
+            urllib.request.urlopen(url.removesuffix("/v1") + "/health", timeout=10)
+        assert health.value.code == 503
+        assert json.loads(health.value.read()) == {"status": "failed", "reason": service.outage.reason}
+        assert reason in service.outage.reason
+        assert one([7]).status_code == 503  # refused at once: nothing hangs
