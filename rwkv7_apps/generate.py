@@ -248,7 +248,7 @@ def _schedulers(parser, args, model_path: Path) -> SchedulerInterface:
                    else load_engines(args.backend, model_path, args.dtype, args.kernels, devices))
     except (OSError, ValueError) as e:
         parser.exit(EXIT_BAD_ARGS, f"rwkv7-generate: error: cannot load model {model_path}: {e}\n")
-    tokenizer = tokenizer_for(engines[0].vocab_size)
+    tokenizer = tokenizer_for(engines[0].vocab_size, model_path)
     store = _prefix_store(args, model_path, engines[0])
     try:  # ValueError: e.g. a prefill policy this backend does not support
         if len(engines) == 1:

@@ -49,7 +49,7 @@ def read_hf_config(directory: str | os.PathLike) -> tuple[ModelConfig, dict]:
             raise CheckpointError(f"{str(path)!r}: {key}={raw[key]!r} is not supported (only {want!r})")
     try:
         C, L, V = int(raw["hidden_size"]), int(raw["num_hidden_layers"]), int(raw["vocab_size"])
-        N = int(raw.get("head_dim") or C // int(raw["num_heads"]))
+        N = int(raw.get("head_dim") or (C // int(raw["num_heads"]) if raw.get("num_heads") else 64))
         F = raw.get("intermediate_size") or 32 * -(-int(C * raw.get("hidden_ratio", 4)) // 32)
         config = ModelConfig(n_layer=L, n_embd=C, n_head=int(raw.get("num_heads") or C // N), head_size=N,
                              vocab_size=V, dim_ffn=int(F), d_decay=int(raw.get("decay_low_rank_dim", 64)),
@@ -57,8 +57,6 @@ def read_hf_config(directory: str | os.PathLike) -> tuple[ModelConfig, dict]:
                              d_gate=int(raw.get("gate_low_rank_dim", 128)))
     except (KeyError, TypeError, ValueError, ZeroDivisionError) as e:
         raise CheckpointError(f"{str(path)!r}: malformed RWKV-7 config ({type(e).__name__}: {e})") from None
-    if any(int(v) != C for v in raw.get("value_dim") or [C]):
-        raise CheckpointError(f"{str(path)!r}: value_dim={raw['value_dim']} is not supported (only hidden_size)")
     return config, raw
 
 

@@ -92,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
         engine = load_engine(args.backend, model_path, args.dtype, args.kernels)
     except (OSError, ValueError) as e:
         parser.exit(EXIT_BAD_ARGS, f"rwkv7-serve: error: cannot load model {model_path}: {e}\n")
-    tokenizer = tokenizer_for(engine.vocab_size)
+    tokenizer = tokenizer_for(engine.vocab_size, model_path)
     if tokenizer is not None:
         tokenizer.decode_bytes([0])  # builds the lazy id -> bytes table before threads share it
     try:
