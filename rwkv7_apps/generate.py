@@ -65,7 +65,7 @@ def build_parser() -> argparse.ArgumentParser:
 def check_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     """Fail at once (exit 2, clear message) on unusable paths or option values."""
     check_engine_args(p, args)
-    if args.model is not None:
+    if args.model is not None and not os.path.isdir(args.model):  # a directory: a Hugging Face model
         _check_readable(p, args.model, "--model")
     _check_readable(p, args.input, "--input")
     if os.path.realpath(args.input) == os.path.realpath(args.output):

@@ -48,8 +48,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def check_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     check_engine_args(p, args)
-    if args.model is not None and not os.path.isfile(args.model):
-        p.error(f"--model {args.model}: no such file")
+    if args.model is not None and not (os.path.isfile(args.model) or os.path.isdir(args.model)):
+        p.error(f"--model {args.model}: no such file or model directory")
     for flag in ("max_prompt_tokens", "max_waiting", "max_body_bytes"):
         if getattr(args, flag) < 1:
             p.error(f"--{flag.replace('_', '-')} must be >= 1")
