@@ -99,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
         sched = Scheduler(engine, scheduler_config(args), tokenizer=tokenizer)
     except ValueError as e:
         parser.exit(EXIT_BAD_ARGS, f"rwkv7-serve: error: {e}\n")
-    name = args.served_model_name or (os.path.splitext(os.path.basename(args.model))[0] if args.model
+    name = args.served_model_name or (os.path.splitext(os.path.basename(os.path.normpath(args.model)))[0] if args.model
                                       else f"random-{args.random_model}")
     ready = threading.Event()
     app, service = build_app(sched, name, sampling_defaults(args), Limits(args.max_prompt_tokens, args.max_waiting),
