@@ -27,7 +27,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--to", required=True, choices=["hf", "safetensors", "pth"])
     p.add_argument("--out", required=True, help="output directory (--to hf) or file (.safetensors / .pth)")
     p.add_argument("--dtype", choices=sorted(SUPPORTED_DTYPES), help="cast every tensor (default: keep)")
-    p.add_argument("--max-shard-mb", type=float, help="--to hf: split the weights into shards of at most this size")
+    p.add_argument("--max-shard-mb", type=float, default=4096,
+                   help="--to hf: shards of at most this size (default 4096; a shard is built in memory)")
     return p
 
 

@@ -21,7 +21,7 @@ import numpy as np
 
 from .config import ModelConfig, expected_shapes
 from .hf_names import Source, fla_source, unused_in_fla, variant_sources
-from .tensor_files import (SUPPORTED_DTYPES, CheckpointError, Entry, LazyTensors, safetensors_entries,
+from .tensor_files import (FLOATS, SUPPORTED_DTYPES, CheckpointError, Entry, LazyTensors, safetensors_entries,
                            write_safetensors)
 
 MODEL_TYPES = ("rwkv7", "rwkv7_fla")
@@ -50,7 +50,7 @@ def read_hf_config(directory: str | os.PathLike) -> tuple[ModelConfig, dict]:
     try:
         C, L, V = int(raw["hidden_size"]), int(raw["num_hidden_layers"]), int(raw["vocab_size"])
         N = int(raw.get("head_dim") or (C // int(raw["num_heads"]) if raw.get("num_heads") else 64))
-        F = raw.get("intermediate_size") or 32 * -(-int(C * raw.get("hidden_ratio", 4)) // 32)
+        F = raw.get("intermediate_size") or 32 * -(-int(C * (raw.get("hidden_ratio") or 4)) // 32)
         config = ModelConfig(n_layer=L, n_embd=C, n_head=int(raw.get("num_heads") or C // N), head_size=N,
                              vocab_size=V, dim_ffn=int(F), d_decay=int(raw.get("decay_low_rank_dim", 64)),
                              d_aaa=int(raw.get("a_low_rank_dim", 64)), d_mv=int(raw.get("v_low_rank_dim", 16)),
@@ -115,6 +115,9 @@ def read_hf_dir(directory: str | os.PathLike) -> LazyTensors:
             raise CheckpointError(f"{str(directory)!r}: missing tensor {fla_source(key).name!r} (our {key!r})")
         used.add(source.name)
         src = found[source.name]
+        if src.dtype not in FLOATS:
+            raise CheckpointError(f"{str(directory)!r}: tensor {source.name!r} has dtype {src.dtype} (expected one "
+                                  f"of {', '.join(SUPPORTED_DTYPES)})")
         if src.shape not in _source_shapes(source, shape):
             raise CheckpointError(f"{str(directory)!r}: tensor {source.name!r} has shape {src.shape}, but "
                                   f"config.json gives {_source_shapes(source, shape)[0]} ({_describe(config)})")
@@ -200,7 +203,7 @@ def write_hf_dir(directory: str | os.PathLike, tensors: Mapping[str, np.ndarray]
     names = (["model.safetensors"] if len(plan) == 1 else
              [f"model-{i + 1:05d}-of-{len(plan):05d}.safetensors" for i in range(len(plan))])
     for name, shard in zip(names, plan):
-        write_safetensors(directory / name, {hf: _to_fla(key, tensors[key]).astype(target)
+        write_safetensors(directory / name, {hf: _to_fla(key, tensors[key]).astype(target, copy=False)
                                              for key, hf in shard}, {"format": "pt"})
     if len(plan) > 1:
         index = {"metadata": {"total_size": total},

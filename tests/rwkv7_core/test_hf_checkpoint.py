@@ -139,7 +139,7 @@ def _wrong_dtype(d):
     ("missing shard", lambda d: next(d.glob("model-00003-*")).unlink(), ["names the shard", "model-00003-of-00004"]),
     ("shape", lambda d: None, ["hidden_size=128", "'model.embeddings.weight'", "(300, 192)"]),
     ("model_type", lambda d: None, ["model_type 'llama'", "rwkv7"]),
-    ("dtype", _wrong_dtype, ["'emb.weight'", "int32"]),
+    ("dtype", _wrong_dtype, ["'model.embeddings.weight'", "int32"]),
 ])
 def test_bad_directory_fails_in_one_line(hf_dir, tmp_path, capsys, case, edit, needles):
     edits = {"shape": lambda c: c.update(hidden_size=128), "model_type": lambda c: c.update(model_type="llama")}
