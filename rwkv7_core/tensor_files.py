@@ -59,6 +59,9 @@ class LazyTensors(Mapping):
             raise CheckpointError(f"{self.source!r}, key {key!r}: holds non-finite values (NaN or inf)")
         return a
 
+    def __contains__(self, key: object) -> bool:  # without reading (Mapping's would read the tensor)
+        return key in self.entries
+
     def __iter__(self) -> Iterator[str]:
         return iter(self.entries)
 
