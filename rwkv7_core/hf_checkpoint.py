@@ -30,8 +30,8 @@ INDEX = "model.safetensors.index.json"
 
 
 # ----------------------------------------------------------------------------- config.json
-def read_hf_config(directory: str | os.PathLike) -> tuple[ModelConfig, dict]:
-    """(our ModelConfig, the raw dict) of ``directory/config.json``; fla's defaults for
+def read_hf_config(directory: str | os.PathLike) -> ModelConfig:
+    """Our ModelConfig of ``directory/config.json`` (fla's ``RWKV7Config`` keys); fla's defaults for
     absent low-rank widths. CheckpointError for a missing or unknown ``model_type`` or
     settings our model does not implement."""
     path = Path(directory) / "config.json"
@@ -57,7 +57,7 @@ def read_hf_config(directory: str | os.PathLike) -> tuple[ModelConfig, dict]:
                              d_gate=int(raw.get("gate_low_rank_dim", 128)))
     except (KeyError, TypeError, ValueError, ZeroDivisionError) as e:
         raise CheckpointError(f"{str(path)!r}: malformed RWKV-7 config ({type(e).__name__}: {e})") from None
-    return config, raw
+    return config
 
 
 def hf_config(config: ModelConfig, dtype: str) -> dict:
@@ -99,7 +99,7 @@ def read_hf_dir(directory: str | os.PathLike) -> LazyTensors:
     config.json size is checked against the tensors (CheckpointError naming the key and both
     shapes); a tensor the mapping does not use is an error too."""
     directory = Path(directory)
-    config, raw = read_hf_config(directory)
+    config = read_hf_config(directory)
     found: dict[str, Entry] = {}
     for shard in weight_files(directory):
         found.update(safetensors_entries(shard)[0])
