@@ -65,7 +65,7 @@ def build_parser() -> argparse.ArgumentParser:
 def check_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     """Fail at once (exit 2, clear message) on unusable paths or option values."""
     check_engine_args(p, args)
-    if args.model is not None:
+    if args.model is not None and not os.path.isdir(args.model):  # a directory: a Hugging Face model
         _check_readable(p, args.model, "--model")
     _check_readable(p, args.input, "--input")
     if os.path.realpath(args.input) == os.path.realpath(args.output):
@@ -248,7 +248,7 @@ def _schedulers(parser, args, model_path: Path) -> SchedulerInterface:
                    else load_engines(args.backend, model_path, args.dtype, args.kernels, devices))
     except (OSError, ValueError) as e:
         parser.exit(EXIT_BAD_ARGS, f"rwkv7-generate: error: cannot load model {model_path}: {e}\n")
-    tokenizer = tokenizer_for(engines[0].vocab_size)
+    tokenizer = tokenizer_for(engines[0].vocab_size, model_path)
     store = _prefix_store(args, model_path, engines[0])
     try:  # ValueError: e.g. a prefill policy this backend does not support
         if len(engines) == 1:

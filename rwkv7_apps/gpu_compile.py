@@ -36,7 +36,7 @@ PALLAS_PREFIX = "rwkv7"
 def parse_args(argv):
     p = argparse.ArgumentParser(prog="rwkv7-gpu-compile", description=__doc__.split("\n\n")[0])
     src = p.add_mutually_exclusive_group(required=True)
-    src.add_argument("--model", help="checkpoint (.pth or .safetensors): its shapes are used")
+    src.add_argument("--model", help="checkpoint (.pth, .safetensors or an HF model directory): its shapes are used")
     src.add_argument("--shape", choices=sorted(NAMED_CONFIGS), help="a named shape (no weights are made)")
     p.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16", "float32"))
     p.add_argument("--kernels", default="pallas", help=f"comma-separated, of {', '.join(KERNELS)} (default pallas)")
@@ -82,8 +82,8 @@ def main(argv=None) -> int:
         buckets = [deviceless.Bucket.parse(b) for b in args.buckets.split(",") if b.strip()]
         target = deviceless.load_target(args.target)
         if args.model:
-            if not os.path.isfile(args.model):
-                raise ValueError(f"--model {args.model}: no such file")
+            if not (os.path.isfile(args.model) or os.path.isdir(args.model)):
+                raise ValueError(f"--model {args.model}: no such file or model directory")
             from rwkv7_core.checkpoint import read_checkpoint
             config = read_checkpoint(args.model)[1]
         else:

@@ -23,7 +23,8 @@ def int_list(text: str) -> list[int]:
 def add_model_options(p: argparse.ArgumentParser) -> None:
     """--model / --random-model (exactly one)."""
     src = p.add_mutually_exclusive_group(required=True)
-    src.add_argument("--model", metavar="PATH", help="checkpoint (.pth or .safetensors, official layout)")
+    src.add_argument("--model", metavar="PATH", help="checkpoint (.pth or .safetensors, official layout) or a "
+                     "Hugging Face RWKV7ForCausalLM model directory")
     src.add_argument("--random-model", metavar="NAME", choices=random_model_names(),
                      help=f"a seeded random-weight model of this shape ({', '.join(random_model_names())}; "
                           "NAME-world: that shape with the World vocabulary, so text prompts work), "

@@ -83,10 +83,13 @@ def model_fingerprint(model_path: str | os.PathLike, backend: str, engine, dtype
 
 
 def checkpoint_digest(path: str | os.PathLike, cache_dir: Path) -> str:
-    """SHA-256 of a file's bytes, memoized under ``cache_dir/checkpoint-digests`` by (real path,
-    device, inode, size, mtime) so that an unchanged checkpoint is hashed once."""
-    st = os.stat(path)
-    identity = json.dumps([os.path.realpath(path), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns])
+    """SHA-256 of a file's bytes (of a model directory: of its .json and .safetensors files,
+    names included), memoized under ``cache_dir/checkpoint-digests`` by (real path, device,
+    inode, size, mtime) of each file so that an unchanged checkpoint is hashed once."""
+    files = (sorted(p for p in Path(path).iterdir() if p.suffix in (".json", ".safetensors"))
+             if Path(path).is_dir() else [Path(path)])
+    identity = json.dumps([[os.path.realpath(f), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns]
+                           for f in files for st in [os.stat(f)]])
     memo = Path(cache_dir) / "checkpoint-digests" / hashlib.sha256(identity.encode()).hexdigest()
     try:
         value = memo.read_text().strip()
@@ -95,9 +98,12 @@ def checkpoint_digest(path: str | os.PathLike, cache_dir: Path) -> str:
     except OSError:
         pass
     digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(1 << 24):
-            digest.update(block)
+    for file in files:
+        if len(files) > 1:
+            digest.update(file.name.encode() + b"\0")
+        with open(file, "rb") as f:
+            while block := f.read(1 << 24):
+                digest.update(block)
     value = digest.hexdigest()
     memo.parent.mkdir(parents=True, exist_ok=True)
     tmp = memo.with_name(f".{memo.name}.{uuid.uuid4().hex[:8]}.tmp")

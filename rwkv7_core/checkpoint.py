@@ -1,19 +1,21 @@
 """Reading, validating and writing RWKV-7 checkpoints in the official layout.
 
-Tensors travel as numpy arrays (bfloat16 as ``ml_dtypes.bfloat16``), so this
-module serves the torch and the JAX model alike. ``.safetensors`` files are read
-by a small memory-mapped parser and never need torch; ``.pth`` files import torch
-lazily (``torch.load(weights_only=True, mmap=True)``) after ``code_global`` has
-checked that their pickle loads no code.
+Tensors travel as numpy arrays (bfloat16 as ``ml_dtypes.bfloat16``), so this module serves the
+torch and the JAX model alike. ``.safetensors`` files are read and written by the
+``safetensors`` library and never need torch; ``.pth`` files import torch lazily
+(``torch.load(weights_only=True, mmap=True)``) after ``code_global`` has checked that their
+pickle loads no code; a directory is a Hugging Face model directory (``hf_checkpoint``).
+
+Readers return ``LazyTensors``: every key's shape and dtype come from the headers, and a
+tensor is read from its file when it is accessed and is not kept, so a model built from
+them holds each weight once (a 7B checkpoint is never in host memory twice). A tensor with
+NaN or infinite values is refused when it is read.
 """
 from __future__ import annotations
 
-import json
-import mmap
 import os
 import pickletools
 import re
-import struct
 import zipfile
 from pathlib import Path
 
@@ -21,32 +23,30 @@ import ml_dtypes
 import numpy as np
 
 from .config import ModelConfig, expected_shapes
+from .tensor_files import (FLOATS, SUPPORTED_DTYPES, CheckpointError, LazyTensors, Tensors, read_safetensors,
+                           safetensors_entries, write_safetensors)
 
-Tensors = dict[str, np.ndarray]
-
-SUPPORTED_DTYPES = {"float32": np.float32, "float16": np.float16,
-                    "bfloat16": ml_dtypes.bfloat16, "float64": np.float64}
-
-
-class CheckpointError(ValueError):
-    """A checkpoint file that cannot be used: unreadable, or with a wrong key or shape."""
+__all__ = ["CheckpointError", "LazyTensors", "SUPPORTED_DTYPES", "Tensors", "code_global", "infer_config",
+           "read_checkpoint", "read_safetensors", "read_tensors", "validate", "write_checkpoint",
+           "write_safetensors"]
 
 
 # ----------------------------------------------------------------------------- config
 def infer_config(tensors: Tensors) -> ModelConfig:
     """Infer every size of the model from tensor shapes (nothing is hard-coded)."""
+    lazy = LazyTensors.of(tensors)
 
     def shape(key: str, rank: int) -> tuple[int, ...]:
-        if key not in tensors:
+        if key not in lazy:
             raise CheckpointError(f"missing key {key!r}: cannot infer the model config")
-        s = tuple(tensors[key].shape)
+        s = lazy.shape(key)
         if len(s) != rank:
             raise CheckpointError(f"key {key!r}: expected a rank-{rank} tensor, got shape {s}")
         return s
 
     vocab_size, n_embd = shape("emb.weight", 2)
     n_head, head_size = shape("blocks.0.att.r_k", 2)
-    layers = {int(m.group(1)) for k in tensors if (m := re.match(r"blocks\.(\d+)\.", k))}
+    layers = {int(m.group(1)) for k in lazy if (m := re.match(r"blocks\.(\d+)\.", k))}
     return ModelConfig(
         n_layer=max(layers) + 1, n_embd=n_embd, n_head=n_head, head_size=head_size,
         vocab_size=vocab_size, dim_ffn=shape("blocks.0.ffn.key.weight", 2)[0],
@@ -55,55 +55,59 @@ def infer_config(tensors: Tensors) -> ModelConfig:
 
 
 def validate(tensors: Tensors) -> ModelConfig:
-    """Check keys and shapes against the inferred config; return that config.
+    """Check keys, shapes and dtypes against the inferred config (from shapes; no tensor
+    is read); return that config.
 
     Raises CheckpointError naming the first missing/unexpected key or the key whose
     shape disagrees (with expected and actual shapes).
     """
-    config = infer_config(tensors)
+    lazy = LazyTensors.of(tensors)
+    config = infer_config(lazy)
     if config.n_head * config.head_size != config.n_embd:
         raise CheckpointError(
             f"key 'blocks.0.att.r_k' has shape {(config.n_head, config.head_size)}: "
             f"n_head*head_size must equal n_embd={config.n_embd}")
     want = expected_shapes(config)
-    missing = [k for k in want if k not in tensors]
+    missing = [k for k in want if k not in lazy]
     if missing:
         raise CheckpointError(f"missing key {missing[0]!r} (expected shape {want[missing[0]]})"
                               + (f" and {len(missing) - 1} more" if len(missing) > 1 else ""))
-    unexpected = sorted(k for k in tensors if k not in want)
+    unexpected = sorted(k for k in lazy if k not in want)
     if unexpected:
-        raise CheckpointError(f"unexpected key {unexpected[0]!r} with shape "
-                              f"{tuple(tensors[unexpected[0]].shape)}")
+        raise CheckpointError(f"unexpected key {unexpected[0]!r} with shape {lazy.shape(unexpected[0])}")
     for key, shape in want.items():
-        actual = tuple(tensors[key].shape)
-        if actual != shape:
-            raise CheckpointError(f"key {key!r}: expected shape {shape}, got {actual}")
-        if tensors[key].dtype not in [np.dtype(d) for d in SUPPORTED_DTYPES.values()]:
-            raise CheckpointError(f"key {key!r}: unsupported dtype {tensors[key].dtype}")
+        if lazy.shape(key) != shape:
+            raise CheckpointError(f"key {key!r}: expected shape {shape}, got {lazy.shape(key)}")
+        if lazy.dtype(key) not in FLOATS:
+            raise CheckpointError(f"key {key!r}: unsupported dtype {lazy.dtype(key)} "
+                                  f"(expected one of {', '.join(SUPPORTED_DTYPES)})")
     return config
 
 
 # ----------------------------------------------------------------------------- reading
-def read_checkpoint(path: str | os.PathLike) -> tuple[Tensors, ModelConfig]:
-    """Load and validate a ``.pth`` or ``.safetensors`` checkpoint.
-
-    Returns (tensors, config); tensors keep the file's dtype (memory-mapped where
-    the format allows).
+def read_checkpoint(path: str | os.PathLike) -> tuple[LazyTensors, ModelConfig]:
+    """Load and validate a ``.pth`` or ``.safetensors`` checkpoint, or a Hugging Face model
+    directory. Returns (tensors, config); tensors keep the file's dtype and are read on access.
     """
-    tensors = read_tensors(path)
+    if Path(path).is_dir():
+        from .hf_checkpoint import read_hf_dir  # the name mapping lives there
+
+        tensors = read_hf_dir(path)
+    else:
+        tensors = read_tensors(path)
     return tensors, validate(tensors)
 
 
-def read_tensors(path: str | os.PathLike, what: str = "checkpoint") -> Tensors:
+def read_tensors(path: str | os.PathLike, what: str = "checkpoint") -> LazyTensors:
     """The tensors of a ``.pth`` (code-carrying pickles refused) or ``.safetensors`` file,
     not validated as a model; ``what`` names the kind of file in error messages."""
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"{what} {str(path)!r} does not exist or is not a file")
     if path.suffix == ".safetensors":
-        return read_safetensors(path)[0]
+        return LazyTensors(safetensors_entries(path)[0], str(path))
     if path.suffix in (".pth", ".pt"):
-        return _read_pth(path)
+        return LazyTensors.of(_read_pth(path), str(path))
     raise CheckpointError(f"{what} {str(path)!r}: unknown extension {path.suffix!r} "
                           "(expected .pth or .safetensors)")
 
@@ -184,54 +188,6 @@ def code_global(path: Path) -> str | None:
     return None
 
 
-_ST_DTYPES = {"F64": np.float64, "F32": np.float32, "F16": np.float16,
-              "BF16": ml_dtypes.bfloat16, "I64": np.int64, "I32": np.int32}
-_ST_NAMES = {np.dtype(v): k for k, v in _ST_DTYPES.items()}
-
-
-def read_safetensors(path: str | os.PathLike) -> tuple[Tensors, dict[str, str]]:
-    """(tensors, the header's ``__metadata__`` {str: str}) of a ``.safetensors`` file; the
-    tensors are read-only views of a memory map. CheckpointError names what is malformed
-    (short file, bad header, a data range outside the file, unsupported dtype)."""
-    path = Path(path)
-    size = path.stat().st_size
-    with open(path, "rb") as f:
-        head = f.read(8)
-        if len(head) < 8:
-            raise CheckpointError(f"{str(path)!r} is too short to be a safetensors file")
-        (n,) = struct.unpack("<Q", head)
-        if n > size - 8:
-            raise CheckpointError(f"{str(path)!r}: safetensors header length {n} exceeds the file")
-        try:
-            header = json.loads(f.read(n))
-        except ValueError as e:
-            raise CheckpointError(f"{str(path)!r}: safetensors header is not JSON ({e})") from None
-        buf = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if size else b""
-    if not isinstance(header, dict):
-        raise CheckpointError(f"{str(path)!r}: safetensors header is not a JSON object")
-    metadata = header.pop("__metadata__", None) or {}
-    if not isinstance(metadata, dict) or not all(isinstance(v, str) for v in metadata.values()):
-        raise CheckpointError(f"{str(path)!r}: safetensors __metadata__ must map strings to strings")
-    out = {}
-    for key, info in header.items():
-        try:
-            dtype = _ST_DTYPES.get(info["dtype"])
-            start, end = (int(x) for x in info["data_offsets"])
-            shape = tuple(int(x) for x in info["shape"])
-        except (TypeError, KeyError, ValueError):
-            raise CheckpointError(f"{str(path)!r}: malformed safetensors entry for key {key!r}: "
-                                  f"{info!r}") from None
-        if dtype is None:
-            raise CheckpointError(f"{str(path)!r}, key {key!r}: unsupported safetensors dtype "
-                                  f"{info['dtype']}")
-        if 8 + n + end > size or end - start != np.dtype(dtype).itemsize * int(np.prod(shape)):
-            raise CheckpointError(f"{str(path)!r}, key {key!r}: data range {start}..{end} does not "
-                                  f"fit the file (truncated?) or shape {shape}")
-        out[key] = np.frombuffer(buf, dtype=dtype, count=int(np.prod(shape)),
-                                 offset=8 + n + start).reshape(shape)
-    return out, metadata
-
-
 # ----------------------------------------------------------------------------- writing
 def write_checkpoint(path: str | os.PathLike, tensors: Tensors) -> None:
     """Write tensors as ``.pth`` (needs torch) or ``.safetensors`` (numpy only)."""
@@ -249,21 +205,3 @@ def write_checkpoint(path: str | os.PathLike, tensors: Tensors) -> None:
         torch.save({k: to_torch(v) for k, v in tensors.items()}, path)
     else:
         raise ValueError(f"cannot write {str(path)!r}: use a .pth or .safetensors extension")
-
-
-def write_safetensors(path: str | os.PathLike, tensors: Tensors,
-                      metadata: dict[str, str] | None = None) -> None:
-    """Write tensors (dtypes of ``_ST_DTYPES``) and optional string metadata as ``.safetensors``."""
-    header: dict = {"__metadata__": dict(metadata)} if metadata else {}
-    offset = 0
-    for key, a in tensors.items():
-        nbytes = a.size * a.dtype.itemsize
-        header[key] = {"dtype": _ST_NAMES[a.dtype], "shape": list(a.shape),
-                       "data_offsets": [offset, offset + nbytes]}
-        offset += nbytes
-    raw = json.dumps(header, separators=(",", ":")).encode()
-    raw += b" " * (-len(raw) % 8)
-    with open(path, "wb") as f:
-        f.write(struct.pack("<Q", len(raw)) + raw)
-        for a in tensors.values():
-            f.write(np.ascontiguousarray(a).tobytes())

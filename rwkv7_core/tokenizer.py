@@ -16,7 +16,7 @@ from typing import Iterable
 
 from .constants import END_OF_TEXT, WORLD_VOCAB_SIZE
 
-__all__ = ["END_OF_TEXT", "WORLD_VOCAB_SIZE", "WorldTokenizer", "tokenizer_for"]
+__all__ = ["END_OF_TEXT", "WORLD_VOCAB_SIZE", "WorldTokenizer", "tokenizer_for", "world_vocab_file"]
 
 
 class WorldTokenizer:
@@ -25,10 +25,10 @@ class WorldTokenizer:
     vocab_size = WORLD_VOCAB_SIZE
     end_of_text = END_OF_TEXT
 
-    def __init__(self) -> None:
+    def __init__(self, vocab_file: str | Path | None = None) -> None:
         import pyrwkv_tokenizer  # lazily: only text-mode runs need it
 
-        self._vocab_file = Path(pyrwkv_tokenizer.__file__).parent / "rwkv_vocab_v20230424.txt"
+        self._vocab_file = Path(vocab_file) if vocab_file else world_vocab_file()
         self._encoder = pyrwkv_tokenizer.WorldTokenizer(str(self._vocab_file))
         self._bytes: dict[int, bytes] | None = None
 
@@ -65,15 +65,26 @@ class WorldTokenizer:
         return self._bytes
 
 
+def world_vocab_file() -> Path:
+    """The World vocabulary file ``pyrwkv-tokenizer`` ships ('<id> <python literal> <len>' lines)."""
+    import pyrwkv_tokenizer
+
+    return Path(pyrwkv_tokenizer.__file__).parent / "rwkv_vocab_v20230424.txt"
+
+
 _WORLD: WorldTokenizer | None = None
 
 
-def tokenizer_for(vocab_size: int) -> WorldTokenizer | None:
-    """The World tokenizer for a model with ``vocab_size == 65536``; None otherwise
-    (the caller then reads and writes token ids)."""
+def tokenizer_for(vocab_size: int, model_path: str | Path | None = None) -> WorldTokenizer | None:
+    """The World tokenizer for a model with ``vocab_size == 65536`` (with the vocabulary file
+    of a Hugging Face model directory ``model_path`` when it holds one); None otherwise (the
+    caller then reads and writes token ids)."""
     global _WORLD
     if vocab_size != WORLD_VOCAB_SIZE:
         return None
+    local = Path(model_path) / "rwkv_vocab_v20230424.txt" if model_path and Path(model_path).is_dir() else None
+    if local is not None and local.is_file():
+        return WorldTokenizer(local)
     if _WORLD is None:
         _WORLD = WorldTokenizer()
     return _WORLD

@@ -69,7 +69,8 @@ class Model:
 
 def load(path: str | os.PathLike, dtype: str = "float32", kernels: str | Kernels = "xla",
          device: jax.Device | int | None = None) -> Model:
-    """Load a .pth or .safetensors RWKV-7 checkpoint (.safetensors needs no torch).
+    """Load a .pth or .safetensors RWKV-7 checkpoint, or a Hugging Face RWKV7ForCausalLM model
+    directory (.safetensors and directories need no torch).
 
     dtype: float32 | bfloat16 | float16 weights and activations (wkv state, decay, kk and
     relu^2 stay float32). kernels: xla | pallas | pallas-fused | pallas-interpret |

@@ -197,7 +197,7 @@ class RWKV7:
 
 def load(path: str | os.PathLike, dtype: str = "float32", kernels: str | Kernels = "torch",
          device: str | torch.device | None = None) -> RWKV7:
-    """Load a checkpoint (.pth or .safetensors) as an RWKV7 model.
+    """Load a checkpoint (.pth, .safetensors or a Hugging Face model directory) as an RWKV7 model.
 
     dtype: float64 | float32 | bfloat16 | float16. kernels: torch | triton | auto (Triton on
     CUDA, torch on the CPU; Triton needs float32/bfloat16/float16 and runs on CUDA, or on

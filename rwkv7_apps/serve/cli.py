@@ -51,8 +51,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def check_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     check_engine_args(p, args)
-    if args.model is not None and not os.path.isfile(args.model):
-        p.error(f"--model {args.model}: no such file")
+    if args.model is not None and not (os.path.isfile(args.model) or os.path.isdir(args.model)):
+        p.error(f"--model {args.model}: no such file or model directory")
     for flag in ("max_prompt_tokens", "max_waiting", "max_body_bytes"):
         if getattr(args, flag) < 1:
             p.error(f"--{flag.replace('_', '-')} must be >= 1")
@@ -105,14 +105,14 @@ def main(argv: list[str] | None = None) -> int:
         parser.exit(EXIT_BAD_ARGS, f"rwkv7-serve: error: {e}\n")
     if fault is not None:
         engine = EngineGuard(engine, fault if fault.replica == 0 else None)
-    tokenizer = tokenizer_for(engine.vocab_size)
+    tokenizer = tokenizer_for(engine.vocab_size, model_path)
     if tokenizer is not None:
         tokenizer.decode_bytes([0])  # builds the lazy id -> bytes table before threads share it
     try:
         sched = Scheduler(engine, scheduler_config(args), tokenizer=tokenizer)
     except ValueError as e:
         parser.exit(EXIT_BAD_ARGS, f"rwkv7-serve: error: {e}\n")
-    name = args.served_model_name or (os.path.splitext(os.path.basename(args.model))[0] if args.model
+    name = args.served_model_name or (os.path.splitext(os.path.basename(os.path.normpath(args.model)))[0] if args.model
                                       else f"random-{args.random_model}")
     ready = threading.Event()
     app, service = build_app(sched, name, sampling_defaults(args), Limits(args.max_prompt_tokens, args.max_waiting),

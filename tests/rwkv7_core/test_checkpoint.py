@@ -180,3 +180,22 @@ def test_code_carrying_pth_is_refused_in_one_line(tmp_path, where):
     assert "posix.system" in message or "nt.system" in message
     assert "weights_only" not in message
     assert not marker.exists()
+
+
+def test_nested_header_and_nan_weights_fail_in_one_line(tmp_path):
+    """The safetensors library bounds the header (as --model and as --state); a weight holding
+    NaN is refused when the model reads it, naming the key."""
+    from rwkv7_core.state_files import StateFileError, load_state
+    import rwkv_torch_ref
+
+    nested = tmp_path / "nested.safetensors"
+    header = b'{"a":' * 10000 + b"1" + b"}" * 10000
+    nested.write_bytes(len(header).to_bytes(8, "little") + header)
+    for read, error in ((read_checkpoint, CheckpointError),
+                        (lambda p: load_state(p, named_config("tiny")), StateFileError)):
+        with pytest.raises(error, match="nested.safetensors' is not a readable safetensors file") as err:
+            read(nested)
+        assert "\n" not in str(err.value)
+    path = _write_modified(tmp_path, lambda t: t.update({"blocks.1.att.w0": np.full((1, 1, 128), np.nan, np.float32)}))
+    with pytest.raises(CheckpointError, match=r"key 'blocks\.1\.att\.w0': holds non-finite values"):
+        rwkv_torch_ref.load(path)

@@ -1,0 +1,61 @@
+"""``rwkv7-convert``: rewrite a checkpoint in another format (numpy only, but ``.pth`` needs torch).
+
+The source is anything ``--model`` takes (``.pth``, our ``.safetensors``, a Hugging Face model
+directory); ``--to hf`` writes an HF ``RWKV7ForCausalLM`` directory (fla's layout, with the
+World vocabulary file for 65536-token models), ``--to safetensors`` / ``--to pth`` a file in
+the official layout. Tensors keep their dtype unless ``--dtype`` casts them.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from rwkv7_core.checkpoint import SUPPORTED_DTYPES, CheckpointError, read_checkpoint, write_checkpoint
+from rwkv7_core.hf_checkpoint import VOCAB_FILE, write_hf_dir
+from rwkv7_core.tokenizer import WORLD_VOCAB_SIZE, world_vocab_file
+
+EXIT_BAD_INPUT = 2
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="rwkv7-convert", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("source", help="a .pth or .safetensors checkpoint, or a Hugging Face model directory")
+    p.add_argument("--to", required=True, choices=["hf", "safetensors", "pth"])
+    p.add_argument("--out", required=True, help="output directory (--to hf) or file (.safetensors / .pth)")
+    p.add_argument("--dtype", choices=sorted(SUPPORTED_DTYPES), help="cast every tensor (default: keep)")
+    p.add_argument("--max-shard-mb", type=float, default=4096,
+                   help="--to hf: shards of at most this size (default 4096; a shard is built in memory)")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    suffix = {"safetensors": ".safetensors", "pth": ".pth"}.get(args.to)
+    if suffix and Path(args.out).suffix != suffix:
+        parser.error(f"--to {args.to}: --out must end in {suffix}")
+    try:
+        tensors, config = read_checkpoint(args.source)
+        dtype = args.dtype or next(n for n, d in SUPPORTED_DTYPES.items() if np.dtype(d) == tensors.dtype("emb.weight"))
+        if args.to == "hf":
+            source_vocab = Path(args.source) / VOCAB_FILE
+            vocab = (source_vocab if source_vocab.is_file() else
+                     world_vocab_file() if config.vocab_size == WORLD_VOCAB_SIZE else None)
+            shard = int(args.max_shard_mb * 2**20) if args.max_shard_mb else None
+            write_hf_dir(args.out, tensors, config, dtype, shard, vocab)
+        else:
+            target = SUPPORTED_DTYPES[dtype]
+            write_checkpoint(args.out, {k: tensors[k].astype(target) for k in tensors})
+    except (CheckpointError, OSError) as e:
+        print(f"rwkv7-convert: error: {e}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    print(f"wrote {args.out} ({args.to}, {dtype}): {config}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

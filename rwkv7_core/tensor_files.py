@@ -1,0 +1,124 @@
+"""Tensor files, numpy only: ``.safetensors`` read and written by the ``safetensors`` library,
+and ``LazyTensors``, the read-on-access mapping every checkpoint reader returns.
+
+The library parses and bounds the header (a nested, cut or garbage header is one clear
+error) and reads bfloat16 as ``ml_dtypes.bfloat16``.
+"""
+from __future__ import annotations
+
+import os
+from contextlib import contextmanager
+from functools import partial
+from typing import Callable, Iterator, Mapping, NamedTuple
+
+import ml_dtypes
+import numpy as np
+
+Tensors = Mapping[str, np.ndarray]
+
+SUPPORTED_DTYPES = {"float32": np.float32, "float16": np.float16,
+                    "bfloat16": ml_dtypes.bfloat16, "float64": np.float64}
+FLOATS = tuple(np.dtype(d) for d in SUPPORTED_DTYPES.values())
+
+
+class CheckpointError(ValueError):
+    """A checkpoint file that cannot be used: unreadable, or with a wrong key or shape."""
+
+
+class Entry(NamedTuple):
+    """One tensor of a file: its shape, dtype, and how to read it (a fresh array each call)."""
+    shape: tuple[int, ...]
+    dtype: np.dtype
+    read: Callable[[], np.ndarray]
+
+
+class LazyTensors(Mapping):
+    """key -> np.ndarray, each read by its ``Entry`` on access and not kept; ``shape`` and
+    ``dtype`` need no read. A float tensor holding NaN or inf raises CheckpointError naming
+    the key and ``source``."""
+
+    def __init__(self, entries: dict[str, Entry], source: str):
+        self.entries, self.source = entries, source
+
+    @classmethod
+    def of(cls, arrays: Mapping[str, np.ndarray], source: str = "checkpoint") -> "LazyTensors":
+        """Arrays already in memory (or memory-mapped) as LazyTensors."""
+        if isinstance(arrays, LazyTensors):
+            return arrays
+        return cls({k: Entry(tuple(a.shape), a.dtype, partial(np.asarray, a)) for k, a in arrays.items()}, source)
+
+    def shape(self, key: str) -> tuple[int, ...]:
+        return self.entries[key].shape
+
+    def dtype(self, key: str) -> np.dtype:
+        return self.entries[key].dtype
+
+    def __getitem__(self, key: str) -> np.ndarray:
+        a = self.entries[key].read()
+        if a.dtype in FLOATS and not np.isfinite(a).all():
+            raise CheckpointError(f"{self.source!r}, key {key!r}: holds non-finite values (NaN or inf)")
+        return a
+
+    def __contains__(self, key: object) -> bool:  # without reading (Mapping's would read the tensor)
+        return key in self.entries
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.entries)
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+
+_ST_DTYPES = {"F64": np.float64, "F32": np.float32, "F16": np.float16, "BF16": ml_dtypes.bfloat16,
+              "I64": np.int64, "I32": np.int32, "I16": np.int16, "I8": np.int8, "U8": np.uint8,
+              "BOOL": np.bool_}
+
+
+def safetensors_entries(path: str | os.PathLike) -> tuple[dict[str, Entry], dict[str, str]]:
+    """(key -> Entry, the header's ``__metadata__``) of a ``.safetensors`` file, from its header
+    only (the ``safetensors`` library bounds and checks it: a nested, cut or garbage header is a
+    CheckpointError naming the file). Each entry's ``read`` reopens the file for that tensor."""
+    with _opened(path) as f:
+        entries = {}
+        for key in f.keys():
+            view = f.get_slice(key)
+            dtype = _ST_DTYPES.get(view.get_dtype())
+            if dtype is None:
+                raise CheckpointError(f"{str(path)!r}, key {key!r}: unsupported safetensors dtype "
+                                      f"{view.get_dtype()}")
+            entries[key] = Entry(tuple(view.get_shape()), np.dtype(dtype), partial(_read_one, str(path), key))
+        return entries, dict(f.metadata() or {})
+
+
+def _read_one(path: str, key: str) -> np.ndarray:
+    with _opened(path) as f:  # opened per tensor: pages of the map never pile up in memory
+        return f.get_tensor(key)
+
+
+@contextmanager
+def _opened(path: str | os.PathLike):
+    from safetensors import SafetensorError, safe_open
+
+    try:
+        f = safe_open(str(path), framework="numpy")
+    except SafetensorError as e:
+        raise CheckpointError(f"{str(path)!r} is not a readable safetensors file: {e}") from None
+    with f:
+        yield f
+
+
+def read_safetensors(path: str | os.PathLike) -> tuple[Tensors, dict[str, str]]:
+    """(tensors, the header's ``__metadata__`` {str: str}) of a ``.safetensors`` file, read
+    whole (writable copies); for small files (states, cache entries). CheckpointError in one
+    line when it is malformed; OSError when it cannot be opened."""
+    entries, metadata = safetensors_entries(path)
+    with _opened(path) as f:
+        return {key: f.get_tensor(key) for key in entries}, metadata
+
+def write_safetensors(path: str | os.PathLike, tensors: Mapping[str, np.ndarray],
+                      metadata: dict[str, str] | None = None) -> None:
+    """Write tensors (the dtypes of ``_ST_DTYPES``) and optional string metadata as ``.safetensors``
+    through the ``safetensors`` library."""
+    from safetensors.numpy import save_file
+
+    save_file({k: np.ascontiguousarray(v) for k, v in tensors.items()}, str(path), metadata=metadata)
