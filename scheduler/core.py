@@ -211,13 +211,13 @@ class Scheduler:
         self._books.track(entry)
         try:
             entry.params, entry.prompt = validated(request, self.engine.vocab_size, self.tokenizer,
-                                                   self._logprobs_unsupported)
+                                                   self._logprobs_unsupported, self.config.max_tokens_limit)
         except (ValueError, TypeError) as e:
             entry.error = f"invalid request: {e}"
             self._books.finish(entry, "error")
             return entry
         if entry.params.seed is None:
-            entry.params = entry.params.replace(seed=int(self._seed_rng.integers(2**32)))
+            entry.params = entry.params.replace(seed=int(self._seed_rng.integers(2**64, dtype=np.uint64)))
         return entry
 
     def _needs_prefill(self, entry: Entry) -> bool:

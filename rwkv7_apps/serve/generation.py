@@ -18,7 +18,7 @@ from typing import Any, AsyncIterator
 import numpy as np
 
 from rwkv7_core.engine import Capability
-from rwkv7_core.sampling import SamplingParams, TokenLogprobs
+from rwkv7_core.sampling import SEED_MAX, SamplingParams, TokenLogprobs
 from scheduler import Request, RequestOutput
 
 from . import chat
@@ -116,7 +116,7 @@ def build_job(ctx: Context, body, kind: str) -> tuple[Job, list[list[Request]]]:
         group = []
         for k in range(body.n):
             index = p * body.n + k
-            seed = int(ctx.seeds.integers(2**32)) if body.seed is None else (body.seed + index) % 2**32
+            seed = int(ctx.seeds.integers(2**32)) if body.seed is None else (body.seed + index) % (SEED_MAX + 1)
             rid = ctx.service.new_id(job.id)
             job.choices.append(Choice(index, p, rid, TextStream(stops)))
             group.append(Request(rid, tokens, params.replace(seed=seed)))
