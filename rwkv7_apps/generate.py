@@ -142,7 +142,7 @@ def make_request(item: InputRequest, defaults: dict[str, Any], args, vocab_size:
     if fields.get("seed") is None:
         fields["seed"] = request_seed(args.seed, item.id)
     try:
-        params = SamplingParams.from_dict(fields).validate(vocab_size)
+        params = SamplingParams.from_dict(fields).validate(vocab_size, args.max_tokens_limit)
     except (ValueError, TypeError) as e:
         return fail(f"bad sampling field: {e}")
     if tokenizer is None and item.prompt is not None:

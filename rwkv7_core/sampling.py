@@ -98,7 +98,7 @@ class SamplingParams:
         if not is_int(self.max_tokens) or not 0 <= self.max_tokens <= DEVICE_INT_MAX:
             bad("max_tokens", f"must be an integer in [0, {DEVICE_INT_MAX}]")
         if max_tokens_limit is not None and self.max_tokens > max_tokens_limit:
-            bad("max_tokens", f"exceeds the limit {max_tokens_limit} (--max-tokens-limit)")
+            bad("max_tokens", f"{self.max_tokens} exceeds the limit {max_tokens_limit} (--max-tokens-limit)")
         if not is_real(self.temperature) or self.temperature < 0:
             bad("temperature", "must be a finite number >= 0")
         if not is_real(self.top_p) or not 0 < self.top_p <= 1:
