@@ -38,6 +38,7 @@ import numpy as np
 
 from rwkv7_core.engine import Capability, Engine, check_capabilities
 from rwkv7_core.sampling import NONFINITE_TOKEN, TokenLogprobs
+from rwkv7_core.stop_strings import StopMatcher
 
 from .books import Books, Entry
 from .config import PrefillPolicy, SchedulerConfig, bucket_for, shrink_pays
@@ -53,7 +54,8 @@ from .validation import validated
 class Scheduler:
     """Schedules requests on an ``Engine``; see the module docstring.
 
-    ``tokenizer``: any object with ``decode(list[int]) -> str``; needed for stop strings.
+    ``tokenizer``: any object with ``decode_bytes(list[int]) -> bytes`` (UTF-8); needed for
+    stop strings.
     ``prefix_store``: a persistent tier for the prefix cache (on even when
     ``config.prefix_cache_bytes`` is 0, which then keeps nothing in memory).
     ``results``: {id: RequestOutput} of the requests finished by runs given no ``on_finish``
@@ -361,14 +363,11 @@ class Scheduler:
             self._on_token(entry.id, token)
 
     def _stop_string_hit(self, entry: Entry) -> bool:
-        """True when a stop string ends within the text of the newest tokens."""
-        stops = entry.params.stop
-        window = 4 * max(len(s) for s in stops) + 2  # a token holds >= 1 byte, a char <= 4
-        try:
-            text = self.tokenizer.decode(entry.tokens[-window:])
-        except Exception:  # an incomplete UTF-8 sequence: no match yet
-            return False
-        return any(s in text for s in stops)
+        """True when the newest token completes a stop string (called once per token; the
+        matcher reads each token's bytes once: rwkv7_core/stop_strings.py)."""
+        if entry.stop_matcher is None:
+            entry.stop_matcher = StopMatcher(entry.params.stop)
+        return entry.stop_matcher.feed_bytes(self.tokenizer.decode_bytes(entry.tokens[-1:]))[1] >= 0
 
     def _finish(self, entry: Entry, reason: str, stop_token: bool = False) -> None:
         """Make a READY or RUNNING request final (``stop_token``: it ended on a stop token,
