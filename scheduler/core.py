@@ -257,9 +257,13 @@ class Scheduler:
         return self._policy is PrefillPolicy.MIXED and len(self._prefill) > 0
 
     def _start_pieces(self) -> None:
-        """Move waiting requests into the prefill queue while it wants more."""
+        """Move waiting requests into the prefill queue while it wants more; once admissions
+        stop, prompts still in prefill go back to waiting (unstarted: a later run redoes them)."""
         books = self._books
         with books.cond:
+            if not self._admitting:
+                for entry in self._prefill.abandon():
+                    books.move(entry, RequestState.WAITING)
             while self._prefill.wants_more() and self._can_start():
                 entry = books.waiting[0]
                 books.move(entry, RequestState.PREFILL)

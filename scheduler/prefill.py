@@ -5,7 +5,8 @@ first served), plans the next call's pieces, runs it and hands back finished pro
 their first token drawn. The policies differ only in how much a call takes and where it
 runs:
 
-- SERIAL: one prompt per call (``Engine.prefill``, B=1), in the prefill worker beside decode.
+- SERIAL: one prompt per call (``Engine.prefill``, B=1), in the prefill worker beside decode;
+  a prompt longer than SERIAL_CALL_TOKENS runs in several calls, each from the last one's row.
 - VARLEN: up to ``chunk`` tokens from up to MAX_PIECES prompts flattened without padding
   (``VarlenPrefill.prefill_varlen``, needs ``Capability.VARLEN_PREFILL``), in the worker
   beside decode; a prompt cut at the budget continues from its carried state in the next call.
@@ -23,6 +24,8 @@ the state there, and caches the whole prompt's state; a prompt whose first block
 that of an earlier queued prompt still computing its boundary state waits for it (and hits).
 A request with an initial state runs
 from it (``Engine.from_host``); its cache keys live in that state's namespace.
+Calls are bounded, so whoever drives them can stop between two (``abandon``): a stop signal
+is honoured within one call however long the prompt.
 """
 from __future__ import annotations
 
@@ -36,6 +39,11 @@ from rwkv7_core.engine import MAX_PIECES, Capability, varlen_shape
 
 from .config import PrefillPolicy
 from .stats import PrefillRecord
+
+SERIAL_CALL_TOKENS = 8192
+"""Most prompt tokens of one SERIAL call (a multiple of every engine's largest prefill piece,
+so cutting there runs the same pieces): a long prompt takes several calls, between which
+the worker sees a stop."""
 
 CAPABILITY = {PrefillPolicy.VARLEN: Capability.VARLEN_PREFILL, PrefillPolicy.MIXED: Capability.MIXED_STEP}
 """The engine capability each policy needs beyond the Engine contract."""
@@ -173,6 +181,12 @@ class Prefill:
         self.queue.append(progress)
         return None
 
+    def abandon(self) -> list:
+        """Drop every prompt in progress (its work so far is lost); their entries."""
+        entries = [p.entry for p in self.queue]
+        self.queue.clear()
+        return entries
+
     def run(self) -> PrefillReport:
         """One prefill call (SERIAL, VARLEN or AUTO) over the head of the queue."""
         taken, prompts, starts = self._take()
@@ -251,8 +265,8 @@ class Prefill:
         return ready
 
     def _take(self):
-        """The next call's pieces: SERIAL one whole prompt, VARLEN the budget, AUTO the
-        budget when that takes several prompts and else one whole prompt."""
+        """The next call's pieces: SERIAL one whole prompt (at most SERIAL_CALL_TOKENS of it),
+        VARLEN the budget, AUTO the budget when that takes several prompts and else SERIAL's."""
         ready = self._ready_to_run()
         remaining = []
         for p in ready:  # a piece stops at the cached block boundary
@@ -260,7 +274,7 @@ class Prefill:
             remaining.append((boundary if p.done < boundary else len(p.entry.prompt)) - p.done)
         counts = [] if self.budget is None else plan_pieces(remaining, self.budget, self.max_pieces)
         if self.policy is PrefillPolicy.SERIAL or (self.policy is PrefillPolicy.AUTO and len(counts) < 2):
-            counts = plan_pieces(remaining, max(remaining, default=1), 1)
+            counts = plan_pieces(remaining, min(max(remaining, default=1), SERIAL_CALL_TOKENS), 1)
         taken = list(zip(ready, counts))
         prompts = [np.asarray(p.entry.prompt[p.done:p.done + n], np.int32) for p, n in taken]
         return taken, prompts, [p.row for p, _ in taken]

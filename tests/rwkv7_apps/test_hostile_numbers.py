@@ -67,10 +67,11 @@ def test_batch_job_writes_an_error_record_per_hostile_line(tiny_ckpt, tmp_path):
     bad = [{"id": f"{field}={value}", "tokens": [1, 2], field: value}
            for field in ("max_tokens", "top_k") for value in HOSTILE]
     bad += [{"id": f"{field}={value}", "tokens": [1, 2], field: value} for field, value, _ in OVER_LIMITS]
+    bad.append({"id": "prompt=33", "tokens": rng.integers(1, 512, 33).tolist()})
     out = tmp_path / "out.jsonl"
     proc = run_cli(["--model", tiny_ckpt, "--input", write_jsonl(tmp_path / "in.jsonl", bad[:4] + good + bad[4:]),
-                    "--output", out, "--max-batch", 4, "--prefill", "serial", "--max-tokens-limit", LIMIT, "--max-tokens", 8],
-                   tmp_path)
+                    "--output", out, "--max-batch", 4, "--prefill", "serial", "--max-tokens", 8,
+                    "--max-tokens-limit", LIMIT, "--max-prompt-tokens", 32], tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     results = {r["id"]: r for r in read_results(out)}
     assert set(results) == {r["id"] for r in good + bad}
@@ -79,6 +80,7 @@ def test_batch_job_writes_an_error_record_per_hostile_line(tiny_ckpt, tmp_path):
         assert record["finish_reason"] == "error" and r["id"].split("=")[0] in record["error"], record
     for field, value, why in OVER_LIMITS:
         assert why in results[f"{field}={value}"]["error"]
+    assert "33 prompt tokens exceed the limit 32 (--max-prompt-tokens)" in results["prompt=33"]["error"]
     model = rwkv_jax.load(tiny_ckpt, dtype="float32", kernels="xla")
     for r in good:
         assert results[r["id"]]["tokens"] == greedy_reference(model, r["tokens"], r["max_tokens"])
