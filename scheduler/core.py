@@ -278,7 +278,7 @@ class Scheduler:
             self.stats.record_prefill(record)
         if report.call is not None:
             self.stats.record_prefill_call(report.call)
-        self.stats.record_prefix_lookups(report.hits, report.misses)
+        self.stats.record_prefix_lookups(report.hits, report.misses, report.removed)
         for done in report.done:
             entry = done.entry
             entry.row, entry.first_token, entry.first_token_time = done.row, done.first_token, done.first_token_time

@@ -23,7 +23,9 @@ piece is planned, cuts a piece at the last multiple of ``prefix_block`` tokens a
 the state there, and caches the whole prompt's state; a prompt whose first block equals
 that of an earlier queued prompt still computing its boundary state waits for it (and hits).
 A request with an initial state runs
-from it (``Engine.from_host``); its cache keys live in that state's namespace.
+from it (``Engine.from_host``); its cache keys live in that state's namespace. A prompt
+that drew a non-finite first token from a cached prefix drops that entry (memory and disk)
+and runs again without the cache; an unreadable disk entry is removed at lookup.
 Calls are bounded, so whoever drives them can stop between two (``abandon``): a stop signal
 is honoured within one call however long the prompt.
 """
@@ -36,6 +38,7 @@ from typing import Any, NamedTuple, Sequence
 import numpy as np
 
 from rwkv7_core.engine import MAX_PIECES, Capability, varlen_shape
+from rwkv7_core.sampling import NONFINITE_TOKEN
 
 from .config import PrefillPolicy
 from .stats import PrefillRecord
@@ -95,12 +98,14 @@ class Prefilled(NamedTuple):
 class PrefillReport(NamedTuple):
     """What one call (or one add) produced: the prompts it finished or failed, the kind of
     engine call that succeeded ("serial", "varlen", "mixed"; None if none did), one
-    PrefillRecord per piece run, and the prefix-cache lookups made."""
+    PrefillRecord per piece run, the prefix-cache lookups made and the cache entries removed
+    (unreadable, or non-finite in use)."""
     done: list[Prefilled]
     call: str | None
     pieces: list[PrefillRecord]
     hits: int
     misses: int
+    removed: int = 0
 
 
 class PiecesFailed(Exception):
@@ -144,7 +149,7 @@ class Prefill:
         self.queue: deque[_Progress] = deque()
         self._done: list[Prefilled] = []
         self._pieces: list[PrefillRecord] = []
-        self._lookups = [0, 0]  # hits, misses
+        self._lookups = [0, 0, 0]  # hits, misses, entries removed
 
     def __len__(self) -> int:
         return len(self.queue)
@@ -222,7 +227,7 @@ class Prefill:
 
     def _report(self, call: str | None) -> PrefillReport:
         report = PrefillReport(self._done, call, self._pieces, *self._lookups)
-        self._done, self._pieces, self._lookups = [], [], [0, 0]
+        self._done, self._pieces, self._lookups = [], [], [0, 0, 0]
         return report
 
     # -- planning ------------------------------------------------------------------------
@@ -231,6 +236,7 @@ class Prefill:
         progress.looked_up = True
         progress.done, host = self.cache.longest_prefix(entry.prompt, _namespace(entry))
         self._lookups[0 if progress.done else 1] += 1
+        self._lookups[2] += self.cache.take_removed()
         if progress.done:
             progress.row = self.engine.from_host(host)
         progress.cached = progress.done
@@ -296,9 +302,17 @@ class Prefill:
                 self._complete(progress)
 
     def _complete(self, progress: _Progress) -> None:
-        """Draw the first token from the finished row."""
+        """Draw the first token from the finished row (a non-finite one drawn after a cached
+        prefix drops that entry and queues the prompt again, to run without the cache)."""
         entry = progress.entry
         first = int(self.engine.sample(progress.row, entry.params, 0))
+        if first == NONFINITE_TOKEN and progress.cached:
+            self.cache.drop(entry.prompt[:progress.cached], _namespace(entry))
+            self._lookups[2] += self.cache.take_removed()
+            progress.done = progress.cached = 0
+            progress.row = None if entry.initial is None else self.engine.from_host(entry.initial.row)
+            self.queue.appendleft(progress)
+            return
         now = time.perf_counter()
         self._done.append(Prefilled(entry, progress.row, first, now, progress.cached, now - progress.start_time,
                                     None))
