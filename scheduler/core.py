@@ -166,8 +166,9 @@ class Scheduler:
         """Drive until every added request is final. ``on_token(id, token)`` streams each
         emitted token; ``on_logprobs(id, TokenLogprobs of N=1)`` comes just before it for
         requests with ``params.logprobs``; ``on_finish(output)`` fires once per request. When
-        ``should_stop()`` returns True no more requests start; those already started run to
-        completion and unstarted ones stay WAITING (not reported). With ``serve_until`` the
+        ``should_stop()`` returns True no more requests start; those already decoding run to
+        completion, those still in prefill go back to WAITING with the unstarted ones (not
+        reported). With ``serve_until`` the
         run does not end when idle: it waits for new requests (``add`` from any thread) and
         returns once idle with ``serve_until()`` True (checked every 50 ms). Callbacks run
         in this thread. Without ``on_finish`` the outputs collect in ``results``."""
