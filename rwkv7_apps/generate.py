@@ -28,6 +28,10 @@ from .options import (add_engine_options, add_model_options, add_sampling_option
 from .states import RunStates, model_fingerprint, register_states, state_option
 
 EXIT_BAD_ARGS = 2
+MAX_PROMPT_TOKENS = 1 << 20
+"""Default --max-prompt-tokens: an RWKV state does not grow with the prompt, so the limit bounds
+the prefill time and the host memory of one line's tokens (about 40 MB at 2**20), generous
+for long documents while refusing a runaway line (a 50 MB prompt is some 10M tokens)."""
 
 
 # ----------------------------------------------------------------------------- options
@@ -56,6 +60,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "here); needs the [ray] extra")
     p.add_argument("--metrics", metavar="METRICS.json", help="write run metrics as JSON")
     p.add_argument("--plot", metavar="RUN.png", help="write a PNG of batch size, bucket and tok/s over time")
+    p.add_argument("--max-prompt-tokens", type=int, default=MAX_PROMPT_TOKENS, metavar="N",
+                   help=f"longest prompt a line may have (default {MAX_PROMPT_TOKENS}); a longer one gets an "
+                        "error record")
     p.add_argument("--seed", type=int, default=0, metavar="S",
                    help="run seed: a request without its own 'seed' gets one derived from S and its id")
     add_sampling_options(p, "the input")
@@ -79,6 +86,8 @@ def check_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     for flag, path in (("--save-states", args.save_states), ("--prefix-cache-dir", args.prefix_cache_dir)):
         if path is not None:
             _check_directory(p, path, flag)
+    if args.max_prompt_tokens < 1:
+        p.error(f"--max-prompt-tokens {args.max_prompt_tokens}: must be >= 1")
     if args.prefix_cache_disk_mb <= 0:
         p.error(f"--prefix-cache-disk-mb {args.prefix_cache_disk_mb:g}: must be > 0")
     if args.ray and (args.state or args.save_states or args.prefix_cache_dir):
@@ -142,7 +151,7 @@ def make_request(item: InputRequest, defaults: dict[str, Any], args, vocab_size:
     if fields.get("seed") is None:
         fields["seed"] = request_seed(args.seed, item.id)
     try:
-        params = SamplingParams.from_dict(fields).validate(vocab_size)
+        params = SamplingParams.from_dict(fields).validate(vocab_size, args.max_tokens_limit)
     except (ValueError, TypeError) as e:
         return fail(f"bad sampling field: {e}")
     if tokenizer is None and item.prompt is not None:
@@ -157,6 +166,8 @@ def make_request(item: InputRequest, defaults: dict[str, Any], args, vocab_size:
     except ValueError as e:
         return fail(str(e))
     tokens = tokenizer.encode(item.prompt) if item.prompt is not None else item.tokens
+    if len(tokens) > args.max_prompt_tokens:
+        return fail(f"{len(tokens)} prompt tokens exceed the limit {args.max_prompt_tokens} (--max-prompt-tokens)")
     return Request(str(item.line), list(tokens), params, initial_state=initial,
                    return_state=states.save_dir is not None)
 

@@ -103,6 +103,7 @@ def build_metrics(stats: Stats, counts: RunCounts, wall_time: float, t0: float,
         "compile_events": [_relative(e._asdict(), t0) for e in stats.compiles],
         "bucket_switches": [_relative(e._asdict(), t0) for e in stats.switches],
         "prefix_cache": {"hits": stats.prefix_hits, "misses": stats.prefix_misses,
+                         "removed": stats.prefix_removed,
                          "hit_rate": stats.prefix_hits / lookups if lookups else None},
         "replicas": rows,
     }

@@ -6,6 +6,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from rwkv7_core.sampling import MAX_TOKENS_LIMIT
+
 from .engines import BACKENDS, kernel_choices, random_model_names
 
 SAMPLING_OPTIONS = ("max_tokens", "temperature", "top_p", "top_k", "presence_penalty",
@@ -50,6 +52,8 @@ def add_engine_options(p: argparse.ArgumentParser) -> None:
                    help="prefill policy (default auto: one prompt per call when one waits, flattened "
                         "prompts when several do; see docs/batch-job.md)")
     p.add_argument("--chunk", type=int, default=256, metavar="K", help="prompt tokens per varlen/mixed call")
+    p.add_argument("--max-tokens-limit", type=int, default=MAX_TOKENS_LIMIT, metavar="N",
+                   help=f"most max_tokens a request may ask for (default {MAX_TOKENS_LIMIT}; more is refused)")
 
 
 def add_sampling_options(p: argparse.ArgumentParser, overridable_by: str) -> None:
@@ -94,7 +98,7 @@ def scheduler_config(args: argparse.Namespace):
         max(args.buckets) if args.buckets else DEFAULT_MAX_BATCH)
     return SchedulerConfig(max_batch=max_batch, buckets=args.buckets,
                            prefix_cache_bytes=int(args.prefix_cache_mb * 2**20), precompile=args.precompile,
-                           prefill_policy=args.prefill, chunk=args.chunk)
+                           prefill_policy=args.prefill, chunk=args.chunk, max_tokens_limit=args.max_tokens_limit)
 
 
 def sampling_defaults(args: argparse.Namespace) -> dict[str, Any]:
@@ -102,5 +106,5 @@ def sampling_defaults(args: argparse.Namespace) -> dict[str, Any]:
     from rwkv7_core.sampling import SamplingParams
 
     d = {k: getattr(args, k) for k in SAMPLING_OPTIONS if getattr(args, k) is not None}
-    SamplingParams.from_dict(d)
+    SamplingParams.from_dict(d).validate(max_tokens_limit=args.max_tokens_limit)
     return d

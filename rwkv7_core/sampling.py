@@ -14,7 +14,8 @@ Per row (a request), for the token at output position ``pos``:
 The Gumbel noise is a counter-based hash of (seed, pos, token id) -- no RNG state, so a
 row's draws depend on nothing but its own seed and position (batch- and bucket-invariant,
 and the same in every framework):
-``key = h(seed + h(pos + 1))``, ``bits[v] = h(key ^ h(v + GOLDEN))``,
+``key = h((lo + h(pos + 1)) ^ h(hi))`` for the seed's 32-bit words ``lo``, ``hi`` (seeds are 64-bit;
+``h(0) = 0``, so a seed below 2**32 keys as ``h(seed + h(pos + 1))``), ``bits[v] = h(key ^ h(v + GOLDEN))``,
 ``u = ((bits >> 8) + 0.5) / 2**24``, ``gumbel = -log(-log(u))``, all uint32 arithmetic with
 ``h`` = lowbias32 (xor-shift 16, * HASH_M1, xor-shift 15, * HASH_M2, xor-shift 16).
 """
@@ -80,10 +81,13 @@ class SamplingParams:
     def replace(self, **changes) -> "SamplingParams":
         return dataclasses.replace(self, **changes)
 
-    def validate(self, vocab_size: int | None = None) -> "SamplingParams":
-        """Return self, or raise ValueError naming the first invalid field."""
+    def validate(self, vocab_size: int | None = None, max_tokens_limit: int | None = None) -> "SamplingParams":
+        """Return self, or raise ValueError naming the first invalid field and the limit it
+        breaks (``max_tokens_limit``: the commands' ``--max-tokens-limit``, None = none but
+        DEVICE_INT_MAX; MAX_STOP_STRINGS, MAX_STOP_LENGTH, MAX_STOP_TOKENS)."""
         def bad(name, why):
-            raise ValueError(f"SamplingParams.{name}={getattr(self, name)!r}: {why}")
+            value = repr(getattr(self, name))
+            raise ValueError(f"SamplingParams.{name}={value if len(value) <= 80 else value[:60] + '...'}: {why}")
 
         def is_int(v):
             return isinstance(v, int) and not isinstance(v, bool)
@@ -93,6 +97,8 @@ class SamplingParams:
 
         if not is_int(self.max_tokens) or not 0 <= self.max_tokens <= DEVICE_INT_MAX:
             bad("max_tokens", f"must be an integer in [0, {DEVICE_INT_MAX}]")
+        if max_tokens_limit is not None and self.max_tokens > max_tokens_limit:
+            bad("max_tokens", f"{self.max_tokens} exceeds the limit {max_tokens_limit} (--max-tokens-limit)")
         if not is_real(self.temperature) or self.temperature < 0:
             bad("temperature", "must be a finite number >= 0")
         if not is_real(self.top_p) or not 0 < self.top_p <= 1:
@@ -104,17 +110,23 @@ class SamplingParams:
                 bad(name, "must be a finite number")
         if not is_real(self.penalty_decay) or not 0 < self.penalty_decay <= 1:
             bad("penalty_decay", "must lie in (0, 1]")
-        if self.seed is not None and (not is_int(self.seed) or not 0 <= self.seed < 2**32):
-            bad("seed", "must be an integer in [0, 2**32) or None")
+        if self.seed is not None and (not is_int(self.seed) or not 0 <= self.seed <= SEED_MAX):
+            bad("seed", "must be an integer in [0, 2**64 - 1] or None")
+        if len(self.stop_tokens) > MAX_STOP_TOKENS:
+            bad("stop_tokens", f"{len(self.stop_tokens)} stop tokens, more than the limit {MAX_STOP_TOKENS}")
         for name in ("banned_tokens", "stop_tokens"):
             for t in getattr(self, name):
                 if not is_int(t) or t < 0 or (vocab_size is not None and t >= vocab_size):
                     bad(name, f"token {t!r} is not an id in [0, {vocab_size or 'vocab_size'})")
         if vocab_size is not None and len(set(self.banned_tokens)) >= vocab_size:
             bad("banned_tokens", "bans every token")
+        if len(self.stop) > MAX_STOP_STRINGS:
+            bad("stop", f"{len(self.stop)} stop strings, more than the limit {MAX_STOP_STRINGS}")
         for s in self.stop:
             if not isinstance(s, str) or not s:
                 bad("stop", "stop strings must be non-empty strings")
+            if len(s) > MAX_STOP_LENGTH:
+                bad("stop", f"a stop string of {len(s)} characters, longer than the limit {MAX_STOP_LENGTH}")
         if self.logprobs is not None and (not is_int(self.logprobs) or not 0 <= self.logprobs <= TOP_LOGPROBS):
             bad("logprobs", f"must be None or an integer in [0, {TOP_LOGPROBS}]")
         return self
@@ -126,6 +138,19 @@ TOP_LOGPROBS = 20
 DEVICE_INT_MAX = 2**31 - 1
 """The largest ``max_tokens`` and ``top_k``: engines keep both as int32 per row (a top_k at or
 above the vocabulary size keeps every token, as 0 does)."""
+
+MAX_TOKENS_LIMIT = 65536
+"""The commands' default ``--max-tokens-limit``: an RWKV row's memory does not grow with its
+output, so the cap bounds time, not memory -- how long one request may hold a decode slot
+(65536 tokens: minutes to hours of one slot, far above any chat or completion answer)."""
+
+MAX_STOP_STRINGS = 64
+MAX_STOP_LENGTH = 512
+MAX_STOP_TOKENS = 64
+"""Most stop strings, characters per stop string and stop token ids in one request. OpenAI
+allows 4 stop strings; these are generous for any real use (vLLM sets no cap) while bounding
+what a request costs the others: stop strings are matched per generated character, and every
+row of the decode batch is checked against the longest stop-token list in the batch."""
 
 
 class TokenLogprobs(NamedTuple):
@@ -142,6 +167,9 @@ class TokenLogprobs(NamedTuple):
         return TokenLogprobs(*(np.asarray(a[i:i + 1]) for a in self))
 
 
+SEED_MAX = 2**64 - 1
+"""The largest seed: engines hold a seed as two uint32 words (``SamplingRows.seed``, ``seed_hi``)."""
+
 HASH_M1 = 0x7FEB352D
 HASH_M2 = 0x846CA68B
 GOLDEN = 0x9E3779B9
@@ -155,11 +183,13 @@ class SamplingRows(NamedTuple):
     presence: np.ndarray     # float32
     frequency: np.ndarray    # float32
     decay: np.ndarray        # float32
-    seed: np.ndarray         # uint32
+    seed: np.ndarray         # uint32: the seed's low 32 bits
+    seed_hi: np.ndarray      # uint32: its high 32 bits
 
 
 def sampling_rows(params: Sequence[SamplingParams]) -> SamplingRows:
     """Stack per-request parameters into [B] arrays (a None seed counts as 0)."""
+    seeds = np.array([0 if p.seed is None else p.seed for p in params], np.uint64)
     return SamplingRows(
         temperature=np.array([p.temperature for p in params], np.float32),
         top_p=np.array([p.top_p for p in params], np.float32),
@@ -167,7 +197,7 @@ def sampling_rows(params: Sequence[SamplingParams]) -> SamplingRows:
         presence=np.array([p.presence_penalty for p in params], np.float32),
         frequency=np.array([p.frequency_penalty for p in params], np.float32),
         decay=np.array([p.penalty_decay for p in params], np.float32),
-        seed=np.array([0 if p.seed is None else p.seed for p in params], np.uint32))
+        seed=(seeds & np.uint64(0xFFFFFFFF)).astype(np.uint32), seed_hi=(seeds >> np.uint64(32)).astype(np.uint32))
 
 
 def banned_mask(params: Sequence[SamplingParams], vocab_size: int) -> np.ndarray:
@@ -190,10 +220,12 @@ def lowbias32(x: np.ndarray) -> np.ndarray:
     return x
 
 
-def gumbel_noise(seed: np.ndarray, position: np.ndarray, vocab_size: int) -> np.ndarray:
-    """float32 [B, V] Gumbel noise for rows with uint32 seeds [B] at output positions [B]."""
+def gumbel_noise(seed: np.ndarray, seed_hi: np.ndarray, position: np.ndarray, vocab_size: int) -> np.ndarray:
+    """float32 [B, V] Gumbel noise for rows with seeds (uint32 low and high words [B]) at
+    output positions [B]."""
     with np.errstate(over="ignore"):
-        key = lowbias32(seed.astype(np.uint32) + lowbias32(position.astype(np.uint32) + np.uint32(1)))
+        key = seed.astype(np.uint32) + lowbias32(position.astype(np.uint32) + np.uint32(1))
+        key = lowbias32(key ^ lowbias32(seed_hi))
         token_hash = lowbias32(np.arange(vocab_size, dtype=np.uint32) + np.uint32(GOLDEN))
     bits = lowbias32(key[:, None] ^ token_hash[None, :])
     u = ((bits >> np.uint32(8)).astype(np.float32) + np.float32(0.5)) * np.float32(2.0 ** -24)
@@ -228,7 +260,7 @@ def sample_rows(logits: np.ndarray, counts: np.ndarray, rows: SamplingRows, bann
     temperature = np.where(rows.temperature > 0, rows.temperature, np.float32(1))
     z = x / temperature[:, None]
     keep = nucleus_mask(z, rows.top_k, rows.top_p)
-    noisy = np.where(keep, z + gumbel_noise(rows.seed, positions, x.shape[1]), -np.inf)
+    noisy = np.where(keep, z + gumbel_noise(rows.seed, rows.seed_hi, positions, x.shape[1]), -np.inf)
     tokens = np.where(rows.temperature > 0, np.argmax(noisy, axis=1), greedy)
     finite = np.isfinite(logits).all(axis=1)
     return np.where(finite, tokens, NONFINITE_TOKEN).astype(np.int32)

@@ -23,9 +23,10 @@ def lowbias32(x: jax.Array) -> jax.Array:
     return x ^ (x >> 16)
 
 
-def gumbel_noise(seed: jax.Array, position: jax.Array, vocab_size: int) -> jax.Array:
-    """float32 [B, V] Gumbel noise from uint32 seeds [B] and int32 positions [B]."""
-    key = lowbias32(seed.astype(jnp.uint32) + lowbias32(position.astype(jnp.uint32) + jnp.uint32(1)))
+def gumbel_noise(seed: jax.Array, seed_hi: jax.Array, position: jax.Array, vocab_size: int) -> jax.Array:
+    """float32 [B, V] Gumbel noise from seeds (uint32 low and high words [B]) and int32 positions [B]."""
+    key = seed.astype(jnp.uint32) + lowbias32(position.astype(jnp.uint32) + jnp.uint32(1))
+    key = lowbias32(key ^ lowbias32(seed_hi.astype(jnp.uint32)))
     token_hash = lowbias32(jnp.arange(vocab_size, dtype=jnp.uint32) + jnp.uint32(GOLDEN))
     bits = lowbias32(key[:, None] ^ token_hash[None, :])
     u = ((bits >> 8).astype(jnp.float32) + 0.5) * jnp.float32(2.0 ** -24)
@@ -112,7 +113,7 @@ def sample_rows(logits: jax.Array, counts: jax.Array, rows: SamplingRows, banned
         temperature = jnp.where(rows.temperature > 0, rows.temperature, 1.0)
         z = x / temperature[:, None]
         keep = nucleus_mask(z, rows.top_k, rows.top_p, straight_line)
-        noisy = jnp.where(keep, z + gumbel_noise(rows.seed, positions, x.shape[1]), -jnp.inf)
+        noisy = jnp.where(keep, z + gumbel_noise(rows.seed, rows.seed_hi, positions, x.shape[1]), -jnp.inf)
         return jnp.where(rows.temperature > 0, jnp.argmax(noisy, axis=1).astype(jnp.int32), greedy)
 
     if straight_line:

@@ -23,11 +23,11 @@ def lowbias32(x: torch.Tensor) -> torch.Tensor:
     return x ^ (x >> 16)
 
 
-def gumbel_noise(seed: torch.Tensor, position: torch.Tensor, vocab_size: int) -> torch.Tensor:
-    """float32 [B, V] Gumbel noise from seeds [B] (uint32 values) and positions [B]."""
-    seed, position = seed.to(torch.int64), position.to(torch.int64)
+def gumbel_noise(seed: torch.Tensor, seed_hi: torch.Tensor, position: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """float32 [B, V] Gumbel noise from seeds (uint32 low and high words [B]) and positions [B]."""
+    seed, seed_hi, position = seed.to(torch.int64), seed_hi.to(torch.int64), position.to(torch.int64)
     key = (seed + lowbias32((position + 1) & MASK32)) & MASK32
-    key = lowbias32(key)
+    key = lowbias32(key ^ lowbias32(seed_hi))
     token_hash = lowbias32(torch.arange(vocab_size, dtype=torch.int64, device=seed.device) + GOLDEN)
     bits = lowbias32(key[:, None] ^ token_hash[None, :])
     u = ((bits >> 8).to(torch.float32) + 0.5) * 2.0 ** -24
@@ -59,7 +59,7 @@ def sample_rows(logits: torch.Tensor, counts: torch.Tensor, rows: SamplingRows, 
         temperature = torch.where(sampled, rows.temperature, torch.ones_like(rows.temperature))
         z = x / temperature[:, None]
         keep = nucleus_mask(z, rows.top_k, rows.top_p)
-        noisy = torch.where(keep, z + gumbel_noise(rows.seed, positions, x.shape[1]), -torch.inf)
+        noisy = torch.where(keep, z + gumbel_noise(rows.seed, rows.seed_hi, positions, x.shape[1]), -torch.inf)
         tokens = torch.where(sampled, torch.argmax(noisy, dim=1), tokens)
     finite = torch.isfinite(logits).all(dim=1)
     return torch.where(finite, tokens, torch.full_like(tokens, NONFINITE_TOKEN)).to(torch.int32)

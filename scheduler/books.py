@@ -13,6 +13,7 @@ import time
 from collections import deque
 
 from rwkv7_core.sampling import SamplingParams
+from rwkv7_core.stop_strings import StopMatcher
 
 from .request import Request, RequestOutput, RequestState, final_state
 
@@ -43,6 +44,7 @@ class Entry:
         self.cancel_requested = False
         self.slot = -1
         self.forks: list[Entry] = []  # requests sharing this one's prefill (add_group)
+        self.stop_matcher: StopMatcher | None = None  # its stop strings, fed its output's bytes
 
     def output(self) -> RequestOutput:
         """The result of a final entry."""

@@ -4,6 +4,8 @@ from __future__ import annotations
 import enum
 from typing import NamedTuple, Sequence
 
+from rwkv7_core.sampling import DEVICE_INT_MAX, MAX_TOKENS_LIMIT
+
 
 class PrefillPolicy(str, enum.Enum):
     """How prompts are prefilled (scheduler/prefill.py). SERIAL: one prompt per call in a
@@ -25,7 +27,8 @@ class SchedulerConfig(NamedTuple):
     and the prefill shapes of the policy before the first step; prefill_policy: a PrefillPolicy (or its value; ``validated``
     makes it the member); chunk: prompt tokens per varlen call or mixed step; stats_records:
     how many of the most recent per-step / per-request / per-prefill records ``Stats`` keeps
-    (its totals and percentiles cover every request whatever this is)."""
+    (its totals and percentiles cover every request whatever this is); max_tokens_limit: the
+    most ``max_tokens`` a request may ask for (``--max-tokens-limit``; a larger one fails alone)."""
     max_batch: int = 256
     buckets: Sequence[int] | None = None
     prefix_cache_bytes: int = 0
@@ -34,6 +37,7 @@ class SchedulerConfig(NamedTuple):
     prefill_policy: PrefillPolicy | str = PrefillPolicy.AUTO
     chunk: int = 256
     stats_records: int = 10_000
+    max_tokens_limit: int = MAX_TOKENS_LIMIT
 
     def validated(self) -> "SchedulerConfig":
         """Return a copy with ``buckets`` resolved to a sorted tuple; ValueError on bad fields."""
@@ -51,6 +55,9 @@ class SchedulerConfig(NamedTuple):
             raise ValueError(f"SchedulerConfig.prefix_block={self.prefix_block!r}: must be >= 1")
         if not isinstance(self.stats_records, int) or self.stats_records < 0:
             raise ValueError(f"SchedulerConfig.stats_records={self.stats_records!r}: must be an integer >= 0")
+        if not isinstance(self.max_tokens_limit, int) or not 1 <= self.max_tokens_limit <= DEVICE_INT_MAX:
+            raise ValueError(f"SchedulerConfig.max_tokens_limit={self.max_tokens_limit!r}: must be an integer "
+                             f"in [1, {DEVICE_INT_MAX}]")
         if self.chunk < 1:
             raise ValueError(f"SchedulerConfig.chunk={self.chunk!r}: must be >= 1")
         try:

@@ -38,6 +38,7 @@ import numpy as np
 
 from rwkv7_core.engine import Capability, Engine, check_capabilities
 from rwkv7_core.sampling import NONFINITE_TOKEN, TokenLogprobs
+from rwkv7_core.stop_strings import StopMatcher
 
 from .books import Books, Entry
 from .config import PrefillPolicy, SchedulerConfig, bucket_for, shrink_pays
@@ -53,7 +54,8 @@ from .validation import validated
 class Scheduler:
     """Schedules requests on an ``Engine``; see the module docstring.
 
-    ``tokenizer``: any object with ``decode(list[int]) -> str``; needed for stop strings.
+    ``tokenizer``: any object with ``decode_bytes(list[int]) -> bytes`` (UTF-8); needed for
+    stop strings.
     ``prefix_store``: a persistent tier for the prefix cache (on even when
     ``config.prefix_cache_bytes`` is 0, which then keeps nothing in memory).
     ``results``: {id: RequestOutput} of the requests finished by runs given no ``on_finish``
@@ -165,8 +167,9 @@ class Scheduler:
         """Drive until every added request is final. ``on_token(id, token)`` streams each
         emitted token; ``on_logprobs(id, TokenLogprobs of N=1)`` comes just before it for
         requests with ``params.logprobs``; ``on_finish(output)`` fires once per request. When
-        ``should_stop()`` returns True no more requests start; those already started run to
-        completion and unstarted ones stay WAITING (not reported). With ``serve_until`` the
+        ``should_stop()`` returns True no more requests start; those already decoding run to
+        completion, those still in prefill go back to WAITING with the unstarted ones (not
+        reported). With ``serve_until`` the
         run does not end when idle: it waits for new requests (``add`` from any thread) and
         returns once idle with ``serve_until()`` True (checked every 50 ms). Callbacks run
         in this thread. Without ``on_finish`` the outputs collect in ``results``. An exception
@@ -217,13 +220,13 @@ class Scheduler:
         self._books.track(entry)
         try:
             entry.params, entry.prompt = validated(request, self.engine.vocab_size, self.tokenizer,
-                                                   self._logprobs_unsupported)
+                                                   self._logprobs_unsupported, self.config.max_tokens_limit)
         except (ValueError, TypeError) as e:
             entry.error = f"invalid request: {e}"
             self._books.finish(entry, "error")
             return entry
         if entry.params.seed is None:
-            entry.params = entry.params.replace(seed=int(self._seed_rng.integers(2**32)))
+            entry.params = entry.params.replace(seed=int(self._seed_rng.integers(2**64, dtype=np.uint64)))
         return entry
 
     def _needs_prefill(self, entry: Entry) -> bool:
@@ -268,9 +271,13 @@ class Scheduler:
         return self._policy is PrefillPolicy.MIXED and len(self._prefill) > 0
 
     def _start_pieces(self) -> None:
-        """Move waiting requests into the prefill queue while it wants more."""
+        """Move waiting requests into the prefill queue while it wants more; once admissions
+        stop, prompts still in prefill go back to waiting (unstarted: a later run redoes them)."""
         books = self._books
         with books.cond:
+            if not self._admitting:
+                for entry in self._prefill.abandon():
+                    books.move(entry, RequestState.WAITING)
             while self._prefill.wants_more() and self._can_start():
                 entry = books.waiting[0]
                 books.move(entry, RequestState.PREFILL)
@@ -285,7 +292,7 @@ class Scheduler:
             self.stats.record_prefill(record)
         if report.call is not None:
             self.stats.record_prefill_call(report.call)
-        self.stats.record_prefix_lookups(report.hits, report.misses)
+        self.stats.record_prefix_lookups(report.hits, report.misses, report.removed)
         for done in report.done:
             entry = done.entry
             entry.row, entry.first_token, entry.first_token_time = done.row, done.first_token, done.first_token_time
@@ -374,14 +381,11 @@ class Scheduler:
             self._on_token(entry.id, token)
 
     def _stop_string_hit(self, entry: Entry) -> bool:
-        """True when a stop string ends within the text of the newest tokens."""
-        stops = entry.params.stop
-        window = 4 * max(len(s) for s in stops) + 2  # a token holds >= 1 byte, a char <= 4
-        try:
-            text = self.tokenizer.decode(entry.tokens[-window:])
-        except Exception:  # an incomplete UTF-8 sequence: no match yet
-            return False
-        return any(s in text for s in stops)
+        """True when the newest token completes a stop string (called once per token; the
+        matcher reads each token's bytes once: rwkv7_core/stop_strings.py)."""
+        if entry.stop_matcher is None:
+            entry.stop_matcher = StopMatcher(entry.params.stop)
+        return entry.stop_matcher.feed_bytes(self.tokenizer.decode_bytes(entry.tokens[-1:]))[1] >= 0
 
     def _finish(self, entry: Entry, reason: str, stop_token: bool = False) -> None:
         """Make a READY or RUNNING request final (``stop_token``: it ended on a stop token,

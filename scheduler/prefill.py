@@ -5,7 +5,8 @@ first served), plans the next call's pieces, runs it and hands back finished pro
 their first token drawn. The policies differ only in how much a call takes and where it
 runs:
 
-- SERIAL: one prompt per call (``Engine.prefill``, B=1), in the prefill worker beside decode.
+- SERIAL: one prompt per call (``Engine.prefill``, B=1), in the prefill worker beside decode;
+  a prompt longer than SERIAL_CALL_TOKENS runs in several calls, each from the last one's row.
 - VARLEN: up to ``chunk`` tokens from up to MAX_PIECES prompts flattened without padding
   (``VarlenPrefill.prefill_varlen``, needs ``Capability.VARLEN_PREFILL``), in the worker
   beside decode; a prompt cut at the budget continues from its carried state in the next call.
@@ -22,7 +23,11 @@ piece is planned, cuts a piece at the last multiple of ``prefix_block`` tokens a
 the state there, and caches the whole prompt's state; a prompt whose first block equals
 that of an earlier queued prompt still computing its boundary state waits for it (and hits).
 A request with an initial state runs
-from it (``Engine.from_host``); its cache keys live in that state's namespace.
+from it (``Engine.from_host``); its cache keys live in that state's namespace. A prompt
+that drew a non-finite first token from a cached prefix drops that entry (memory and disk)
+and runs again without the cache; an unreadable disk entry is removed at lookup.
+Calls are bounded, so whoever drives them can stop between two (``abandon``): a stop signal
+is honoured within one call however long the prompt.
 """
 from __future__ import annotations
 
@@ -33,9 +38,15 @@ from typing import Any, NamedTuple, Sequence
 import numpy as np
 
 from rwkv7_core.engine import MAX_PIECES, Capability, varlen_shape
+from rwkv7_core.sampling import NONFINITE_TOKEN
 
 from .config import PrefillPolicy
 from .stats import PrefillRecord
+
+SERIAL_CALL_TOKENS = 8192
+"""Most prompt tokens of one SERIAL call (a multiple of every engine's largest prefill piece,
+so cutting there runs the same pieces): a long prompt takes several calls, between which
+the worker sees a stop."""
 
 CAPABILITY = {PrefillPolicy.VARLEN: Capability.VARLEN_PREFILL, PrefillPolicy.MIXED: Capability.MIXED_STEP}
 """The engine capability each policy needs beyond the Engine contract."""
@@ -87,12 +98,14 @@ class Prefilled(NamedTuple):
 class PrefillReport(NamedTuple):
     """What one call (or one add) produced: the prompts it finished or failed, the kind of
     engine call that succeeded ("serial", "varlen", "mixed"; None if none did), one
-    PrefillRecord per piece run, and the prefix-cache lookups made."""
+    PrefillRecord per piece run, the prefix-cache lookups made and the cache entries removed
+    (unreadable, or non-finite in use)."""
     done: list[Prefilled]
     call: str | None
     pieces: list[PrefillRecord]
     hits: int
     misses: int
+    removed: int = 0
 
 
 class PiecesFailed(Exception):
@@ -136,7 +149,7 @@ class Prefill:
         self.queue: deque[_Progress] = deque()
         self._done: list[Prefilled] = []
         self._pieces: list[PrefillRecord] = []
-        self._lookups = [0, 0]  # hits, misses
+        self._lookups = [0, 0, 0]  # hits, misses, entries removed
 
     def __len__(self) -> int:
         return len(self.queue)
@@ -173,6 +186,12 @@ class Prefill:
         self.queue.append(progress)
         return None
 
+    def abandon(self) -> list:
+        """Drop every prompt in progress (its work so far is lost); their entries."""
+        entries = [p.entry for p in self.queue]
+        self.queue.clear()
+        return entries
+
     def run(self) -> PrefillReport:
         """One prefill call (SERIAL, VARLEN or AUTO) over the head of the queue."""
         taken, prompts, starts = self._take()
@@ -208,7 +227,7 @@ class Prefill:
 
     def _report(self, call: str | None) -> PrefillReport:
         report = PrefillReport(self._done, call, self._pieces, *self._lookups)
-        self._done, self._pieces, self._lookups = [], [], [0, 0]
+        self._done, self._pieces, self._lookups = [], [], [0, 0, 0]
         return report
 
     # -- planning ------------------------------------------------------------------------
@@ -217,6 +236,7 @@ class Prefill:
         progress.looked_up = True
         progress.done, host = self.cache.longest_prefix(entry.prompt, _namespace(entry))
         self._lookups[0 if progress.done else 1] += 1
+        self._lookups[2] += self.cache.take_removed()
         if progress.done:
             progress.row = self.engine.from_host(host)
         progress.cached = progress.done
@@ -251,8 +271,8 @@ class Prefill:
         return ready
 
     def _take(self):
-        """The next call's pieces: SERIAL one whole prompt, VARLEN the budget, AUTO the
-        budget when that takes several prompts and else one whole prompt."""
+        """The next call's pieces: SERIAL one whole prompt (at most SERIAL_CALL_TOKENS of it),
+        VARLEN the budget, AUTO the budget when that takes several prompts and else SERIAL's."""
         ready = self._ready_to_run()
         remaining = []
         for p in ready:  # a piece stops at the cached block boundary
@@ -260,7 +280,7 @@ class Prefill:
             remaining.append((boundary if p.done < boundary else len(p.entry.prompt)) - p.done)
         counts = [] if self.budget is None else plan_pieces(remaining, self.budget, self.max_pieces)
         if self.policy is PrefillPolicy.SERIAL or (self.policy is PrefillPolicy.AUTO and len(counts) < 2):
-            counts = plan_pieces(remaining, max(remaining, default=1), 1)
+            counts = plan_pieces(remaining, min(max(remaining, default=1), SERIAL_CALL_TOKENS), 1)
         taken = list(zip(ready, counts))
         prompts = [np.asarray(p.entry.prompt[p.done:p.done + n], np.int32) for p, n in taken]
         return taken, prompts, [p.row for p, _ in taken]
@@ -282,9 +302,17 @@ class Prefill:
                 self._complete(progress)
 
     def _complete(self, progress: _Progress) -> None:
-        """Draw the first token from the finished row."""
+        """Draw the first token from the finished row (a non-finite one drawn after a cached
+        prefix drops that entry and queues the prompt again, to run without the cache)."""
         entry = progress.entry
         first = int(self.engine.sample(progress.row, entry.params, 0))
+        if first == NONFINITE_TOKEN and progress.cached:
+            self.cache.drop(entry.prompt[:progress.cached], _namespace(entry))
+            self._lookups[2] += self.cache.take_removed()
+            progress.done = progress.cached = 0
+            progress.row = None if entry.initial is None else self.engine.from_host(entry.initial.row)
+            self.queue.appendleft(progress)
+            return
         now = time.perf_counter()
         self._done.append(Prefilled(entry, progress.row, first, now, progress.cached, now - progress.start_time,
                                     None))

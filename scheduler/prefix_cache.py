@@ -20,7 +20,9 @@ class PrefixCache:
     used entries are evicted past ``max_bytes``; an entry larger than ``max_bytes`` is not
     kept in memory. With ``disk``, every entry is also written there (so it survives the
     process), lookups the memory misses go on to the disk, and disk hits come back into
-    memory. Thread-safe.
+    memory. ``drop`` removes an entry whose state gave non-finite values (memory and disk);
+    ``take_removed()`` returns (and resets) how many entries were dropped or found unreadable
+    on disk since the last call. Thread-safe.
     """
 
     def __init__(self, max_bytes: int, disk: DiskPrefixStore | None = None):
@@ -30,6 +32,7 @@ class PrefixCache:
         self._entries: OrderedDict[tuple[str, tuple[int, ...]], tuple[HostRow, int]] = OrderedDict()
         self._lengths: dict[tuple[str, int], int] = {}  # (namespace, key length) -> number of keys
         self._lock = threading.Lock()
+        self._removed = 0
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -39,7 +42,9 @@ class PrefixCache:
         key = tuple(tokens)
         n, row = self._memory_prefix(key, namespace)
         if self.disk is not None and n < len(key):
-            m, disk_row = self.disk.longest_prefix(key, namespace, longer_than=n)
+            m, disk_row, removed = self.disk.longest_prefix(key, namespace, longer_than=n)
+            with self._lock:
+                self._removed += removed
             if m > n:
                 self._remember(namespace, key[:m], disk_row)
                 return m, disk_row
@@ -51,6 +56,23 @@ class PrefixCache:
             return
         if self._remember(namespace, key, row) and self.disk is not None:
             self.disk.put(key, row, namespace)
+
+    def drop(self, tokens: Sequence[int], namespace: str = "") -> None:
+        key = tuple(tokens)
+        with self._lock:
+            hit = self._entries.pop((namespace, key), None)
+            if hit is not None:
+                self._forget(namespace, key, hit[1])
+            removed = hit is not None
+        if self.disk is not None and self.disk.remove(key, namespace):
+            removed = True
+        with self._lock:
+            self._removed += removed
+
+    def take_removed(self) -> int:
+        with self._lock:
+            n, self._removed = self._removed, 0
+        return n
 
     def _memory_prefix(self, key: tuple[int, ...], namespace: str) -> tuple[int, HostRow | None]:
         with self._lock:
@@ -76,8 +98,12 @@ class PrefixCache:
             self.bytes += size
             while self.bytes > self.max_bytes:
                 (ns, old), (_, old_size) = self._entries.popitem(last=False)
-                self.bytes -= old_size
-                self._lengths[(ns, len(old))] -= 1
-                if not self._lengths[(ns, len(old))]:
-                    del self._lengths[(ns, len(old))]
+                self._forget(ns, old, old_size)
         return True
+
+    def _forget(self, namespace: str, key: tuple[int, ...], size: int) -> None:
+        """Account an entry taken out of ``_entries`` (caller holds the lock)."""
+        self.bytes -= size
+        self._lengths[(namespace, len(key))] -= 1
+        if not self._lengths[(namespace, len(key))]:
+            del self._lengths[(namespace, len(key))]

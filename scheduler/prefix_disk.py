@@ -7,7 +7,9 @@ initial state (the namespace). Its file name is
 the file holds the row's arrays (``row.{i}``), the tokens (int32) and metadata (format,
 the full model fingerprint, the namespace, the row's length and which leaves are None).
 A load checks all of it, so a file of another model, another state or other tokens is never
-used; a corrupt or truncated file is skipped with a warning and removed.
+used; a file that fails to load for any reason (truncated, garbage, a hostile header) is
+skipped with a warning and removed, and so is an entry whose use gave non-finite values
+(``remove``, called by the prefix cache).
 
 Concurrent runs on one directory are safe: files are written to a temporary name and
 renamed into place (never edited), readers copy what they read, and a file removed under a
@@ -27,7 +29,7 @@ from typing import Sequence
 
 import numpy as np
 
-from rwkv7_core.checkpoint import CheckpointError, read_safetensors
+from rwkv7_core.checkpoint import read_safetensors
 from rwkv7_core.engine import HostRow, host_row_bytes
 from rwkv7_core.state_files import write_atomic
 
@@ -75,17 +77,30 @@ class DiskPrefixStore:
         return out
 
     def longest_prefix(self, tokens: Sequence[int], namespace: str = "",
-                       longer_than: int = 0) -> tuple[int, HostRow | None]:
+                       longer_than: int = 0) -> tuple[int, HostRow | None, int]:
         """(length, host row) of the longest stored prefix of tokens longer than
-        ``longer_than``; (0, None) when there is none."""
-        key = tuple(tokens)
+        ``longer_than`` ((0, None) when there is none), and how many unreadable entry files
+        the lookup removed."""
+        key, removed = tuple(tokens), 0
         for n in sorted((n for n in self.lengths(namespace) if longer_than < n <= len(key)), reverse=True):
-            row = self._load(self.path(key[:n], namespace), key[:n], namespace)
+            row, unreadable = self._load(self.path(key[:n], namespace), key[:n], namespace)
             if row is not None:
-                return n, row
-        return 0, None
+                return n, row, removed
+            removed += unreadable
+        return 0, None, removed
 
-    def _load(self, path: Path, tokens: tuple[int, ...], namespace: str) -> HostRow | None:
+    def remove(self, tokens: Sequence[int], namespace: str = "") -> bool:
+        """Delete the entry of (namespace, tokens); whether there was one."""
+        path = self.path(tokens, namespace)
+        try:
+            path.unlink()
+        except FileNotFoundError:
+            return False
+        log.warning("prefix cache: removed %s: its state gave non-finite values", path)
+        return True
+
+    def _load(self, path: Path, tokens: tuple[int, ...], namespace: str) -> tuple[HostRow | None, bool]:
+        """(the entry's row or None, whether the file was unreadable and removed)."""
         try:
             tensors, meta = read_safetensors(path)
             leaves, nones = int(meta["leaves"]), json.loads(meta["none"])
@@ -94,22 +109,22 @@ class DiskPrefixStore:
             stored = np.asarray(tensors["tokens"])
             row = tuple(None if i in nones else np.array(tensors[f"row.{i}"]) for i in range(leaves))
         except FileNotFoundError:  # removed by another run since the listing
-            return None
-        except (CheckpointError, KeyError, TypeError, ValueError, OSError) as e:
-            log.warning("prefix cache: skipped and removed %s: unreadable (%s)", path, e)
+            return None, False
+        except Exception as e:  # any failure to parse a cache file (e.g. RecursionError) makes it unusable
+            log.warning("prefix cache: skipped and removed %s: unreadable (%s: %s)", path, type(e).__name__, e)
             path.unlink(missing_ok=True)
-            return None
+            return None, True
         if meta.get("fingerprint") != self.fingerprint or meta.get("namespace") != namespace:
             log.warning("prefix cache: skipped %s: made by another model or from another state", path)
-            return None
+            return None, False
         if stored.shape != (len(tokens),) or stored.tolist() != list(tokens):
             log.warning("prefix cache: skipped %s: its tokens are not the ones it is named for", path)
-            return None
+            return None, False
         try:
             os.utime(path)  # most recently used
         except OSError:
             pass
-        return row
+        return row, False
 
     def put(self, tokens: Sequence[int], row: HostRow, namespace: str = "") -> None:
         """Store an entry (a no-op when it is there, or larger than the whole budget). Write

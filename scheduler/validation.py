@@ -10,17 +10,18 @@ from rwkv7_core.sampling import SamplingParams
 from .request import Request
 
 
-def validated(request: Request, vocab_size: int, tokenizer=None, logprobs_unsupported: str | None = None
-              ) -> tuple[SamplingParams, list[int]]:
+def validated(request: Request, vocab_size: int, tokenizer=None, logprobs_unsupported: str | None = None,
+              max_tokens_limit: int | None = None) -> tuple[SamplingParams, list[int]]:
     """(params, prompt tokens) of ``request``; ValueError or TypeError saying what is wrong.
     ``params`` may be a SamplingParams or its dict; stop strings need ``tokenizer``;
-    ``logprobs_unsupported``: why token logprobs cannot be served (None: they can)."""
+    ``logprobs_unsupported``: why token logprobs cannot be served (None: they can);
+    ``max_tokens_limit``: the most ``max_tokens`` allowed (``SamplingParams.validate``)."""
     params = request.params
     if isinstance(params, Mapping):
         params = SamplingParams.from_dict(params)
     if not isinstance(params, SamplingParams):
         raise TypeError(f"params must be SamplingParams or a dict, got {type(params).__name__}")
-    params.validate(vocab_size)
+    params.validate(vocab_size, max_tokens_limit)
     if params.stop and tokenizer is None:
         raise ValueError("stop strings need a tokenizer (Scheduler(tokenizer=...))")
     if params.logprobs is not None and logprobs_unsupported is not None:

@@ -116,7 +116,8 @@ def create_app(ctx: Context, metrics: ServerMetrics, ready, api_key: str | None 
     @app.get("/v1/models", dependencies=[Depends(authorized)])
     async def models():
         return {"object": "list", "data": [{"id": ctx.model_name, "object": "model", "created": 0,
-                                            "owned_by": "rwkv7-engine"}]}
+                                            "owned_by": "rwkv7-engine",
+                                            "max_tokens_limit": ctx.limits.max_tokens_limit}]}
 
     @app.post("/v1/completions", dependencies=[Depends(authorized), Depends(serving)])
     async def completions(body: CompletionRequest, request: Request):

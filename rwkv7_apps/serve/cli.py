@@ -115,8 +115,9 @@ def main(argv: list[str] | None = None) -> int:
     name = args.served_model_name or (os.path.splitext(os.path.basename(os.path.normpath(args.model)))[0] if args.model
                                       else f"random-{args.random_model}")
     ready = threading.Event()
-    app, service = build_app(sched, name, sampling_defaults(args), Limits(args.max_prompt_tokens, args.max_waiting),
-                             ready.is_set, seed=args.seed, api_key=args.api_key, max_body_bytes=args.max_body_bytes)
+    limits = Limits(args.max_prompt_tokens, args.max_waiting, args.max_tokens_limit)
+    app, service = build_app(sched, name, sampling_defaults(args), limits, ready.is_set, seed=args.seed,
+                             api_key=args.api_key, max_body_bytes=args.max_body_bytes)
 
     def warm_up() -> None:
         try:

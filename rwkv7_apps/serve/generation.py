@@ -18,7 +18,7 @@ from typing import Any, AsyncIterator
 import numpy as np
 
 from rwkv7_core.engine import Capability
-from rwkv7_core.sampling import SamplingParams, TokenLogprobs
+from rwkv7_core.sampling import MAX_TOKENS_LIMIT, SEED_MAX, SamplingParams, TokenLogprobs
 from scheduler import Request, RequestOutput
 
 from . import chat
@@ -34,6 +34,7 @@ BODY_NAMES = {"stop_tokens": "stop_token_ids", "banned_tokens": "banned_token_id
 class Limits:
     max_prompt_tokens: int
     max_waiting: int
+    max_tokens_limit: int = MAX_TOKENS_LIMIT
 
 
 @dataclass
@@ -116,7 +117,7 @@ def build_job(ctx: Context, body, kind: str) -> tuple[Job, list[list[Request]]]:
         group = []
         for k in range(body.n):
             index = p * body.n + k
-            seed = int(ctx.seeds.integers(2**32)) if body.seed is None else (body.seed + index) % 2**32
+            seed = int(ctx.seeds.integers(2**32)) if body.seed is None else (body.seed + index) % (SEED_MAX + 1)
             rid = ctx.service.new_id(job.id)
             job.choices.append(Choice(index, p, rid, TextStream(stops)))
             group.append(Request(rid, tokens, params.replace(seed=seed)))
@@ -156,7 +157,7 @@ def _params(ctx: Context, body, stops: list[str], max_tokens, logprobs) -> Sampl
         fields["stop"] = list(fields.get("stop") or []) + stops
     fields["logprobs"] = logprobs
     try:
-        return SamplingParams.from_dict(fields).validate(ctx.vocab_size)
+        return SamplingParams.from_dict(fields).validate(ctx.vocab_size, ctx.limits.max_tokens_limit)
     except (ValueError, TypeError) as e:
         message = str(e)
         name = message.split("=")[0].removeprefix("SamplingParams.") if message.startswith("SamplingParams.") else None

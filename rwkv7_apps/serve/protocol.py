@@ -11,7 +11,7 @@ from typing import Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
 
-from rwkv7_core.sampling import DEVICE_INT_MAX, TOP_LOGPROBS
+from rwkv7_core.sampling import DEVICE_INT_MAX, SEED_MAX, TOP_LOGPROBS
 
 MAX_N = 64
 TokenIds = list[StrictInt]
@@ -52,7 +52,7 @@ class SamplingFields(BaseModel):
     stop: StrictStr | list[StrictStr] | None = None
     stop_token_ids: TokenIds | None = None
     banned_token_ids: TokenIds | None = None
-    seed: int | None = Field(None, ge=0, lt=2**32)
+    seed: int | None = Field(None, ge=0, le=SEED_MAX)
     n: int = Field(1, ge=1, le=MAX_N)
     stream: StrictBool = False
     stream_options: StreamOptions | None = None

@@ -1,9 +1,10 @@
 """Incremental text for streamed tokens: UTF-8-safe deltas, stop strings, SSE framing."""
 from __future__ import annotations
 
-import codecs
 import json
 from typing import Any, Sequence
+
+from rwkv7_core.stop_strings import StopMatcher
 
 
 class TextStream:
@@ -12,35 +13,34 @@ class TextStream:
     could be the start of a stop string waits until it is known not to be one.
 
     ``push(data)`` returns the text now safe to send; ``finish()`` returns the rest (the
-    text before the first stop string if one matched; undecodable bytes become U+FFFD).
-    ``stopped`` is True once a stop string appeared (later pushes return "").
+    text before the first stop string to complete, if one did; undecodable bytes become
+    U+FFFD). ``stopped`` is True once a stop string appeared (later pushes return "").
+    Matching is linear in the text (rwkv7_core/stop_strings.py).
     """
 
     def __init__(self, stops: Sequence[str] = ()):
-        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-        self._stops = tuple(stops)
+        self._stops = StopMatcher(stops)
         self._held = ""
         self.stopped = False
 
     def push(self, data: bytes) -> str:
         if self.stopped:
             return ""
-        return self._release(self._held + self._decoder.decode(data))
+        return self._release(*self._stops.feed_bytes(data))
 
     def finish(self) -> str:
         if self.stopped:
             return ""
-        text = self._release(self._held + self._decoder.decode(b"", final=True))
+        text = self._release(*self._stops.feed_bytes(b"", final=True))
         rest, self._held = self._held, ""
         return text + rest
 
-    def _release(self, text: str) -> str:
-        cut = min((i for i in (text.find(s) for s in self._stops) if i >= 0), default=-1)
-        if cut >= 0:
+    def _release(self, new: str, end: int) -> str:
+        text = self._held + new
+        if end >= 0:
             self.stopped, self._held = True, ""
-            return text[:cut]
-        keep = max((n for s in self._stops for n in range(min(len(s) - 1, len(text)), 0, -1)
-                    if text.endswith(s[:n])), default=0)
+            return text[:len(text) - len(new) + end - self._stops.match_length]
+        keep = self._stops.pending
         self._held = text[len(text) - keep:] if keep else ""
         return text[:len(text) - keep]
 

@@ -168,7 +168,8 @@ def test_device_sampling_matches_numpy_reference(name):
     B = 16
     params = [SamplingParams(temperature=float(rng.choice([0, 0.7, 1.3])), top_p=float(rng.uniform(0.2, 1)),
                              top_k=int(rng.choice([0, 1, 5, 40])), presence_penalty=0.5, frequency_penalty=0.3,
-                             banned_tokens=tuple(rng.integers(0, V, 3).tolist()), seed=int(rng.integers(2**32)))
+                             banned_tokens=tuple(rng.integers(0, V, 3).tolist()),
+                             seed=int(rng.integers(2**64, dtype=np.uint64)))
               for _ in range(B)]
     logits = (rng.standard_normal((B, V)) * 3).astype(np.float32)
     logits[3, 7] = np.nan
@@ -180,8 +181,8 @@ def test_device_sampling_matches_numpy_reference(name):
     got = dev.sample_rows(to_dev(logits), to_dev(counts), type(rows)(*(to_dev(a) for a in rows)),
                           to_dev(banned), to_dev(positions), **form)
     assert np.asarray(got).tolist() == want.tolist()
-    np.testing.assert_allclose(np.asarray(dev.gumbel_noise(to_dev(rows.seed), to_dev(positions), V)),
-                               np_sampling.gumbel_noise(rows.seed, positions, V), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(np.asarray(dev.gumbel_noise(to_dev(rows.seed), to_dev(rows.seed_hi), to_dev(positions), V)),
+                               np_sampling.gumbel_noise(rows.seed, rows.seed_hi, positions, V), rtol=1e-5, atol=1e-6)
     hashed = np.asarray(dev.lowbias32(to_dev(np.arange(2**32 - 1000, 2**32, dtype=np.uint32))))
     assert hashed.astype(np.uint32).tolist() == np_sampling.lowbias32(np.arange(2**32 - 1000, 2**32)).tolist()
 

@@ -67,7 +67,7 @@ def test_metrics_fields_and_values(tmp_path):
     assert [e["what"] for e in m["compile_events"]] == ["step:8", "prefill:16"]
     assert np.isclose(m["compile_events"][0]["time"], 0.1) and np.isclose(m["compile_seconds"], 0.5)
     assert m["bucket_switches"][0]["to_bucket"] == 4
-    assert m["prefix_cache"] == {"hits": 3, "misses": 7, "hit_rate": 0.3}
+    assert m["prefix_cache"] == {"hits": 3, "misses": 7, "removed": 0, "hit_rate": 0.3}
     assert m["decode_steps"] == 50 and m["wall_time_s"] == wall
     table = summary_table(m)
     assert "10 / 1" in table and "30.0%" in table

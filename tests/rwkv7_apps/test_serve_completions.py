@@ -11,6 +11,8 @@ import time
 import numpy as np
 import pytest
 
+from rwkv7_core.sampling import MAX_TOKENS_LIMIT
+
 openai = pytest.importorskip("openai")
 
 from tests.rwkv7_apps.serve_harness import running_server  # noqa: E402
@@ -152,7 +154,7 @@ def test_disconnect_cancels_and_frees_the_slot(server, client):
         try:
             others = [asyncio.create_task(aclient.completions.create(prompt=[5, 6, i + 1], max_tokens=30, **common))
                       for i in range(2)]
-            stream = await aclient.completions.create(prompt=[7, 8], max_tokens=100000, stream=True, **common)
+            stream = await aclient.completions.create(prompt=[7, 8], max_tokens=MAX_TOKENS_LIMIT, stream=True, **common)
             seen = 0
             async for chunk in stream:
                 seen += len(chunk.choices[0].model_extra["token_ids"])

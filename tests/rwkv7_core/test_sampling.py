@@ -1,8 +1,9 @@
 """The numpy sampling reference (rwkv7_core.sampling) that the engines implement on device."""
 import numpy as np
+import pytest
 
 from scheduler import NONFINITE_TOKEN, SamplingParams
-from rwkv7_core.sampling import (banned_mask, gumbel_noise, nucleus_mask, sample_rows, sampling_rows,
+from rwkv7_core.sampling import (GOLDEN, banned_mask, gumbel_noise, lowbias32, nucleus_mask, sample_rows, sampling_rows,
                                 update_counts)
 
 
@@ -62,8 +63,33 @@ def test_penalties_decay_and_nonfinite_rows():
 
 
 def test_noise_depends_only_on_seed_and_position():
-    a = gumbel_noise(np.array([5, 6, 5], np.uint32), np.array([0, 0, 1]), 100)
-    b = gumbel_noise(np.array([5], np.uint32), np.array([0]), 100)
+    zeros = np.zeros(3, np.uint32)
+    a = gumbel_noise(np.array([5, 6, 5], np.uint32), zeros, np.array([0, 0, 1]), 100)
+    b = gumbel_noise(np.array([5], np.uint32), zeros[:1], np.array([0]), 100)
     assert np.array_equal(a[0], b[0]) and not np.array_equal(a[0], a[1]) and not np.array_equal(a[0], a[2])
-    u = np.exp(-np.exp(-gumbel_noise(np.arange(200, dtype=np.uint32), np.zeros(200), 500)))
+    u = np.exp(-np.exp(-gumbel_noise(np.arange(200, dtype=np.uint32), np.zeros(200, np.uint32), np.zeros(200), 500)))
     assert 0 < u.min() and u.max() < 1 and abs(u.mean() - 0.5) < 0.01
+
+
+def test_64_bit_seeds_draw_their_own_streams():
+    """Seeds up to 2**64 - 1 are valid; seeds differing only in the high word draw
+    different tokens, and a seed below 2**32 keys as before (high word 0 hashes to 0)."""
+    rng = np.random.default_rng()
+    low = int(rng.integers(2**32))
+    seeds = [low, low + 2**32, low + 2**40, 2**64 - 1 - low]
+    params = [SamplingParams(temperature=1.0, seed=s).validate() for s in seeds]
+    rows = sampling_rows(params)
+    assert rows.seed.tolist() == [s % 2**32 for s in seeds] and rows.seed_hi.tolist() == [s >> 32 for s in seeds]
+    logits = np.zeros((len(seeds), 1000), np.float32)
+    streams = {tuple(sample_rows(logits, np.zeros_like(logits), rows, np.zeros(logits.shape, bool),
+                                 np.full(len(seeds), pos)).tolist()) for pos in range(8)}
+    per_seed = list(zip(*streams))
+    assert len(set(per_seed)) == len(seeds)
+    with np.errstate(over="ignore"):  # seed < 2**32: the 32-bit scheme's key h(seed + h(pos + 1))
+        key = lowbias32(np.uint32(low) + lowbias32(np.array([1], np.uint32)))
+    bits = lowbias32(key[:, None] ^ lowbias32(np.arange(5, dtype=np.uint32) + np.uint32(GOLDEN))[None, :])
+    old = -np.log(-np.log(((bits >> np.uint32(8)).astype(np.float32) + np.float32(0.5)) * np.float32(2.0 ** -24)))
+    assert np.array_equal(gumbel_noise(rows.seed[:1], rows.seed_hi[:1], np.zeros(1), 5), old)
+    for bad in (-1, 2**64, 10**30):
+        with pytest.raises(ValueError, match="seed"):
+            SamplingParams(seed=bad).validate()

@@ -40,16 +40,16 @@ def test_entries_outlive_their_store_and_stay_apart(tmp_path):
     other_state = _row(rng)
     writer.put(tokens[:40], other_state, namespace="state-x")
     reader = DiskPrefixStore(tmp_path, 1 << 20, FP)  # a later process
-    n, row = reader.longest_prefix(tokens + [1, 2])
+    n, row, _ = reader.longest_prefix(tokens + [1, 2])
     assert n == 50 and _same(row, rows[50])
-    n, row = reader.longest_prefix(tokens[:45])
+    n, row, _ = reader.longest_prefix(tokens[:45])
     assert n == 32 and _same(row, rows[32])
-    assert reader.longest_prefix(tokens[:45], longer_than=32) == (0, None)
-    assert reader.longest_prefix(tokens[:15]) == (0, None)
-    n, row = reader.longest_prefix(tokens, namespace="state-x")
+    assert reader.longest_prefix(tokens[:45], longer_than=32) == (0, None, 0)
+    assert reader.longest_prefix(tokens[:15]) == (0, None, 0)
+    n, row, _ = reader.longest_prefix(tokens, namespace="state-x")
     assert n == 40 and _same(row, other_state)
     assert reader.lengths() == {16, 32, 50} and reader.lengths("state-x") == {40}
-    assert DiskPrefixStore(tmp_path, 1 << 20, "model-b").longest_prefix(tokens) == (0, None)
+    assert DiskPrefixStore(tmp_path, 1 << 20, "model-b").longest_prefix(tokens) == (0, None, 0)
     assert not [p for p in tmp_path.iterdir() if p.suffix != ".safetensors"]  # no temporary files left
 
 
@@ -73,8 +73,8 @@ def test_corrupt_file_is_skipped_with_a_warning_and_removed(tmp_path, caplog, ho
     longest = [p for p in _files(tmp_path) if "-20-" in p.name][0]
     _corrupt(longest, how)
     with caplog.at_level(logging.WARNING, logger="scheduler.prefix_disk"):
-        n, _ = DiskPrefixStore(tmp_path, 1 << 20, FP).longest_prefix(tokens)
-    assert n == 10  # fell back to the shorter, intact entry
+        n, _, removed = DiskPrefixStore(tmp_path, 1 << 20, FP).longest_prefix(tokens)
+    assert n == 10 and removed == 1  # fell back to the shorter, intact entry
     assert "skipped and removed" in caplog.text and longest.name in caplog.text
     assert not longest.exists()
 
@@ -90,12 +90,12 @@ def test_a_file_under_the_wrong_name_is_never_loaded(tmp_path, caplog):
     name_20 = ours.path(tokens[:20])
     os.replace(_files(tmp_path / "b")[0], name_20)
     with caplog.at_level(logging.WARNING, logger="scheduler.prefix_disk"):
-        assert ours.longest_prefix(tokens[:20]) == (0, None)
+        assert ours.longest_prefix(tokens[:20]) == (0, None, 0)
     assert "another model" in caplog.text
     os.replace(ours.path(tokens[:21]), name_20)
     caplog.clear()
     with caplog.at_level(logging.WARNING, logger="scheduler.prefix_disk"):
-        assert ours.longest_prefix(tokens[:20]) == (0, None)
+        assert ours.longest_prefix(tokens[:20]) == (0, None, 0)
     assert "its tokens are not the ones" in caplog.text
 
 
@@ -113,7 +113,7 @@ def test_directory_is_bounded_least_recently_used_first(tmp_path):
     assert store.longest_prefix(keys[0])[0] == 3  # a hit refreshes keys[0]
     bounded = DiskPrefixStore(tmp_path, int(size * 4.5), FP)
     bounded.put(keys[4], _row(rng))  # 5 files > 4.5 sizes: the least recently used (keys[1]) goes
-    assert bounded.longest_prefix(keys[1]) == (0, None)
+    assert bounded.longest_prefix(keys[1]) == (0, None, 0)
     assert all(bounded.longest_prefix(k)[0] == 3 for k in (keys[0], keys[2], keys[3], keys[4]))
     assert sum(p.stat().st_size for p in _files(tmp_path)) <= size * 4.5
 
@@ -166,3 +166,39 @@ def test_scheduler_disk_tier_hits_in_a_new_scheduler_and_gives_the_same_tokens(t
     first, later = runs[0][1], runs[2][1]
     assert later.prefix_hits == 4 and sum(p.tokens for p in later.prefills) == 0  # whole prompts from disk
     assert sum(p.tokens for p in first.prefills) > 0
+
+
+@pytest.mark.parametrize("how", ["truncated", "nested_header", "nan"])
+def test_a_bad_entry_is_removed_and_the_request_recomputed_without_it(tmp_path, how):
+    """An entry that does not load (cut, or a header nested past Python's recursion limit)
+    or whose state is NaN: the request still gets exactly its uncached result, the bad entry
+    is removed (counted in ``Stats.prefix_removed``) and a good one takes its place."""
+    rng = np.random.default_rng()
+    system = rng.integers(1, V, 40).tolist()
+    params = SamplingParams(max_tokens=6, stop_tokens=())
+    config = SchedulerConfig(max_batch=2, prefix_block=8)
+    first = Scheduler(FakeEngine(V, seed=1), config, prefix_store=DiskPrefixStore(tmp_path, 1 << 20, FP))
+    first.add(Request("warm", system + rng.integers(1, V, 5).tolist(), params))
+    first.run()
+    store = DiskPrefixStore(tmp_path, 1 << 20, FP)
+    path = store.path(system)  # the 40-token boundary entry a new prompt on this system prompt hits
+    if how == "truncated":
+        _corrupt(path, "truncated")
+    elif how == "nested_header":
+        header = b"[" * 100_000 + b"]" * 100_000
+        path.write_bytes(len(header).to_bytes(8, "little") + header)
+    else:
+        _, row, _ = store.longest_prefix(system)
+        store.remove(system)
+        store.put(system, tuple(None if a is None else np.full_like(a, np.nan) for a in row))
+    request = Request("again", system + rng.integers(1, V, 5).tolist(), params)
+    sched = Scheduler(FakeEngine(V, seed=1), config, prefix_store=store)
+    sched.add(request)
+    sched.run()
+    plain = Scheduler(FakeEngine(V, seed=1), SchedulerConfig(max_batch=2))
+    plain.add(request)
+    plain.run()
+    assert sched.results["again"].tokens == plain.results["again"].tokens
+    assert sched.results["again"].finish_reason == "length" and sched.stats.prefix_removed == 1
+    n, row, removed = store.longest_prefix(system)
+    assert n == 40 and removed == 0 and all(np.isfinite(a).all() for a in row if a is not None)

@@ -166,10 +166,10 @@ def test_stop_tokens_and_strings():
     first = free.index(stop_at)
 
     class CharTokenizer:  # token t -> chr(ord('a') + t % 26)
-        def decode(self, tokens):
-            return "".join(chr(97 + t % 26) for t in tokens)
+        def decode_bytes(self, tokens):
+            return "".join(chr(97 + t % 26) for t in tokens).encode()
 
-    text = CharTokenizer().decode(free)
+    text = CharTokenizer().decode_bytes(free).decode()
     stop_string = text[7:10]
     requests = [Request("default", prompt, SamplingParams(max_tokens=30)),
                 Request("explicit", prompt, SamplingParams(max_tokens=30, stop_tokens=(stop_at,))),
