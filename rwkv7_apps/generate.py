@@ -130,8 +130,8 @@ def request_seed(run_seed: int, request_id: Any) -> int:
 def make_request(item: InputRequest, defaults: dict[str, Any], args, vocab_size: int, tokenizer,
                  states: RunStates | None = None):
     """An InputRequest -> scheduler Request (internal id = its line number), or an InputError."""
-    from rwkv7_core.sampling import SamplingParams
     from scheduler import Request
+    from scheduler.validation import sampling_params
 
     def fail(why: str) -> InputError:
         return InputError(item.line, item.id, f"line {item.line}: {why}")
@@ -141,16 +141,16 @@ def make_request(item: InputRequest, defaults: dict[str, Any], args, vocab_size:
     fields = {**defaults, **item.overrides}
     if fields.get("seed") is None:
         fields["seed"] = request_seed(args.seed, item.id)
+    if tokenizer is None and fields.get("stop"):
+        return fail(f"'stop' strings need the World tokenizer (vocabulary {WORLD_VOCAB_SIZE}), but this "
+                    f"model's vocabulary has {vocab_size} tokens: use 'stop_tokens' instead")
     try:
-        params = SamplingParams.from_dict(fields).validate(vocab_size)
+        params = sampling_params(fields, vocab_size, tokenizer)
     except (ValueError, TypeError) as e:
         return fail(f"bad sampling field: {e}")
     if tokenizer is None and item.prompt is not None:
         return fail(f"text 'prompt' needs the World tokenizer (vocabulary {WORLD_VOCAB_SIZE}), but this "
                     f"model's vocabulary has {vocab_size} tokens: give 'tokens' (a list of ids) instead")
-    if tokenizer is None and params.stop:
-        return fail(f"'stop' strings need the World tokenizer (vocabulary {WORLD_VOCAB_SIZE}), but this "
-                    f"model's vocabulary has {vocab_size} tokens: use 'stop_tokens' instead")
     states = states or RunStates({}, None, None, "float32")  # none registered, none saved
     try:
         initial = states.initial(item.state)

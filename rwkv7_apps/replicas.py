@@ -180,6 +180,7 @@ class ReplicaSet:
         self.engine, self.tokenizer = engine, tokenizer
         config = replicas[0].scheduler.config
         self.config = config._replace(max_batch=sum(r.scheduler.config.max_batch for r in replicas))
+        self.logprobs_unsupported = replicas[0].scheduler.logprobs_unsupported
         self.notify = notify or (lambda m: print(f"rwkv7-generate: {m}", file=sys.stderr, flush=True))
         self.join_seconds = JOIN_SECONDS
         self._tracks: dict[str, _Track] = {}       # request id -> track

@@ -60,6 +60,8 @@ class Scheduler:
     callback (``generate()`` reads it; take what you read out of it). A run with a callback
     hands each result only to it, so nothing of a request outlives its callback.
     ``stats``: bounded ``Stats`` aggregates of the runs so far.
+    ``logprobs_unsupported``: why this engine and prefill policy cannot serve token logprobs
+    (None: they can); a request asking for them fails with it.
     TypeError when the engine's declared ``capabilities`` lie (``check_capabilities``);
     ValueError when it lacks the one the prefill policy needs.
     """
@@ -92,9 +94,9 @@ class Scheduler:
                   if self.config.prefix_cache_bytes or prefix_store is not None else None)
         self._prefill = Prefill(engine, self._policy, self.config.chunk, self.stats, prefix,
                                 self.config.prefix_block)
-        self._logprobs_unsupported = None
+        self.logprobs_unsupported: str | None = None
         if Capability.LOGPROBS not in engine.capabilities or self._policy is PrefillPolicy.MIXED:
-            self._logprobs_unsupported = (f"logprobs need an engine with {Capability.LOGPROBS} and a serial or "
+            self.logprobs_unsupported = (f"logprobs need an engine with {Capability.LOGPROBS} and a serial or "
                                           f"varlen prefill ({type(engine).__name__}, {self._policy.value})")
 
     # ---- public API -------------------------------------------------------------------
@@ -211,7 +213,7 @@ class Scheduler:
         self._books.track(entry)
         try:
             entry.params, entry.prompt = validated(request, self.engine.vocab_size, self.tokenizer,
-                                                   self._logprobs_unsupported)
+                                                   self.logprobs_unsupported)
         except (ValueError, TypeError) as e:
             entry.error = f"invalid request: {e}"
             self._books.finish(entry, "error")
