@@ -63,6 +63,11 @@ class Fault(NamedTuple):
         return fault
 
 
+class ReplicaLost(Exception):
+    """Raised by a replica scheduler's ``run`` when its replica cannot go on (e.g. a remote
+    process died): the replica is taken out with this message as the reason."""
+
+
 class InjectedThreadDeath(BaseException):
     """Raised by an injected ``thread`` fault: not an Exception, so nothing catches it."""
 
@@ -238,6 +243,10 @@ class ReplicaSet:
         sizes = [r.scheduler.queue_sizes() for r in self._healthy()]
         return {k: sum(s[k] for s in sizes) for k in ("waiting", "prefill", "ready", "running")}
 
+    def decode_buckets(self) -> list[int]:
+        """Each replica's decode bucket now, in replica order (0 for one taken out)."""
+        return [0 if r.failed is not None else r.scheduler.decode_buckets()[0] for r in self.replicas]
+
     def precompile(self) -> None:
         """Each replica's ``Scheduler.precompile``."""
         for r in self._healthy():
@@ -338,7 +347,7 @@ class ReplicaSet:
                                       should_stop=lambda: self._stopping or replica.failed is not None,
                                       on_logprobs=lambda rid, scored: put(("logprobs", index, rid, scored)))
         except BaseException as e:  # noqa: BLE001 - a dying replica is reported, not raised
-            replica.death = f"its thread died: {type(e).__name__}: {e}"
+            replica.death = str(e) if isinstance(e, ReplicaLost) else f"its thread died: {type(e).__name__}: {e}"
             put(("died", index, None, None))  # the reason is replica.death
 
     def _check_threads(self) -> None:

@@ -47,7 +47,7 @@ from .prefix_disk import DiskPrefixStore
 from .request import Request, RequestOutput, RequestState
 from .slots import SlotTable
 from .stats import BucketSwitch, CompileEvent, RequestRecord, Stats
-from .validation import validated
+from .validation import check_group, validated
 
 
 class Scheduler:
@@ -112,9 +112,7 @@ class Scheduler:
         """Queue requests that share one prompt (e.g. the ``n`` choices of one completion):
         the prompt is prefilled once and each request then draws from, and decodes, its own
         copy of that row with its own params (seed). Invalid ones finish FAILED alone."""
-        if (len({tuple(np.asarray(r.prompt_tokens).ravel().tolist()) for r in requests}) > 1
-                or any(r.initial_state is not requests[0].initial_state for r in requests)):
-            raise ValueError("add_group needs requests with the same prompt_tokens and initial_state")
+        check_group(requests)
         runnable = [e for e in [self._new_entry(r) for r in requests] if self._needs_prefill(e)]
         if runnable:
             runnable[0].forks = runnable[1:]
@@ -136,6 +134,10 @@ class Scheduler:
     def queue_sizes(self) -> dict[str, int]:
         """{"waiting", "prefill", "ready", "running"}: requests in each state now (any thread)."""
         return self._books.queue_sizes()
+
+    def decode_buckets(self) -> list[int]:
+        """[the engine's decode bucket now] (0 before the first step; any thread)."""
+        return [self.engine.bucket]
 
     def state(self, request_id: str) -> RequestState | None:
         """A request's state now; None once its result is handed over (or for an unknown id)."""

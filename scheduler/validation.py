@@ -6,7 +6,7 @@ same functions (``sampling_params``, ``prompt_tokens``) to answer with their own
 """
 from __future__ import annotations
 
-from typing import Mapping
+from typing import Mapping, Sequence
 
 import numpy as np
 
@@ -57,3 +57,10 @@ def validated(request: Request, vocab_size: int, tokenizer=None, logprobs_unsupp
     """(params, prompt tokens) of ``request`` (``sampling_params``, ``prompt_tokens``)."""
     return (sampling_params(request.params, vocab_size, tokenizer, logprobs_unsupported),
             prompt_tokens(request.prompt_tokens, vocab_size))
+
+
+def check_group(requests: Sequence[Request]) -> None:
+    """ValueError unless ``requests`` (an ``add_group`` group) share one prompt and initial state."""
+    if (len({tuple(np.asarray(r.prompt_tokens).ravel().tolist()) for r in requests}) > 1
+            or any(r.initial_state is not requests[0].initial_state for r in requests)):
+        raise ValueError("add_group needs requests with the same prompt_tokens and initial_state")
