@@ -21,6 +21,7 @@ import os
 import threading
 import time
 from types import SimpleNamespace
+from typing import NoReturn
 
 from .replicas import Fault, Replica, ReplicaLost, ReplicaSet
 
@@ -60,11 +61,11 @@ def connect(address: str) -> None:
 class ActorScheduler:
     """One actor's scheduler seen from the driver, with the scheduler surface a ReplicaSet
     drives (``add``, ``add_group``, ``cancel``, ``score``, ``queue_sizes``, ``precompile``,
-    ``unstarted``, ``decode_buckets``, ``run``, ``stats``). ``add`` and ``add_group`` buffer (``run`` sends them
-    with its next poll); ``cancel``, ``score`` and ``precompile`` call the actor at once;
-    ``queue_sizes``, ``unstarted``, ``decode_buckets``, ``guard`` and ``stats`` are the
-    actor's last reports. ``run`` raises ``ReplicaLost`` when the actor dies or reports it cannot go on
-    (the actor is killed first)."""
+    ``unstarted``, ``decode_buckets``, ``run``, ``stats``). ``add`` and ``add_group``
+    buffer (``run`` sends them with its next poll); ``cancel``, ``score`` and ``precompile``
+    call the actor at once; ``queue_sizes``, ``unstarted``, ``decode_buckets``, ``guard``
+    and ``stats`` are the actor's last reports. ``run`` raises ``ReplicaLost`` when the
+    actor dies or reports it cannot go on (the actor is killed first)."""
 
     def __init__(self, actor, config, logprobs_unsupported: str | None):
         from scheduler.stats import Stats
@@ -166,7 +167,7 @@ class ActorScheduler:
             self.sizes, self.bucket = report["queue_sizes"], report["bucket"]
         return report
 
-    def _lose(self, reason: str):
+    def _lose(self, reason: str) -> NoReturn:
         import ray
 
         try:
