@@ -231,7 +231,8 @@ def _schedulers(parser, args, model_path: Path) -> SchedulerInterface:
     ``--ray``), all driven through the scheduler interface; exits 2 with a clear message when the model or an option does not work."""
     from scheduler import Scheduler
 
-    from .replicas import Fault, build_replica_set
+    from .engine_guard import Fault
+    from .replicas import build_replica_set
 
     if args.ray:
         from .ray_replicas import ray_replica_set

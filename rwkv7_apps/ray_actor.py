@@ -26,7 +26,8 @@ class ReplicaActor:
         from scheduler import Scheduler, SchedulerConfig
 
         from .engines import engine_device, load_engine, random_model_path
-        from .replicas import MAX_FAILURES, EngineGuard, Fault
+        from .engine_guard import EngineGuard, Fault
+        from .replicas import MAX_FAILURES
 
         path = random_model_path(random_model) if random_model else model_path
         engine = load_engine(backend, path, dtype, kernels)

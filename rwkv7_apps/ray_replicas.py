@@ -23,7 +23,8 @@ import time
 from types import SimpleNamespace
 from typing import NoReturn
 
-from .replicas import Fault, Replica, ReplicaLost, ReplicaSet
+from .engine_guard import Fault
+from .replicas import Replica, ReplicaLost, ReplicaSet
 
 NAMESPACE = "rwkv7"
 READY_TIMEOUT_S = 600.0
