@@ -48,6 +48,7 @@ class StepLoop:
         self._policy = config.prefill_policy
         self._admitting = True
         self._stop_worker = False
+        self._worker_death: BaseException | None = None  # what ended the prefill thread
         self._compiled: set[int] = set()
         self._bucket_compile_seconds = 0.0       # the last bucket compile's seconds
         self._step_seconds: dict[int, float] = {}  # bucket -> recent decode step seconds
@@ -76,6 +77,7 @@ class StepLoop:
         self._on_token, self._on_finish, self._on_logprobs = on_token, on_finish, on_logprobs
         self._admitting = True
         self._stop_worker = False
+        self._worker_death = None
         if self.config.precompile:
             self.precompile()
         books = self._books
@@ -87,6 +89,9 @@ class StepLoop:
                 if self._admitting and should_stop is not None and should_stop():
                     with books.cond:
                         self._admitting = False
+                if self._worker_death is not None:
+                    death = self._worker_death
+                    raise RuntimeError(f"the prefill thread died: {type(death).__name__}: {death}") from death
                 self._report_finals()
                 self._apply_cancels()
                 admitted = self._take_ready()
@@ -115,7 +120,14 @@ class StepLoop:
                     + books.prefilling < self.config.max_batch)
 
     def _prefill_worker(self) -> None:
-        """SERIAL / VARLEN / AUTO: prefill calls beside decode, until the run ends."""
+        """SERIAL / VARLEN / AUTO: prefill calls beside decode, until the run ends; an
+        exception that escapes ends the run too (``run`` raises it)."""
+        try:
+            self._prefill_calls()
+        except BaseException as e:  # noqa: BLE001 - handed to the run thread
+            self._worker_death = e
+
+    def _prefill_calls(self) -> None:
         books = self._books
         while True:
             with books.cond:
