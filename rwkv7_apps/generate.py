@@ -22,7 +22,7 @@ from rwkv7_core.tokenizer import WORLD_VOCAB_SIZE, tokenizer_for
 from scheduler.interface import SchedulerInterface
 
 from .engines import cache_dir, engine_device, load_engine, load_engines, random_model_path, replica_devices
-from .jsonl_io import InputError, InputRequest, ResultWriter, error_record, read_requests
+from .jsonl_io import InputError, InputRequest, ResultWriter
 from .options import (add_engine_options, add_model_options, add_sampling_options, check_engine_args,
                       sampling_defaults, scheduler_config)
 from .states import RunStates, model_fingerprint, register_states, state_option
@@ -139,8 +139,8 @@ def request_seed(run_seed: int, request_id: Any) -> int:
 def make_request(item: InputRequest, defaults: dict[str, Any], args, vocab_size: int, tokenizer,
                  states: RunStates | None = None):
     """An InputRequest -> scheduler Request (internal id = its line number), or an InputError."""
-    from rwkv7_core.sampling import SamplingParams
     from scheduler import Request
+    from scheduler.validation import sampling_params
 
     def fail(why: str) -> InputError:
         return InputError(item.line, item.id, f"line {item.line}: {why}")
@@ -150,16 +150,16 @@ def make_request(item: InputRequest, defaults: dict[str, Any], args, vocab_size:
     fields = {**defaults, **item.overrides}
     if fields.get("seed") is None:
         fields["seed"] = request_seed(args.seed, item.id)
+    if tokenizer is None and fields.get("stop"):
+        return fail(f"'stop' strings need the World tokenizer (vocabulary {WORLD_VOCAB_SIZE}), but this "
+                    f"model's vocabulary has {vocab_size} tokens: use 'stop_tokens' instead")
     try:
-        params = SamplingParams.from_dict(fields).validate(vocab_size, args.max_tokens_limit)
+        params = sampling_params(fields, vocab_size, tokenizer, max_tokens_limit=args.max_tokens_limit)
     except (ValueError, TypeError) as e:
         return fail(f"bad sampling field: {e}")
     if tokenizer is None and item.prompt is not None:
         return fail(f"text 'prompt' needs the World tokenizer (vocabulary {WORLD_VOCAB_SIZE}), but this "
                     f"model's vocabulary has {vocab_size} tokens: give 'tokens' (a list of ids) instead")
-    if tokenizer is None and params.stop:
-        return fail(f"'stop' strings need the World tokenizer (vocabulary {WORLD_VOCAB_SIZE}), but this "
-                    f"model's vocabulary has {vocab_size} tokens: use 'stop_tokens' instead")
     states = states or RunStates({}, None, None, "float32")  # none registered, none saved
     try:
         initial = states.initial(item.state)
@@ -242,7 +242,8 @@ def _schedulers(parser, args, model_path: Path) -> SchedulerInterface:
     ``--ray``), all driven through the scheduler interface; exits 2 with a clear message when the model or an option does not work."""
     from scheduler import Scheduler
 
-    from .replicas import Fault, build_replica_set
+    from .engine_guard import Fault
+    from .replicas import build_replica_set
 
     if args.ray:
         from .ray_replicas import ray_replica_set
@@ -289,102 +290,34 @@ def _prefix_store(args, model_path: Path, engine):
 
 
 def _run(args, sched: SchedulerInterface, tokenizer, writer: ResultWriter, states: RunStates | None = None) -> int:
-    """Stream the input into the scheduler (at most ``2 * max_batch`` requests queued or in
-    flight, so memory stays flat and TTFT measures service, not the file's length), write each
-    result as it finishes, then report."""
-    from tqdm import tqdm
+    """Stream the input through the scheduler (``BatchRun``), then report; the exit status."""
+    from .batch_run import BatchRun
+    from .replicas import AllReplicasFailed
 
-    from .metrics import RunCounts, build_metrics, plot_run, summary_table
-    from .replicas import AllReplicasFailed, replica_reports
-
-    with open(args.input, "rb") as f:  # for the progress bar's total (one pass, no parsing)
-        n_lines = sum(chunk.count(b"\n") for chunk in iter(lambda: f.read(1 << 20), b""))
     t0 = time.perf_counter()
     defaults = sampling_defaults(args)
-    skipped = 0
-
-    def unfinished():
-        """Input items without a result in the output yet (one streaming pass)."""
-        nonlocal skipped
-        for item in read_requests(args.input, skip=writer.done):
-            if item is None:
-                skipped += 1
-            else:
-                yield item
-        if skipped:
-            _say(f"skipping {skipped} input lines already in {args.output}")
-
-    todo = unfinished()
-    window = 2 * sched.config.max_batch
-    in_scheduler: dict[str, InputRequest] = {}
-    counts = RunCounts()  # per-request figures live in the scheduler's bounded Stats
-    rate = {"tokens": 0, "since": time.perf_counter()}
-    bar = tqdm(total=max(0, n_lines - len(writer.done)), file=sys.stderr, unit="req", dynamic_ncols=True, desc="generate")
-    stop = StopSignal(bar.write)
-
-    def write(record: dict[str, Any]) -> None:
-        writer.write(record)
-        counts.add(record)
-        bar.update(1)
-
-    def admit() -> None:
-        """Add input lines until the window is full (error records for bad lines on the way)."""
-        while len(in_scheduler) < window and not stop():
-            item = next(todo, None)
-            if item is None:
-                return
-            if isinstance(item, InputRequest):
-                request = make_request(item, defaults, args, sched.engine.vocab_size, tokenizer, states)
-                if not isinstance(request, InputError):
-                    in_scheduler[request.id] = item
-                    sched.add(request)
-                    continue
-                item = request
-            write(error_record(item))
-
-    def on_finish(out) -> None:
-        item = in_scheduler.pop(out.id)
-        if out.finish_reason != "cancelled":  # cancelled = never started: the next run does it
-            record = _result_record(item, out, tokenizer)
-            if out.final_state is not None:  # written before its record, so a resume never misses it
-                try:
-                    record["state_file"] = str(states.save(item.id, item.state, out))
-                except (OSError, ValueError) as e:
-                    record.update(finish_reason="error", error=f"line {item.line}: could not save the state: {e}")
-            write(record)
-        admit()
-        now = time.perf_counter()
-        if now - rate["since"] >= 0.5:
-            tokens = counts.generated_tokens
-            bar.set_postfix(in_flight=len(in_scheduler), tok_s=f"{(tokens - rate['tokens']) / (now - rate['since']):.0f}",
-                            refresh=False)
-            rate["tokens"], rate["since"] = tokens, now
-
+    stop = StopSignal(lambda message: run.bar.write(message))  # its notice goes above the progress bar
+    run = BatchRun(sched, tokenizer, writer, args.input,
+                   lambda item: make_request(item, defaults, args, sched.engine.vocab_size, tokenizer, states),
+                   stop, lambda item, out: states.save(item.id, item.state, out), _say)
     try:
         with stop.installed():
-            admit()
-            sched.run(on_finish=on_finish, should_stop=stop)
+            run.admit()
+            sched.run(on_finish=run.on_finish, should_stop=stop)
     except KeyboardInterrupt:
-        bar.close()
+        run.bar.close()
         writer.close()
-        _say(f"stopped at once: {counts.total} results written this run; in-flight requests were dropped "
+        _say(f"stopped at once: {run.counts.total} results written this run; in-flight requests were dropped "
              "and will be redone when you rerun the same command")
         os._exit(128 + (stop.signum or signal.SIGINT))
     except AllReplicasFailed as e:
-        bar.close()
+        run.bar.close()
         writer.sync()
-        _say(f"{e}: {counts.total} results written this run; rerun the same command to do the rest")
+        _say(f"{e}: {run.counts.total} results written this run; rerun the same command to do the rest")
         return 1
-    bar.close()
+    run.bar.close()
     writer.sync()
-    wall = time.perf_counter() - t0
-    replicas = replica_reports(sched)
-    metrics = build_metrics(sched.stats, counts, wall, t0, skipped, replicas)
-    print(summary_table(metrics), flush=True)
-    if args.metrics:
-        Path(args.metrics).write_text(json.dumps(metrics, indent=1) + "\n")
-    if args.plot:
-        plot_run(sched.stats, t0, args.plot, replicas)
+    _report(args, sched, run, t0)
     if stop.signum is not None:
         _say(f"stopped by {signal.Signals(stop.signum).name}: results so far are in {args.output}; "
              f"rerun the same command to do the remaining requests")
@@ -392,17 +325,18 @@ def _run(args, sched: SchedulerInterface, tokenizer, writer: ResultWriter, state
     return 0
 
 
-def _result_record(item: InputRequest, out, tokenizer) -> dict[str, Any]:
-    """The output line of a request the scheduler finished."""
-    record: dict[str, Any] = {"id": item.id, "tokens": list(out.tokens)}
-    if tokenizer is not None:
-        record["text"] = tokenizer.decode(out.tokens)
-    record["finish_reason"] = out.finish_reason
-    if out.error is not None:
-        record["error"] = f"line {item.line}: {out.error}"
-    record["prompt_tokens"] = out.prompt_tokens
-    record["generated_tokens"] = out.generated_tokens
-    return record
+def _report(args, sched: SchedulerInterface, run, t0: float) -> None:
+    """Print the summary table; write --metrics and --plot."""
+    from .metrics import build_metrics, plot_run, summary_table
+    from .replicas import replica_reports
+
+    replicas = replica_reports(sched)
+    metrics = build_metrics(sched.stats, run.counts, time.perf_counter() - t0, t0, run.skipped, replicas)
+    print(summary_table(metrics), flush=True)
+    if args.metrics:
+        Path(args.metrics).write_text(json.dumps(metrics, indent=1) + "\n")
+    if args.plot:
+        plot_run(sched.stats, t0, args.plot, replicas)
 
 
 def _say(message: str) -> None:

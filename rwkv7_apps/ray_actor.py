@@ -1,9 +1,11 @@
 """The Ray actor of ``rwkv7-generate --ray``: one replica (engine + scheduler) in its own
-process, fed by the driver (rwkv7_apps/ray_replicas.py) and polled for its results.
+process, driven through ``ActorScheduler`` (rwkv7_apps/ray_replicas.py) and polled for
+what happened.
 
 The scheduler runs in a thread of the actor whenever it has work; the actor's methods
-(one at a time, in call order) add requests, cancel them, stop admissions, and hand back
-what happened since the last poll. Requests and results cross as plain dicts.
+(one at a time, in call order) add requests, cancel them, score prompts, precompile, and
+hand back, per poll, the events since the last one. Requests, outputs and token logprobs
+cross as the scheduler's own (pickled) objects.
 """
 from __future__ import annotations
 
@@ -24,61 +26,72 @@ class ReplicaActor:
         from scheduler import Scheduler, SchedulerConfig
 
         from .engines import engine_device, load_engine, random_model_path
-        from .replicas import MAX_FAILURES, EngineGuard, Fault
+        from .engine_guard import EngineGuard, Fault
+        from .replicas import MAX_FAILURES
 
         path = random_model_path(random_model) if random_model else model_path
         engine = load_engine(backend, path, dtype, kernels)
         self.guard = EngineGuard(engine, Fault(*fault) if fault else None)
         self.scheduler = Scheduler(self.guard, SchedulerConfig(**config), tokenizer=tokenizer_for(engine.vocab_size))
         self.device = f"{os.uname().nodename}:{os.getpid()}/{engine_device(engine)}"
-        self._max_failures = MAX_FAILURES
-        self._lock = threading.Lock()
-        self._tokens: list = []
-        self._finished: list = []
-        self._failed: str | None = None
-        self._stopping = False
-        self._wake = threading.Event()
-        self._loop = threading.Thread(target=self._serve, name="replica", daemon=True)
-        self._loop.start()
+        self.max_failures = MAX_FAILURES
+        self.lock = threading.Lock()
+        self.events: list = []
+        self.failed: str | None = None
+        self.stopping = False
+        self.wake = threading.Event()
+        threading.Thread(target=self._serve, name="replica", daemon=True).start()
 
     def ready(self) -> dict[str, Any]:
-        """{vocab_size, device, pid}: the model is loaded."""
-        return {"vocab_size": self.scheduler.engine.vocab_size, "device": self.device, "pid": os.getpid()}
+        """{device, pid, logprobs_unsupported, engine: the engine's facts (vocab_size,
+        capabilities, config, dtype, kernels, device, prefill_pieces)}: the model is loaded."""
+        engine = self.guard
+        facts = {k: getattr(engine, k) for k in ("vocab_size", "capabilities", "config", "dtype", "kernels",
+                                                 "device", "prefill_pieces")}
+        return {"device": self.device, "pid": os.getpid(), "engine": facts,
+                "logprobs_unsupported": self.scheduler.logprobs_unsupported}
 
     def pid(self) -> int:
         return os.getpid()
 
-    def submit(self, requests: list[dict]) -> None:
-        """Queue requests: dicts {id, prompt_tokens, params (SamplingParams dict)}."""
-        from rwkv7_core.sampling import SamplingParams
-        from scheduler import Request
-
-        for r in requests:
-            self.scheduler.add(Request(r["id"], r["prompt_tokens"], SamplingParams.from_dict(r["params"])))
-        self._wake.set()
+    def submit(self, adds: list) -> None:
+        """Queue requests: each a ``Request`` (``Scheduler.add``) or a list of them (``add_group``)."""
+        for item in adds:
+            if isinstance(item, list):
+                self.scheduler.add_group(item)
+            else:
+                self.scheduler.add(item)
+        self.wake.set()
 
     def cancel(self, request_id: str) -> None:
         self.scheduler.cancel(request_id)
 
-    def stop(self) -> None:
-        """Start no more requests (those started run to completion)."""
-        self._stopping = True
+    def score(self, tokens: list[int]):
+        return self.scheduler.score(tokens)
 
-    def poll(self, timeout: float) -> dict[str, Any]:
-        """What happened since the last poll, waiting up to ``timeout`` s for something:
-        {tokens: [(id, token)], finished: [RequestOutput fields], unstarted: [id],
-        raised, worst_streak, failed (why the replica cannot go on, or None)}."""
+    def precompile(self) -> None:
+        self.scheduler.precompile()
+
+    def poll(self, timeout: float, stop: bool) -> dict[str, Any]:
+        """What happened since the last poll, waiting up to ``timeout`` s for something.
+        ``stop``: start no more requests (those started run to completion) while it is True.
+        {events: [(kind "token" | "logprobs" | "finish", id, token | TokenLogprobs |
+        RequestOutput)], unstarted: [id], queue_sizes, bucket, raised, worst_streak,
+        failed (why the replica cannot go on, or None)}."""
+        if self.stopping and not stop:
+            self.wake.set()  # requests left waiting by the stop may start now
+        self.stopping = stop
         end = time.monotonic() + timeout
-        while time.monotonic() < end and not (self._tokens or self._finished or self._failed):
+        while time.monotonic() < end and not (self.events or self.failed):
             time.sleep(0.005)
-        with self._lock:
-            tokens, self._tokens = self._tokens, []
-            finished, self._finished = self._finished, []
-        failed = self._failed
-        if failed is None and self.guard.worst_streak >= self._max_failures:
+        with self.lock:
+            events, self.events = self.events, []
+        failed = self.failed
+        if failed is None and self.guard.worst_streak >= self.max_failures:
             failed = f"its engine raised {self.guard.worst_streak} times in a row"
-        return {"tokens": tokens, "finished": finished, "unstarted": self.scheduler.unstarted(),
-                "raised": self.guard.raised, "worst_streak": self.guard.worst_streak, "failed": failed}
+        return {"events": events, "unstarted": self.scheduler.unstarted(), "queue_sizes": self.scheduler.queue_sizes(),
+                "bucket": self.guard.bucket, "raised": self.guard.raised, "worst_streak": self.guard.worst_streak,
+                "failed": failed}
 
     def stats(self):
         """(a copy of the scheduler's Stats, clock: this process's time.time() - time.perf_counter())."""
@@ -94,20 +107,15 @@ class ReplicaActor:
     def _serve(self) -> None:
         try:
             while True:
-                self._wake.wait()
-                self._wake.clear()
-                self.scheduler.run(on_token=self._on_token, on_finish=self._on_finish,
-                                   should_stop=lambda: self._stopping)
+                self.wake.wait()
+                self.wake.clear()
+                self.scheduler.run(on_token=lambda rid, token: self._event("token", rid, token),
+                                   on_finish=lambda out: self._event("finish", out.id, out),
+                                   on_logprobs=lambda rid, scored: self._event("logprobs", rid, scored),
+                                   should_stop=lambda: self.stopping)
         except BaseException as e:  # noqa: BLE001 - reported to the driver by poll
-            self._failed = f"its thread died: {type(e).__name__}: {e}"
+            self.failed = f"its thread died: {type(e).__name__}: {e}"
 
-    def _on_token(self, request_id: str, token: int) -> None:
-        with self._lock:
-            self._tokens.append((request_id, token))
-
-    def _on_finish(self, out) -> None:
-        fields = {k: getattr(out, k) for k in ("id", "tokens", "finish_reason", "error", "prompt_tokens",
-                                              "generated_tokens", "arrival_time", "first_token_time",
-                                              "finish_time")}
-        with self._lock:
-            self._finished.append(fields)
+    def _event(self, kind: str, request_id: str, payload) -> None:
+        with self.lock:
+            self.events.append((kind, request_id, payload))

@@ -3,12 +3,14 @@
 ``RayReplicaSet`` is a ``ReplicaSet`` (rwkv7_apps/replicas.py: routing, retries, taking a
 replica out, exactly-once delivery) whose replicas are ``ReplicaActor`` processes
 (rwkv7_apps/ray_actor.py), one per GPU (``num_gpus=1``) when the cluster has GPUs, else one
-per CPU (``num_cpus=1``). The driver streams requests to them (rwkv7-generate's window bounds
-the work in flight), polls each for tokens and results, and writes every result itself, so
-the output file's exactly-once and resume guarantees are those of a local run. An actor
-that dies (killed, node lost) or reports a broken engine is taken out and its requests
-re-run on the others from their prompts; an actor that cannot load the model is a clear
-error. Actors are named ``rwkv7-generate-<driver pid>-<i>`` in the ``rwkv7`` namespace.
+per CPU (``num_cpus=1``). Each replica's scheduler is an ``ActorScheduler``: the whole
+scheduler interface over its actor, driven by the set's replica thread like a local one,
+so rwkv7-generate and rwkv7-serve run on it as on one scheduler. The driver streams
+requests to the actors (rwkv7-generate's window bounds the work in flight), polls each for
+its events, and writes every result itself, so the output file's exactly-once and resume
+guarantees are those of a local run. An actor that dies (killed, node lost) or reports a
+broken engine is taken out (``ReplicaLost``) and its requests re-run on the others from
+their prompts; an actor that cannot load the model is a clear error. Actors are named ``rwkv7-generate-<driver pid>-<i>`` in the ``rwkv7`` namespace.
 
 ``local`` starts a Ray cluster inside this process: every CPU of the machine, no dashboard,
 a small object store, on the loopback address.
@@ -16,9 +18,13 @@ a small object store, on the loopback address.
 from __future__ import annotations
 
 import os
+import threading
 import time
-from dataclasses import asdict, is_dataclass
-from .replicas import Fault, Replica, ReplicaSet
+from types import SimpleNamespace
+from typing import NoReturn
+
+from .engine_guard import Fault
+from .replicas import Replica, ReplicaLost, ReplicaSet
 
 NAMESPACE = "rwkv7"
 READY_TIMEOUT_S = 600.0
@@ -31,7 +37,8 @@ LOCAL_ENV = {"RAY_USAGE_STATS_ENABLED": "0", "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
 
 def connect(address: str) -> None:
     """Join the cluster at ``address``, or start one here for ``local`` (a loopback address
-    gets the local settings too: a cluster started on 127.0.0.1 is joined there)."""
+    gets the local settings too: a cluster started on 127.0.0.1 is joined there); a process
+    already in a cluster stays in it."""
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     if address == "local" or address.split(":")[0] in ("127.0.0.1", "localhost"):
         for key, value in LOCAL_ENV.items():
@@ -40,6 +47,8 @@ def connect(address: str) -> None:
         import ray
     except ModuleNotFoundError:
         raise ValueError("Ray is not installed: pip install 'rwkv7-engine[ray]'") from None
+    if ray.is_initialized():
+        return
     if address == "local":
         ray.init(num_cpus=os.cpu_count(), include_dashboard=False, object_store_memory=LOCAL_OBJECT_STORE_BYTES,
                  _node_ip_address="127.0.0.1", namespace=NAMESPACE, configure_logging=False)
@@ -51,35 +60,144 @@ def connect(address: str) -> None:
 
 
 class ActorScheduler:
-    """The driver's view of one actor's scheduler: ``add`` buffers (``flush`` sends), ``cancel``
-    is sent at once, ``unstarted`` and ``stats`` are the actor's last reports."""
+    """One actor's scheduler seen from the driver, with the scheduler surface a ReplicaSet
+    drives (``add``, ``add_group``, ``cancel``, ``score``, ``queue_sizes``, ``precompile``,
+    ``unstarted``, ``decode_buckets``, ``run``, ``stats``). ``add`` and ``add_group``
+    buffer (``run`` sends them with its next poll); ``cancel``, ``score`` and ``precompile``
+    call the actor at once; ``queue_sizes``, ``unstarted``, ``decode_buckets``, ``guard``
+    and ``stats`` are the actor's last reports. ``run`` raises ``ReplicaLost`` when the
+    actor dies or reports it cannot go on (the actor is killed first)."""
 
-    def __init__(self, actor, config):
-        self.actor, self.config = actor, config
-        self.pending: list[dict] = []
-        self.waiting: set[str] = set()
+    def __init__(self, actor, config, logprobs_unsupported: str | None):
         from scheduler.stats import Stats
+
+        self.actor, self.config, self.logprobs_unsupported = actor, config, logprobs_unsupported
         self.stats = Stats()  # the actor's, as last fetched
+        self.guard = RemoteGuard()
+        self.bucket = 0  # the actor's decode bucket
+        self.lock = threading.Lock()
+        self.pending: list = []        # Requests (add) and lists of them (add_group) not sent yet
+        self.outstanding: set[str] = set()  # ids added and not finished
+        self.waiting: set[str] = set()      # ids not started, as of the last poll
+        self.sizes = dict.fromkeys(("waiting", "prefill", "ready", "running"), 0)
 
     def add(self, request) -> None:
-        params = request.params
-        self.pending.append({"id": request.id, "prompt_tokens": list(request.prompt_tokens),
-                             "params": asdict(params) if is_dataclass(params) else dict(params)})
-        self.waiting.add(request.id)
+        with self.lock:
+            self.pending.append(request)
+            self.outstanding.add(request.id)
 
-    def flush(self) -> None:
-        if self.pending:
-            self.actor.submit.remote(self.pending)
-            self.pending = []
+    def add_group(self, requests) -> None:
+        from scheduler.validation import check_group
+
+        check_group(requests)
+        with self.lock:
+            self.pending.append(list(requests))
+            self.outstanding.update(r.id for r in requests)
 
     def cancel(self, request_id: str) -> None:
+        self._flush()  # an add still buffered reaches the actor before its cancel
         self.actor.cancel.remote(request_id)
 
+    def score(self, tokens):
+        import ray
+
+        return ray.get(self.actor.score.remote(list(tokens)))
+
+    def precompile(self) -> None:
+        import ray
+
+        ray.get(self.actor.precompile.remote())
+
+    def queue_sizes(self) -> dict[str, int]:
+        with self.lock:
+            return {**self.sizes, "waiting": self.sizes["waiting"] + sum(map(_count, self.pending))}
+
+    def decode_buckets(self) -> list[int]:
+        return [self.bucket]
+
     def unstarted(self) -> list[str]:
-        return list(self.waiting)
+        with self.lock:
+            return list(self.waiting | {r.id for item in self.pending for r in _requests_of(item)})
+
+    def run(self, on_token=None, on_finish=None, should_stop=None, on_logprobs=None, serve_until=None) -> None:
+        """``Scheduler.run``'s contract, over the actor: send the buffered adds, poll, call the
+        callbacks (in this thread) for its events, until every added request is reported (or,
+        after ``should_stop()``, only unstarted ones are left). The actor's stats are fetched
+        when it returns."""
+        try:
+            while True:
+                stop = should_stop is not None and should_stop()
+                report = self._poll(stop)
+                for kind, request_id, payload in report["events"]:
+                    if kind == "finish":
+                        with self.lock:
+                            self.outstanding.discard(request_id)
+                        if on_finish is not None:
+                            on_finish(payload)
+                    elif kind == "token" and on_token is not None:
+                        on_token(request_id, payload)
+                    elif kind == "logprobs" and on_logprobs is not None:
+                        on_logprobs(request_id, payload)
+                if report["failed"] is not None:
+                    self._lose(report["failed"])
+                with self.lock:
+                    idle = not self.outstanding or (stop and self.outstanding <= self.waiting)
+                if idle and (serve_until is None or serve_until()):
+                    return
+        finally:
+            self._fetch_stats()
+
+    def _flush(self) -> None:
+        with self.lock:
+            adds, self.pending = self.pending, []
+        if adds:
+            self.actor.submit.remote(adds)
+
+    def _poll(self, stop: bool) -> dict:
+        """Send the buffered adds and take the actor's report (``ReplicaActor.poll``)."""
+        import ray
+
+        self._flush()
+        try:
+            report = ray.get(self.actor.poll.remote(POLL_S, stop))
+        except ray.exceptions.RayError as e:
+            self._lose(f"its actor died: {_first_line(e)}")
+        self.guard.raised, self.guard.worst_streak = report["raised"], report["worst_streak"]
+        with self.lock:
+            self.waiting = set(report["unstarted"])
+            self.sizes, self.bucket = report["queue_sizes"], report["bucket"]
+        return report
+
+    def _lose(self, reason: str) -> NoReturn:
+        import ray
+
+        try:
+            ray.kill(self.actor)
+        except Exception:  # noqa: BLE001 - already gone
+            pass
+        raise ReplicaLost(reason)
+
+    def _fetch_stats(self) -> None:
+        import ray
+
+        now = time.time() - time.perf_counter()
+        try:
+            stats, clock = ray.get(self.actor.stats.remote(), timeout=60)
+        except (ray.exceptions.RayError, TimeoutError):
+            return
+        stats.shift_times(clock - now)  # onto this process's perf_counter
+        self.stats = stats
 
 
-class _RemoteGuard:
+def _requests_of(item) -> list:
+    return item if isinstance(item, list) else [item]
+
+
+def _count(item) -> int:
+    return len(_requests_of(item))
+
+
+class RemoteGuard:
     """An actor's engine-exception counters as of its last poll (EngineGuard's fields)."""
 
     def __init__(self):
@@ -88,89 +206,19 @@ class _RemoteGuard:
 
 
 class RayReplicaSet(ReplicaSet):
-    """ReplicaSet over Ray actors; see the module docstring. ``vocab_size`` and ``tokenizer``
-    come from the actors' model. It drives rwkv7-generate only (``add``, ``cancel``,
-    ``unstarted``, ``run`` without ``on_logprobs`` / ``serve_until``, ``stats``): its actors
-    have no ``add_group``, ``score``, ``queue_sizes`` or ``precompile`` yet."""
+    """A ReplicaSet whose replicas are actors (see the module docstring): ``infos`` are the
+    actors' ``ready()`` reports; ``engine`` holds the actors' engine facts, ``tokenizer``
+    comes from their vocabulary."""
 
-    def __init__(self, actors: list, devices: list[str], config, vocab_size: int, notify=None):
-        from types import SimpleNamespace
-
+    def __init__(self, actors: list, infos: list[dict], config, notify=None):
         from rwkv7_core.tokenizer import tokenizer_for
 
-        replicas = [Replica(i, ActorScheduler(a, config), _RemoteGuard(), d)
-                    for i, (a, d) in enumerate(zip(actors, devices))]
-        super().__init__(replicas, SimpleNamespace(vocab_size=vocab_size), tokenizer_for(vocab_size), notify)
-
-    def run(self, on_token=None, on_finish=None, should_stop=None) -> None:
-        """Drive the actors until every added request is reported (see ReplicaSet.run)."""
-        import ray
-
-        self._stopping = False
-        polls: dict = {}
-        try:
-            while True:
-                if not self._stopping and should_stop is not None and should_stop():
-                    self._stopping = True
-                    for r in self._healthy():
-                        r.scheduler.actor.stop.remote()
-                for r in self._healthy():
-                    r.scheduler.flush()
-                    if r.index not in polls.values():
-                        polls[r.scheduler.actor.poll.remote(POLL_S)] = r.index
-                if self._finished():
-                    return
-                ready, _ = ray.wait(list(polls), num_returns=1, timeout=POLL_S * 4)
-                for ref in ready:
-                    replica = self.replicas[polls.pop(ref)]
-                    if replica.failed is not None:
-                        continue
-                    try:
-                        report = ray.get(ref)
-                    except ray.exceptions.RayError as e:
-                        self._lose(replica, f"its actor died: {_first_line(e)}")
-                        continue
-                    self._apply(replica, report, on_token, on_finish)
-        finally:
-            self._fetch_stats()
-
-    def _apply(self, replica: Replica, report: dict, on_token, on_finish) -> None:
-        from scheduler import RequestOutput
-
-        replica.guard.raised, replica.guard.worst_streak = report["raised"], report["worst_streak"]
-        replica.scheduler.waiting = set(report["unstarted"]) | {p["id"] for p in replica.scheduler.pending}
-        for request_id, token in report["tokens"]:
-            self._dispatch(("token", replica.index, request_id, token), on_token, None, on_finish)
-        for fields in report["finished"]:
-            self._dispatch(("finish", replica.index, fields["id"], RequestOutput(**fields)), on_token, None,
-                           on_finish)
-        if report["failed"] is not None and replica.failed is None:
-            self._lose(replica, report["failed"])
-
-    def _lose(self, replica: Replica, reason: str) -> None:
-        import ray
-
-        self._take_out(replica, reason)
-        replica.scheduler.waiting = set()
-        try:
-            ray.kill(replica.scheduler.actor)
-        except Exception:  # noqa: BLE001 - already gone
-            pass
-
-    def _check_threads(self) -> None:  # actors, not threads: a dead one shows in its poll
-        pass
-
-    def _fetch_stats(self) -> None:
-        import ray
-
-        now = time.time() - time.perf_counter()
-        for r in self._healthy():
-            try:
-                stats, clock = ray.get(r.scheduler.actor.stats.remote(), timeout=60)
-            except (ray.exceptions.RayError, TimeoutError):
-                continue
-            stats.shift_times(clock - now)  # onto this process's perf_counter
-            r.scheduler.stats = stats
+        replicas = []
+        for i, (actor, info) in enumerate(zip(actors, infos)):
+            scheduler = ActorScheduler(actor, config, info["logprobs_unsupported"])
+            replicas.append(Replica(i, scheduler, scheduler.guard, info["device"]))
+        facts = SimpleNamespace(**infos[0]["engine"])
+        super().__init__(replicas, facts, tokenizer_for(facts.vocab_size), notify)
 
 
 def _first_line(error: Exception) -> str:
@@ -216,7 +264,7 @@ def ray_replica_set(args, model_path, config) -> RayReplicaSet:
         raise ValueError(f"the {n} actors did not start within {READY_TIMEOUT_S:.0f} s") from None
     except ray.exceptions.RayError as e:
         raise ValueError(f"an actor could not load the model: {_cause(e)}") from None
-    return RayReplicaSet(actors, [i["device"] for i in infos], config, infos[0]["vocab_size"])
+    return RayReplicaSet(actors, infos, config)
 
 
 def _cause(error: Exception) -> str:

@@ -19,105 +19,29 @@ drive it as they drive one scheduler.
   elsewhere (at most once per replica); every id is reported exactly once. A retried
   request streams its tokens again from the first.
 
-Fault injection (tests only): ``RWKV7_REPLICA_FAULT=R:KIND:N`` makes replica R fail after
-N successful decode steps; KIND ``engine``: every later step raises RuntimeError; KIND
-``thread``: the replica's thread dies (an exception the scheduler does not catch).
+Fault injection (tests only): ``RWKV7_REPLICA_FAULT`` (rwkv7_apps/engine_guard.py).
 """
 from __future__ import annotations
 
 import dataclasses
-import os
 import queue
 import sys
 import threading
 import time
-from typing import Any, Callable, NamedTuple
+from typing import Any, Callable
+
+from .engine_guard import EngineGuard, Fault
 
 MAX_FAILURES = 3
 """Consecutive engine exceptions (of one call kind) that take a replica out."""
 JOIN_SECONDS = 30.0
 """How long closing a set waits for its replica threads to end, all together (the default
 of ``ReplicaSet.join_seconds``)."""
-FAULT_ENV = "RWKV7_REPLICA_FAULT"
-GUARDED_CALLS = ("step", "prefill", "prefill_varlen", "mixed_step", "insert", "resize", "sample")
 
 
-class Fault(NamedTuple):
-    """An injected failure (see the module docstring)."""
-    replica: int
-    kind: str   # "engine" | "thread"
-    after_steps: int
-
-    @classmethod
-    def from_env(cls) -> "Fault | None":
-        text = os.environ.get(FAULT_ENV)
-        if not text:
-            return None
-        try:
-            replica, kind, steps = text.split(":")
-            fault = cls(int(replica), kind, int(steps))
-        except ValueError:
-            fault = None
-        if fault is None or fault.kind not in ("engine", "thread"):
-            raise ValueError(f"{FAULT_ENV}={text!r}: expected REPLICA:engine|thread:STEPS")
-        return fault
-
-
-class InjectedThreadDeath(BaseException):
-    """Raised by an injected ``thread`` fault: not an Exception, so nothing catches it."""
-
-
-class EngineGuard:
-    """An engine seen through the replica layer: forwards everything (the contract's declared
-    facts explicitly, the rest through ``__getattr__``), and counts the exceptions of each guarded
-    call kind (``raised``: total; ``consecutive``: since that kind last succeeded).
-    Optionally injects a ``Fault``."""
-
-    def __init__(self, engine, fault: Fault | None = None):
-        self.engine = engine
-        self.raised = 0
-        self.consecutive: dict[str, int] = {}
-        self._fault = fault
-        self._steps = 0
-
-    # the contract's declared facts (rwkv7_core.engine.Engine), forwarded as they are
-    capabilities = property(lambda self: self.engine.capabilities)
-    config = property(lambda self: self.engine.config)
-    dtype = property(lambda self: self.engine.dtype)
-    kernels = property(lambda self: self.engine.kernels)
-    device = property(lambda self: self.engine.device)
-    prefill_pieces = property(lambda self: self.engine.prefill_pieces)
-
-    def __getattr__(self, name: str):
-        attr = getattr(self.engine, name)  # AttributeError for a capability the engine lacks
-        if name not in GUARDED_CALLS:
-            return attr
-
-        def guarded(*args, **kwargs):
-            try:
-                if name == "step":
-                    self._maybe_fail()
-                result = attr(*args, **kwargs)
-            except Exception:
-                self.raised += 1
-                self.consecutive[name] = self.consecutive.get(name, 0) + 1
-                raise
-            self.consecutive[name] = 0
-            return result
-        return guarded
-
-    def _maybe_fail(self) -> None:
-        if self._fault is None:
-            return
-        self._steps += 1
-        if self._steps > self._fault.after_steps:
-            if self._fault.kind == "thread":
-                raise InjectedThreadDeath(f"injected thread death after {self._fault.after_steps} steps")
-            raise RuntimeError(f"injected engine fault after {self._fault.after_steps} steps")
-
-    @property
-    def worst_streak(self) -> int:
-        return max(self.consecutive.values(), default=0)
+class ReplicaLost(Exception):
+    """Raised by a replica scheduler's ``run`` when its replica cannot go on (e.g. a remote
+    process died): the replica is taken out with this message as the reason."""
 
 
 class Replica:
@@ -180,6 +104,7 @@ class ReplicaSet:
         self.engine, self.tokenizer = engine, tokenizer
         config = replicas[0].scheduler.config
         self.config = config._replace(max_batch=sum(r.scheduler.config.max_batch for r in replicas))
+        self.logprobs_unsupported = replicas[0].scheduler.logprobs_unsupported
         self.notify = notify or (lambda m: print(f"rwkv7-generate: {m}", file=sys.stderr, flush=True))
         self.join_seconds = JOIN_SECONDS
         self._tracks: dict[str, _Track] = {}       # request id -> track
@@ -236,6 +161,10 @@ class ReplicaSet:
         """Every healthy replica's ``queue_sizes`` summed."""
         sizes = [r.scheduler.queue_sizes() for r in self._healthy()]
         return {k: sum(s[k] for s in sizes) for k in ("waiting", "prefill", "ready", "running")}
+
+    def decode_buckets(self) -> list[int]:
+        """Each replica's decode bucket now, in replica order (0 for one taken out)."""
+        return [0 if r.failed is not None else r.scheduler.decode_buckets()[0] for r in self.replicas]
 
     def precompile(self) -> None:
         """Each replica's ``Scheduler.precompile``."""
@@ -337,7 +266,7 @@ class ReplicaSet:
                                       should_stop=lambda: self._stopping or replica.failed is not None,
                                       on_logprobs=lambda rid, scored: put(("logprobs", index, rid, scored)))
         except BaseException as e:  # noqa: BLE001 - a dying replica is reported, not raised
-            replica.death = f"its thread died: {type(e).__name__}: {e}"
+            replica.death = str(e) if isinstance(e, ReplicaLost) else f"its thread died: {type(e).__name__}: {e}"
             put(("died", index, None, None))  # the reason is replica.death
 
     def _check_threads(self) -> None:

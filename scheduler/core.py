@@ -2,21 +2,11 @@
 
 The books are kept apart: ``Books`` (scheduler/books.py) holds every request's state and
 queue, ``SlotTable`` (scheduler/slots.py) the decode batch's slots, ``Prefill``
-(scheduler/prefill.py) the prompts in progress, reporting what each call produced. This
-module is the step loop that drives the engine and moves requests between them.
+(scheduler/prefill.py) the prompts in progress, reporting what each call produced, and
+``StepLoop`` (scheduler/loop.py) owns the threads that drive the engine and move requests
+between them. This module is the API: requests enter here (validated, tracked in the books),
+and ``run`` hands them to the step loop.
 
-Threads: ``run()`` drives decode steps in the calling thread; one prefill worker takes
-WAITING requests in arrival order, prefills them under ``prefill_lock`` (one prompt per
-call for SERIAL, flattened pieces for VARLEN; using the prefix cache), draws each first
-token and hands the request over as READY.
-Every loop iteration of ``run()``: report final requests, apply cancels, admit READY
-requests (at most ``max_batch`` live rows), resize the batch to the smallest bucket holding
-the live rows plus the prompts in prefill (which join soon: no shrink-then-grow) if that
-differs from the current one (compacting live slots to the front; compiling a new bucket
-first unless precompiled; a shrink to a bucket not compiled yet only when it saves more
-decode time than the compile costs, ``config.shrink_pays``), insert the admitted rows into
-free slots, run one engine step, and account the drawn tokens. MIXED has no worker and runs
-prompt chunks inside the decode step.
 Serving: ``run(serve_until=...)`` keeps waiting for new requests (added from any thread)
 instead of returning when idle; ``add_group`` prefills one prompt once for several
 requests (n choices), each then decoding its own copy of the row; requests with
@@ -37,18 +27,17 @@ from typing import Callable, Sequence
 import numpy as np
 
 from rwkv7_core.engine import Capability, Engine, check_capabilities
-from rwkv7_core.sampling import NONFINITE_TOKEN, TokenLogprobs
-from rwkv7_core.stop_strings import StopMatcher
+from rwkv7_core.sampling import TokenLogprobs
 
 from .books import Books, Entry
-from .config import PrefillPolicy, SchedulerConfig, bucket_for, shrink_pays
-from .prefill import PiecesFailed, Prefill, PrefillReport, check_engine_supports
+from .config import PrefillPolicy, SchedulerConfig
+from .loop import StepLoop
+from .prefill import Prefill, check_engine_supports
 from .prefix_cache import PrefixCache
 from .prefix_disk import DiskPrefixStore
 from .request import Request, RequestOutput, RequestState
-from .slots import SlotTable
-from .stats import BucketSwitch, CompileEvent, RequestRecord, Stats
-from .validation import validated
+from .stats import CompileEvent, Stats
+from .validation import check_group, validated
 
 
 class Scheduler:
@@ -62,6 +51,8 @@ class Scheduler:
     callback (``generate()`` reads it; take what you read out of it). A run with a callback
     hands each result only to it, so nothing of a request outlives its callback.
     ``stats``: bounded ``Stats`` aggregates of the runs so far.
+    ``logprobs_unsupported``: why this engine and prefill policy cannot serve token logprobs
+    (None: they can); a request asking for them fails with it.
     TypeError when the engine's declared ``capabilities`` lie (``check_capabilities``);
     ValueError when it lacks the one the prefill policy needs.
     """
@@ -76,16 +67,7 @@ class Scheduler:
         self.results: dict[str, RequestOutput] = {}
         self.prefill_lock = threading.Lock()
         self._books = Books()
-        self._slots = SlotTable()
         self._seed_rng = np.random.default_rng()
-        self._admitting = True
-        self._stop_worker = False
-        self._worker_death: BaseException | None = None  # what ended the prefill thread
-        self._compiled: set[int] = set()
-        self._bucket_compile_seconds = 0.0       # the last bucket compile's seconds
-        self._step_seconds: dict[int, float] = {}  # bucket -> recent decode step seconds
-        self._prefill_compiled = False
-        self._on_token = self._on_finish = self._on_logprobs = None
         if Capability.REPORTS_COMPILES in engine.capabilities:
             engine.add_compile_listener(lambda what, start, seconds: self.stats.record_compile(
                 CompileEvent(start, what, seconds)))
@@ -95,9 +77,11 @@ class Scheduler:
                   if self.config.prefix_cache_bytes or prefix_store is not None else None)
         self._prefill = Prefill(engine, self._policy, self.config.chunk, self.stats, prefix,
                                 self.config.prefix_block)
-        self._logprobs_unsupported = None
+        self._loop = StepLoop(engine, self.config, tokenizer, self.stats, self._books, self._prefill, self.results,
+                              self.prefill_lock)
+        self.logprobs_unsupported: str | None = None
         if Capability.LOGPROBS not in engine.capabilities or self._policy is PrefillPolicy.MIXED:
-            self._logprobs_unsupported = (f"logprobs need an engine with {Capability.LOGPROBS} and a serial or "
+            self.logprobs_unsupported = (f"logprobs need an engine with {Capability.LOGPROBS} and a serial or "
                                           f"varlen prefill ({type(engine).__name__}, {self._policy.value})")
 
     # ---- public API -------------------------------------------------------------------
@@ -113,9 +97,7 @@ class Scheduler:
         """Queue requests that share one prompt (e.g. the ``n`` choices of one completion):
         the prompt is prefilled once and each request then draws from, and decodes, its own
         copy of that row with its own params (seed). Invalid ones finish FAILED alone."""
-        if (len({tuple(np.asarray(r.prompt_tokens).ravel().tolist()) for r in requests}) > 1
-                or any(r.initial_state is not requests[0].initial_state for r in requests)):
-            raise ValueError("add_group needs requests with the same prompt_tokens and initial_state")
+        check_group(requests)
         runnable = [e for e in [self._new_entry(r) for r in requests] if self._needs_prefill(e)]
         if runnable:
             runnable[0].forks = runnable[1:]
@@ -138,6 +120,10 @@ class Scheduler:
         """{"waiting", "prefill", "ready", "running"}: requests in each state now (any thread)."""
         return self._books.queue_sizes()
 
+    def decode_buckets(self) -> list[int]:
+        """[the engine's decode bucket now] (0 before the first step; any thread)."""
+        return [self.engine.bucket]
+
     def state(self, request_id: str) -> RequestState | None:
         """A request's state now; None once its result is handed over (or for an unknown id)."""
         return self._books.state(request_id)
@@ -149,15 +135,7 @@ class Scheduler:
     def precompile(self) -> None:
         """Compile every bucket and the prefill shapes of the policy (once; ``run`` does it
         first when ``config.precompile``)."""
-        self._ensure_compiled(self.config.buckets)
-        if self._prefill_compiled:
-            return
-        start = time.perf_counter()
-        seconds = self._prefill.precompile(self.config.buckets)
-        if Capability.REPORTS_COMPILES not in self.engine.capabilities:
-            for what, s in seconds.items():
-                self.stats.record_compile(CompileEvent(start, what, s))
-        self._prefill_compiled = True
+        self._loop.precompile()
 
     def run(self, on_token: Callable[[str, int], None] | None = None,
             on_finish: Callable[[RequestOutput], None] | None = None,
@@ -169,47 +147,12 @@ class Scheduler:
         requests with ``params.logprobs``; ``on_finish(output)`` fires once per request. When
         ``should_stop()`` returns True no more requests start; those already decoding run to
         completion, those still in prefill go back to WAITING with the unstarted ones (not
-        reported). With ``serve_until`` the
-        run does not end when idle: it waits for new requests (``add`` from any thread) and
-        returns once idle with ``serve_until()`` True (checked every 50 ms). Callbacks run
+        reported). With ``serve_until`` the run does not end when idle: it waits for new
+        requests (``add`` from any thread) and returns once idle with ``serve_until()`` True
+        (checked every 50 ms). Callbacks run
         in this thread. Without ``on_finish`` the outputs collect in ``results``. An exception
         that ends the prefill thread ends the run: RuntimeError, from it."""
-        self._on_token, self._on_finish, self._on_logprobs = on_token, on_finish, on_logprobs
-        self._admitting = True
-        self._stop_worker = False
-        self._worker_death = None
-        if self.config.precompile:
-            self.precompile()
-        books = self._books
-        worker = threading.Thread(target=None if self._policy is PrefillPolicy.MIXED else self._prefill_worker,
-                                  name="prefill", daemon=True)
-        worker.start()
-        try:
-            while True:
-                if self._admitting and should_stop is not None and should_stop():
-                    with books.cond:
-                        self._admitting = False
-                if self._worker_death is not None:
-                    death = self._worker_death
-                    raise RuntimeError(f"the prefill thread died: {type(death).__name__}: {death}") from death
-                self._report_finals()
-                self._apply_cancels()
-                admitted = self._take_ready()
-                if self._policy is PrefillPolicy.MIXED:
-                    self._start_pieces()
-                if not self._slots.holders and not admitted and not self._mixed_work():
-                    with books.cond:
-                        if self._idle() and (serve_until is None or serve_until()):
-                            break
-                        books.cond.wait_for(lambda: books.ready or books.finals or books.cancels, timeout=0.05)
-                    continue
-                self._decode_step(admitted)
-        finally:
-            with books.cond:
-                self._stop_worker = True
-                books.cond.notify_all()
-            worker.join()
-            self._report_finals()
+        self._loop.run(on_token, on_finish, should_stop, on_logprobs, serve_until)
 
     # ---- entering -----------------------------------------------------------------------
     def _new_entry(self, request: Request) -> Entry:
@@ -220,7 +163,7 @@ class Scheduler:
         self._books.track(entry)
         try:
             entry.params, entry.prompt = validated(request, self.engine.vocab_size, self.tokenizer,
-                                                   self._logprobs_unsupported, self.config.max_tokens_limit)
+                                                   self.logprobs_unsupported, self.config.max_tokens_limit)
         except (ValueError, TypeError) as e:
             entry.error = f"invalid request: {e}"
             self._books.finish(entry, "error")
@@ -237,300 +180,3 @@ class Scheduler:
             return True
         self._books.finish(entry, "length")
         return False
-
-    # ---- prefill (scheduler/prefill.py) ----------------------------------------------
-    def _can_start(self) -> bool:
-        """A waiting request may start prefill: admissions are open and the batch has room
-        for it beside the live, ready and prefilling ones (caller holds the books' cond)."""
-        books = self._books
-        return bool(self._admitting and books.waiting and books.running + len(books.ready)
-                    + books.prefilling < self.config.max_batch)
-
-    def _prefill_worker(self) -> None:
-        """SERIAL / VARLEN / AUTO: prefill calls beside decode, until the run ends; an
-        exception that escapes ends the run too (``run`` raises it)."""
-        try:
-            self._prefill_calls()
-        except BaseException as e:  # noqa: BLE001 - handed to the run thread
-            self._worker_death = e
-
-    def _prefill_calls(self) -> None:
-        books = self._books
-        while True:
-            with books.cond:
-                books.cond.wait_for(lambda: self._stop_worker or self._prefill or self._can_start(), timeout=0.05)
-                if self._stop_worker:
-                    return
-            self._start_pieces()
-            if self._prefill:
-                with self.prefill_lock:
-                    report = self._prefill.run()
-                self._hand_over(report)
-
-    def _mixed_work(self) -> bool:
-        return self._policy is PrefillPolicy.MIXED and len(self._prefill) > 0
-
-    def _start_pieces(self) -> None:
-        """Move waiting requests into the prefill queue while it wants more; once admissions
-        stop, prompts still in prefill go back to waiting (unstarted: a later run redoes them)."""
-        books = self._books
-        with books.cond:
-            if not self._admitting:
-                for entry in self._prefill.abandon():
-                    books.move(entry, RequestState.WAITING)
-            while self._prefill.wants_more() and self._can_start():
-                entry = books.waiting[0]
-                books.move(entry, RequestState.PREFILL)
-                failed = self._prefill.add(entry)
-                if failed is not None:
-                    self._hand_over(PrefillReport([failed], None, [], 0, 0))
-
-    def _hand_over(self, report: PrefillReport) -> None:
-        """Apply what a prefill call produced: its stats; each finished prompt (and its
-        group's forks) READY, each failed one final."""
-        for record in report.pieces:
-            self.stats.record_prefill(record)
-        if report.call is not None:
-            self.stats.record_prefill_call(report.call)
-        self.stats.record_prefix_lookups(report.hits, report.misses, report.removed)
-        for done in report.done:
-            entry = done.entry
-            entry.row, entry.first_token, entry.first_token_time = done.row, done.first_token, done.first_token_time
-            entry.cached_tokens, entry.prefill_seconds, entry.error = (done.cached_tokens, done.prefill_seconds,
-                                                                      done.error)
-            for member in [entry, *self._forked(entry)]:
-                if member.error is None:
-                    self._books.move(member, RequestState.READY)
-                else:
-                    self._books.finish(member, "error")
-
-    def _forked(self, entry: Entry) -> list[Entry]:
-        """The forks of a prefilled entry, each holding the shared row (engines copy a row on
-        insert, never alias it) and the first token drawn with its own params."""
-        forks, entry.forks = entry.forks, []
-        for fork in forks:
-            fork.cached_tokens, fork.prefill_seconds = entry.cached_tokens, entry.prefill_seconds
-            fork.error = entry.error
-            if entry.error is None:
-                fork.row = entry.row
-                fork.first_token = int(self.engine.sample(entry.row, fork.params, 0))
-                fork.first_token_time = time.perf_counter()
-        return forks
-
-    # ---- run-thread bookkeeping -------------------------------------------------------
-    def _idle(self) -> bool:
-        """Nothing left to do in this run (caller holds the books' cond)."""
-        books = self._books
-        return (not books.ready and not books.finals and not books.prefilling and not self._slots.holders
-                and not (self._admitting and books.waiting))
-
-    def _apply_cancels(self) -> None:
-        if not self._books.cancels:
-            return
-        for entry in self._books.take_cancels():
-            if entry.state is RequestState.RUNNING:
-                self._finish(entry, "cancelled")
-            else:
-                entry.cancel_requested = True  # finished when it comes out of prefill
-
-    def _take_ready(self) -> list[Entry]:
-        """READY entries that fit in max_batch, first tokens accounted (those that ended on
-        it, or were cancelled meanwhile, made final)."""
-        books = self._books
-        admitted: list[Entry] = []
-        room = self.config.max_batch - len(self._slots)
-        while len(admitted) < room:
-            with books.cond:
-                if not books.ready:
-                    break
-                entry = books.ready[0]
-            if entry.cancel_requested:
-                self._finish(entry, "cancelled")
-            elif not self._ended_on_first(entry):
-                books.move(entry, RequestState.RUNNING)
-                admitted.append(entry)
-        return admitted
-
-    def _ended_on_first(self, entry: Entry) -> bool:
-        """Account the first token; True (and the entry final) if the request ended."""
-        token = entry.first_token
-        if token == NONFINITE_TOKEN:
-            entry.error = "non-finite logits"
-            self._finish(entry, "error")
-        elif entry.params.max_tokens == 0:  # prefilled only for its final state
-            self._finish(entry, "length")
-        elif token in entry.params.stop_tokens:
-            self._finish(entry, "stop", stop_token=True)
-        else:
-            self._emit_first(entry, token)
-            if len(entry.tokens) >= entry.params.max_tokens:
-                self._finish(entry, "length")
-            elif entry.params.stop and self._stop_string_hit(entry):
-                self._finish(entry, "stop")
-            else:
-                return False
-        return True
-
-    def _emit_first(self, entry: Entry, token: int) -> None:
-        """The first token (drawn after prefill, scored on the row's logits if asked)."""
-        entry.tokens.append(token)
-        entry.last_emit = time.perf_counter()
-        if entry.params.logprobs is not None and self._on_logprobs is not None:
-            self._on_logprobs(entry.id, self.engine.row_logprobs(entry.row, token))
-        if self._on_token is not None:
-            self._on_token(entry.id, token)
-
-    def _stop_string_hit(self, entry: Entry) -> bool:
-        """True when the newest token completes a stop string (called once per token; the
-        matcher reads each token's bytes once: rwkv7_core/stop_strings.py)."""
-        if entry.stop_matcher is None:
-            entry.stop_matcher = StopMatcher(entry.params.stop)
-        return entry.stop_matcher.feed_bytes(self.tokenizer.decode_bytes(entry.tokens[-1:]))[1] >= 0
-
-    def _finish(self, entry: Entry, reason: str, stop_token: bool = False) -> None:
-        """Make a READY or RUNNING request final (``stop_token``: it ended on a stop token,
-        which the state has not consumed and never will); its row and slot are freed."""
-        if entry.request.return_state and reason in ("length", "stop"):
-            try:
-                entry.final_state = self._final_state(entry, pending=bool(entry.tokens) and not stop_token)
-            except Exception as e:
-                entry.error, reason = f"reading the final state failed: {type(e).__name__}: {e}", "error"
-        if entry.slot >= 0:
-            self._slots.remove(entry)
-        entry.row = None
-        self._books.finish(entry, reason)
-
-    def _final_state(self, entry: Entry, pending: bool):
-        """Host row after the prompt and every emitted token: the slot's (or, before the batch,
-        the prefill row's) state, run through the last emitted token when it is ``pending``
-        (drawn but not yet fed: every finish but a stop token's)."""
-        row = self.engine.extract(entry.slot) if entry.slot >= 0 else entry.row
-        if pending:
-            with self.prefill_lock:
-                row = self.engine.prefill(np.array(entry.tokens[-1:], np.int32), row)
-        return self.engine.to_host(row)
-
-    def _report_finals(self) -> None:
-        """Hand every final request's output over (``on_finish`` or ``results``) and forget it."""
-        for entry in self._books.take_finals():
-            out = entry.output()
-            self.stats.record_request(RequestRecord(
-                entry.id, out.prompt_tokens, entry.cached_tokens, entry.prefill_seconds, out.ttft,
-                out.generated_tokens, out.finish_reason, out.arrival_time, out.finish_time))
-            self._books.forget(entry)
-            if self._on_finish is not None:
-                self._on_finish(out)
-            else:
-                self.results[entry.id] = out
-
-    # ---- batch ------------------------------------------------------------------------
-    def _ensure_compiled(self, buckets) -> None:
-        todo = [b for b in buckets if b not in self._compiled]
-        if not todo:
-            return
-        start = time.perf_counter()
-        seconds = self.engine.compile(todo)
-        self._bucket_compile_seconds = max(seconds.values())
-        if Capability.REPORTS_COMPILES not in self.engine.capabilities:  # else its listener reported them
-            for b in todo:
-                self.stats.record_compile(CompileEvent(start, f"bucket {b}", seconds[b]))
-        self._compiled.update(todo)
-
-    def _decode_step(self, admitted: list[Entry]) -> None:
-        engine, slots = self.engine, self._slots
-        with self._books.cond:  # a prompt in prefill joins soon: keep room for it (no shrink-then-grow)
-            prefilling = self._books.prefilling
-        rows = min(len(slots) + len(admitted) + prefilling, self.config.max_batch)
-        target = self._target_bucket(rows, admitted)
-        report = None
-        try:
-            if target != slots.bucket:
-                self._resize(target)
-            free = iter(slots.free_slots())
-            for entry in admitted:
-                slot = next(free)
-                engine.insert(slot, entry.row, entry.params)
-                entry.row = None
-                slots.place(entry, slot, entry.first_token)
-            clock = self.stats.start_call()
-            scored = None
-            if self._mixed_work():
-                out, report = self._prefill.mixed_step(slots.tokens, slots.positions)
-                out = np.asarray(out)
-            elif slots.any_wants_logprobs():
-                out, scored = engine.step_logprobs(slots.tokens, slots.positions)
-            else:
-                out = np.asarray(engine.step(slots.tokens, slots.positions))
-            seconds = self.stats.call_seconds(clock)
-        except PiecesFailed as e:
-            self._hand_over(e.report)
-            self._fail_batch(admitted, e.__cause__)
-            return
-        except Exception as e:  # fail this step's requests; the scheduler stays usable
-            self._fail_batch(admitted, e)
-            return
-        if report is not None:
-            self._hand_over(report)
-        self.stats.record_step(clock[1], target, len(slots), engine.last_path, seconds)
-        last = self._step_seconds.get(target)
-        self._step_seconds[target] = seconds if last is None else 0.8 * last + 0.2 * seconds
-        self._account(out, scored)
-
-    def _resize(self, target: int) -> None:
-        """Move the batch to bucket ``target`` (compiled first), live rows compacted to the front."""
-        self._ensure_compiled([target])
-        keep = self._slots.live_slots()
-        clock = self.stats.start_call()
-        self.engine.resize(keep, target)
-        self.stats.record_switch(BucketSwitch(clock[1], self._slots.bucket, target, len(keep),
-                                              self.stats.call_seconds(clock)))
-        self._slots.resize(target, keep)
-
-    def _target_bucket(self, rows: int, admitted: list[Entry]) -> int:
-        """The smallest bucket holding ``rows``, unless that is a shrink to a bucket not yet
-        compiled that would not pay for its compile (then the current bucket)."""
-        target, current = bucket_for(rows, self.config.buckets), self._slots.bucket
-        if target >= current or target in self._compiled:
-            return target
-        steps_left = max([self._slots.steps_left()] + [e.params.max_tokens - len(e.tokens) for e in admitted])
-        if shrink_pays(current, target, self._step_seconds.get(current), steps_left,
-                       self._bucket_compile_seconds):
-            return target
-        return current
-
-    def _fail_batch(self, admitted: list[Entry], error: BaseException) -> None:
-        """Every live and admitted request fails with ``error``; the next step starts a fresh batch."""
-        message = f"engine step failed: {type(error).__name__}: {error}"
-        failing = {**{e.id: e for e in admitted if not e.state.is_final}, **self._slots.holders}  # each once
-        for entry in failing.values():
-            entry.error = message
-            self._finish(entry, "error")
-        self._slots.resize(0, [])
-
-    def _account(self, out: np.ndarray, scored: TokenLogprobs | None = None) -> None:
-        """Consume one step's drawn tokens [bucket] (and their scores, when some row asked)."""
-        slots = self._slots
-        live = slots.live
-        drawn = slots.advance(out, NONFINITE_TOKEN, time.perf_counter())
-        self.stats.inter_token.add_many(drawn.gaps)
-        tokens = out.tolist()
-        entries = slots.entries
-        on_token, on_logprobs = self._on_token, self._on_logprobs
-        for slot in np.flatnonzero(drawn.emit).tolist():
-            entry = entries[slot]
-            entry.tokens.append(tokens[slot])
-            if scored is not None and on_logprobs is not None and slots.wants_logprobs[slot]:
-                on_logprobs(entry.id, scored.row(slot))
-            if on_token is not None:
-                on_token(entry.id, tokens[slot])
-        stopped = live & drawn.stop_hit
-        for slot in np.flatnonzero(drawn.emit & slots.has_stop_str).tolist():
-            stopped[slot] = self._stop_string_hit(entries[slot])
-        ended = live & (drawn.nonfinite | stopped | (slots.remaining <= 0))
-        for slot in np.flatnonzero(ended).tolist():
-            entry = entries[slot]
-            if drawn.nonfinite[slot]:
-                entry.error = "non-finite logits"
-                self._finish(entry, "error")
-            else:
-                self._finish(entry, "stop" if stopped[slot] else "length", stop_token=bool(drawn.stop_hit[slot]))

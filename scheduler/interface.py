@@ -15,10 +15,12 @@ class SchedulerInterface(Protocol):
     """``config``: its SchedulerConfig (``max_batch``: every row it decodes at once);
     ``engine``: an engine of it, for model facts (``vocab_size``, ``capabilities``);
     ``tokenizer``: the tokenizer of its stop strings, or None; ``results``: {id: output} of
-    runs given no ``on_finish``. Methods as ``scheduler.core.Scheduler`` documents them."""
+    runs given no ``on_finish``; ``logprobs_unsupported``: why token logprobs cannot be served
+    (None: they can). Methods as ``scheduler.core.Scheduler`` documents them."""
     config: SchedulerConfig
     tokenizer: object
     results: dict[str, RequestOutput]
+    logprobs_unsupported: str | None
 
     @property
     def engine(self): ...
@@ -35,6 +37,8 @@ class SchedulerInterface(Protocol):
     def score(self, tokens: Sequence[int]) -> TokenLogprobs: ...
 
     def queue_sizes(self) -> dict[str, int]: ...
+
+    def decode_buckets(self) -> list[int]: ...
 
     def unstarted(self) -> list[str]: ...
 

@@ -1,7 +1,12 @@
-"""What makes a request valid for an engine: its sampling parameters and its prompt."""
+"""What makes a request valid for an engine: its sampling parameters and its prompt.
+
+The one definition of request validity: the scheduler checks every request it is given
+(``validated``); the batch job and the server check a request where it enters with the
+same functions (``sampling_params``, ``prompt_tokens``) to answer with their own wording.
+"""
 from __future__ import annotations
 
-from typing import Mapping
+from typing import Mapping, Sequence
 
 import numpy as np
 
@@ -10,13 +15,12 @@ from rwkv7_core.sampling import SamplingParams
 from .request import Request
 
 
-def validated(request: Request, vocab_size: int, tokenizer=None, logprobs_unsupported: str | None = None,
-              max_tokens_limit: int | None = None) -> tuple[SamplingParams, list[int]]:
-    """(params, prompt tokens) of ``request``; ValueError or TypeError saying what is wrong.
-    ``params`` may be a SamplingParams or its dict; stop strings need ``tokenizer``;
-    ``logprobs_unsupported``: why token logprobs cannot be served (None: they can);
-    ``max_tokens_limit``: the most ``max_tokens`` allowed (``SamplingParams.validate``)."""
-    params = request.params
+def sampling_params(params, vocab_size: int, tokenizer=None, logprobs_unsupported: str | None = None,
+                    max_tokens_limit: int | None = None) -> SamplingParams:
+    """``params`` (a SamplingParams or its dict) validated for ``vocab_size``; ValueError or
+    TypeError saying what is wrong. Stop strings need ``tokenizer``; ``logprobs_unsupported``:
+    why token logprobs cannot be served (None: they can); ``max_tokens_limit``: the most
+    ``max_tokens`` allowed (``SamplingParams.validate``)."""
     if isinstance(params, Mapping):
         params = SamplingParams.from_dict(params)
     if not isinstance(params, SamplingParams):
@@ -26,14 +30,38 @@ def validated(request: Request, vocab_size: int, tokenizer=None, logprobs_unsupp
         raise ValueError("stop strings need a tokenizer (Scheduler(tokenizer=...))")
     if params.logprobs is not None and logprobs_unsupported is not None:
         raise ValueError(logprobs_unsupported)
-    prompt = np.asarray(request.prompt_tokens)
+    return params
+
+
+def prompt_tokens(tokens, vocab_size: int) -> list[int]:
+    """``tokens`` (a flat sequence of ints, each in [0, vocab_size)) as a list; ValueError
+    saying what is wrong."""
+    prompt = np.asarray(tokens)
     if prompt.ndim != 1 or prompt.size == 0:
         raise ValueError("prompt_tokens is empty" if prompt.size == 0
                          else f"prompt_tokens must be a flat list, got shape {prompt.shape}")
-    if prompt.dtype.kind not in "iu":
+    listed = prompt.tolist()
+    if prompt.dtype.kind in "iu":
+        bad = np.flatnonzero((prompt < 0) | (prompt >= vocab_size))
+    elif prompt.dtype == object and all(type(t) is int for t in listed):  # ints past int64
+        bad = [i for i, t in enumerate(listed) if not 0 <= t < vocab_size]
+    else:
         raise ValueError(f"prompt_tokens must be integers, got {prompt.dtype}")
-    bad = np.flatnonzero((prompt < 0) | (prompt >= vocab_size))
-    if bad.size:
-        raise ValueError(f"prompt token {int(prompt[bad[0]])} at position {int(bad[0])} is "
+    if len(bad):
+        raise ValueError(f"token id {listed[bad[0]]} at position {int(bad[0])} is "
                          f"outside the vocabulary [0, {vocab_size})")
-    return params, prompt.tolist()
+    return listed
+
+
+def validated(request: Request, vocab_size: int, tokenizer=None, logprobs_unsupported: str | None = None,
+              max_tokens_limit: int | None = None) -> tuple[SamplingParams, list[int]]:
+    """(params, prompt tokens) of ``request`` (``sampling_params``, ``prompt_tokens``)."""
+    return (sampling_params(request.params, vocab_size, tokenizer, logprobs_unsupported, max_tokens_limit),
+            prompt_tokens(request.prompt_tokens, vocab_size))
+
+
+def check_group(requests: Sequence[Request]) -> None:
+    """ValueError unless ``requests`` (an ``add_group`` group) share one prompt and initial state."""
+    if (len({tuple(np.asarray(r.prompt_tokens).ravel().tolist()) for r in requests}) > 1
+            or any(r.initial_state is not requests[0].initial_state for r in requests)):
+        raise ValueError("add_group needs requests with the same prompt_tokens and initial_state")

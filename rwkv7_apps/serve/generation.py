@@ -17,9 +17,9 @@ from typing import Any, AsyncIterator
 
 import numpy as np
 
-from rwkv7_core.engine import Capability
 from rwkv7_core.sampling import MAX_TOKENS_LIMIT, SEED_MAX, SamplingParams, TokenLogprobs
 from scheduler import Request, RequestOutput
+from scheduler.validation import prompt_tokens, sampling_params
 
 from . import chat
 from .protocol import APIError, prompt_list
@@ -107,10 +107,10 @@ def build_job(ctx: Context, body, kind: str) -> tuple[Job, list[list[Request]]]:
         if len(tokens) > ctx.limits.max_prompt_tokens:
             raise APIError(400, f"{where}: {len(tokens)} prompt tokens, more than the server's "
                                 f"--max-prompt-tokens {ctx.limits.max_prompt_tokens}", where)
+    unsupported = ctx.service.scheduler.logprobs_unsupported
+    if logprobs is not None and unsupported is not None:
+        raise APIError(400, f"logprobs: {unsupported}", "logprobs")
     params = _params(ctx, body, stops, max_tokens, logprobs)
-    engine = ctx.service.scheduler.engine
-    if logprobs is not None and Capability.LOGPROBS not in engine.capabilities:
-        raise APIError(400, f"logprobs are not supported by the {type(engine).__name__}", "logprobs")
     job = Job(kind, body, prompts, texts, [], logprobs, echo)
     groups = []
     for p, tokens in enumerate(prompts):
@@ -135,12 +135,12 @@ def _tokens(ctx: Context, prompt, param: str) -> list[int]:
             raise APIError(400, f"{param}: a text prompt needs the World vocabulary; this model has {ctx.vocab_size} "
                                 "tokens: send token ids instead", param)
         return ctx.tokenizer.encode(prompt)
-    for pos, t in enumerate(prompt):
-        if not 0 <= t < ctx.vocab_size:
-            raise APIError(400, f"{param}: token id {t} at position {pos} is outside the vocabulary "
-                                f"[0, {ctx.vocab_size})",
-                           param)
-    return list(prompt)
+    if not prompt:
+        return []  # reported as an empty prompt
+    try:
+        return prompt_tokens(prompt, ctx.vocab_size)
+    except ValueError as e:
+        raise APIError(400, f"{param}: {e}", param) from None
 
 
 def _params(ctx: Context, body, stops: list[str], max_tokens, logprobs) -> SamplingParams:
@@ -157,7 +157,7 @@ def _params(ctx: Context, body, stops: list[str], max_tokens, logprobs) -> Sampl
         fields["stop"] = list(fields.get("stop") or []) + stops
     fields["logprobs"] = logprobs
     try:
-        return SamplingParams.from_dict(fields).validate(ctx.vocab_size, ctx.limits.max_tokens_limit)
+        return sampling_params(fields, ctx.vocab_size, ctx.tokenizer, max_tokens_limit=ctx.limits.max_tokens_limit)
     except (ValueError, TypeError) as e:
         message = str(e)
         name = message.split("=")[0].removeprefix("SamplingParams.") if message.startswith("SamplingParams.") else None

@@ -4,8 +4,8 @@ Counted as requests flow (``Service`` observer calls, from the scheduler thread)
 finish reason, prompt and generated tokens, TTFT (from submission) and inter-token
 histograms; HTTP requests by endpoint (the served routes, every other path as "other", so
 no client can grow the label set) and status. Read from the scheduler at scrape time:
-requests waiting / in prefill / ready / running, the live decode bucket, prefix-cache hits
-and misses.
+requests waiting / in prefill / ready / running, each replica's decode bucket, prefix-cache
+hits and misses.
 """
 from __future__ import annotations
 
@@ -88,8 +88,11 @@ class _SchedulerCollector:
         yield g
         yield GaugeMetricFamily("rwkv7_live_batch", "Requests decoding (holding a batch slot)",
                                 value=sizes["running"])
-        yield GaugeMetricFamily("rwkv7_decode_bucket", "Current decode batch bucket",
-                                value=self.scheduler.engine.bucket)
+        g = GaugeMetricFamily("rwkv7_decode_bucket", "Current decode batch bucket of each replica",
+                              labels=["replica"])
+        for replica, bucket in enumerate(self.scheduler.decode_buckets()):
+            g.add_metric([str(replica)], bucket)
+        yield g
         stats = self.scheduler.stats
         c = CounterMetricFamily("rwkv7_prefix_cache_lookups", "Prefix-cache lookups by result", labels=["result"])
         c.add_metric(["hit"], stats.prefix_hits)

@@ -10,7 +10,8 @@ import threading
 import numpy as np
 import pytest
 
-from rwkv7_apps.replicas import AllReplicasFailed, Fault, ReplicaSet, build_replica_set
+from rwkv7_apps.engine_guard import Fault
+from rwkv7_apps.replicas import AllReplicasFailed, ReplicaSet, build_replica_set
 from scheduler import Request, SamplingParams, Scheduler, SchedulerConfig
 from tests.support.scheduler_engines import FakeEngine
 

@@ -1,8 +1,8 @@
 """rwkv7-generate --ray with two CPU actors on the tiny model (torch backend: no compiles):
 `--ray local` reproduces one process's greedy tokens; on one local cluster (one test, so
-pytest-xdist never starts two), SIGKILL of one actor mid-run, then SIGKILL of the driver
-and a rerun, each end with every id exactly once and every result equal to the request
-decoded alone.
+pytest-xdist never starts two), a RayReplicaSet in this process serves every member of the
+scheduler interface, SIGKILL of one actor mid-run, then SIGKILL of the driver and a rerun,
+each end with every id exactly once and every result equal to the request decoded alone.
 
 Cost on 2 cores: two cluster start-ups (the `local` run's own, then the test's), about
 10 s each, and five driver runs of 10-30 s."""
@@ -20,6 +20,7 @@ import pytest
 from rwkv7_apps.ray_replicas import LOCAL_ENV
 from tests.rwkv7_apps.cli_harness import (cli_env, greedy_reference, random_token_requests, read_results,
                                          wait_for_lines, write_jsonl)
+from tests.rwkv7_apps.interface_check import exercise_interface
 
 os.environ.update(LOCAL_ENV)  # before Ray is imported: the test's cluster stays on 127.0.0.1
 ray = pytest.importorskip("ray")
@@ -84,9 +85,26 @@ def test_ray_local_matches_one_process(tiny_ckpt, model, tmp_path):
 
 @pytest.mark.single_stack
 def test_killed_actor_and_killed_driver_lose_nothing(cluster, tiny_ckpt, model, tmp_path):
+    _the_actors_serve_the_whole_scheduler_interface(cluster, tiny_ckpt)
     _a_killed_actor_has_its_requests_rerun(cluster, tiny_ckpt, model, tmp_path / "actor")
     _driver_sigkill_then_rerun_resumes(cluster, tiny_ckpt, model, tmp_path / "driver")
     _a_model_that_fails_to_load_is_a_clear_error(cluster, tmp_path / "bad")
+
+
+def _the_actors_serve_the_whole_scheduler_interface(cluster, tiny_ckpt):
+    from types import SimpleNamespace
+
+    from rwkv7_apps.ray_replicas import ray_replica_set
+    from scheduler import SchedulerConfig
+
+    args = SimpleNamespace(ray=cluster, data_parallel="2", backend="torch", random_model=None, dtype="float32",
+                           kernels="torch")
+    rset = ray_replica_set(args, tiny_ckpt, SchedulerConfig(max_batch=4))
+    try:
+        exercise_interface(rset)
+    finally:
+        for replica in rset.replicas:  # their CPUs go back to the cluster for the CLI runs
+            ray.kill(replica.scheduler.actor)
 
 
 def _a_model_that_fails_to_load_is_a_clear_error(cluster, tmp_path):

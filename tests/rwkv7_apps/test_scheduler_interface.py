@@ -1,5 +1,6 @@
-"""One scheduler interface (scheduler/interface.py): the single Scheduler and the replica set
-both have every method of it, with its parameters; the real HTTP server (uvicorn on a free
+"""One scheduler interface (scheduler/interface.py): the single Scheduler, the replica set and
+the Ray replica set have every method of it, with its parameters, and the first two serve
+every one of them (tests/rwkv7_apps/test_data_parallel_ray.py exercises the Ray set); the real HTTP server (uvicorn on a free
 loopback port, in this process) serves n choices and echoed prompt logprobs from a set of
 two replicas (torch, tiny model)."""
 from __future__ import annotations
@@ -9,20 +10,22 @@ import inspect
 import numpy as np
 import pytest
 
+from rwkv7_apps.ray_replicas import ActorScheduler, RayReplicaSet
 from rwkv7_apps.replicas import ReplicaSet, build_replica_set
 from scheduler import Request, SamplingParams, Scheduler, SchedulerConfig
 from scheduler.interface import SchedulerInterface
+from tests.rwkv7_apps.interface_check import exercise_interface
 from tests.rwkv7_apps.serve_harness import in_process_server
 
 METHODS = [n for n, v in vars(SchedulerInterface).items() if inspect.isfunction(v) and not n.startswith("_")]
-ATTRIBUTES = ["config", "tokenizer", "results", "engine", "stats"]
+ATTRIBUTES = ["config", "tokenizer", "results", "engine", "stats", "logprobs_unsupported"]
 
 
 def _parameters(function) -> list[str]:
     return [p for p in inspect.signature(function).parameters if p != "self"]
 
 
-@pytest.mark.parametrize("implementation", [Scheduler, ReplicaSet])
+@pytest.mark.parametrize("implementation", [Scheduler, ReplicaSet, RayReplicaSet, ActorScheduler])
 def test_each_implementation_has_every_method_of_the_interface(implementation):
     assert {"add", "add_group", "cancel", "score", "queue_sizes", "precompile", "run"} <= set(METHODS)
     for name in METHODS:
@@ -31,7 +34,7 @@ def test_each_implementation_has_every_method_of_the_interface(implementation):
         assert _parameters(method) == _parameters(getattr(SchedulerInterface, name)), (implementation, name)
 
 
-def test_each_implementation_has_every_attribute_of_the_interface(tiny_ckpt):
+def test_each_implementation_serves_every_member_of_the_interface(tiny_ckpt):
     from rwkv7_apps.engines import load_engine
 
     engines = [load_engine("torch", tiny_ckpt, kernels="torch") for _ in range(2)]
@@ -39,6 +42,7 @@ def test_each_implementation_has_every_attribute_of_the_interface(tiny_ckpt):
     for sched in (Scheduler(engines[0], config), build_replica_set(engines, ["a", "b"], config)):
         for name in ATTRIBUTES:
             assert hasattr(sched, name), (type(sched).__name__, name)
+        exercise_interface(sched)
 
 
 @pytest.fixture(scope="module")

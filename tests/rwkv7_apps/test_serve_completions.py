@@ -175,6 +175,7 @@ def test_disconnect_cancels_and_frees_the_slot(server, client):
     assert server.metric("rwkv7_requests_total", 'finish_reason="cancelled"') == cancelled_before + 1
     assert server.metric("rwkv7_scheduler_requests", 'state="running"') == 0
     assert server.metric("rwkv7_live_batch") == 0
+    assert server.metric("rwkv7_decode_bucket", 'replica="0"') >= 1  # the bucket of the last step
 
 
 @pytest.mark.parametrize("body, param", [

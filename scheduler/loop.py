@@ -1,0 +1,410 @@
+"""The scheduler's step loop: the threads that drive the engine, moving requests through
+the books (scheduler/books.py), the slot table (scheduler/slots.py) and the prefill
+(scheduler/prefill.py) that ``Scheduler`` (scheduler/core.py) owns.
+
+Threads: ``run()`` drives decode steps in the calling thread; one prefill worker takes
+WAITING requests in arrival order, prefills them under ``prefill_lock`` (one prompt per
+call for SERIAL, flattened pieces for VARLEN; using the prefix cache), draws each first
+token and hands the request over as READY.
+Every loop iteration of ``run()``: report final requests, apply cancels, admit READY
+requests (at most ``max_batch`` live rows), resize the batch to the smallest bucket holding
+the live rows plus the prompts in prefill (which join soon: no shrink-then-grow) if that
+differs from the current one (compacting live slots to the front; compiling a new bucket
+first unless precompiled; a shrink to a bucket not compiled yet only when it saves more
+decode time than the compile costs, ``config.shrink_pays``), insert the admitted rows into
+free slots, run one engine step, and account the drawn tokens. MIXED has no worker and runs
+prompt chunks inside the decode step.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from typing import Callable
+
+import numpy as np
+
+from rwkv7_core.engine import Capability, Engine
+from rwkv7_core.sampling import NONFINITE_TOKEN, TokenLogprobs
+from rwkv7_core.stop_strings import StopMatcher
+
+from .books import Books, Entry
+from .config import PrefillPolicy, SchedulerConfig, bucket_for, shrink_pays
+from .prefill import PiecesFailed, Prefill, PrefillReport
+from .request import RequestOutput, RequestState
+from .slots import SlotTable
+from .stats import BucketSwitch, CompileEvent, RequestRecord, Stats
+
+
+class StepLoop:
+    """Runs a scheduler's requests on ``engine``: ``run`` (the decode loop in the calling
+    thread, a prefill worker beside it) and ``precompile``; it owns the decode batch's
+    ``SlotTable``. The books, prefill, stats, ``results`` dict and ``prefill_lock`` are the
+    scheduler's, shared."""
+
+    def __init__(self, engine: Engine, config: SchedulerConfig, tokenizer, stats: Stats, books: Books,
+                 prefill: Prefill, results: dict[str, RequestOutput], prefill_lock: threading.Lock):
+        self.engine, self.config, self.tokenizer, self.stats = engine, config, tokenizer, stats
+        self.results, self.prefill_lock = results, prefill_lock
+        self._books, self._slots, self._prefill = books, SlotTable(), prefill
+        self._policy = config.prefill_policy
+        self._admitting = True
+        self._stop_worker = False
+        self._worker_death: BaseException | None = None  # what ended the prefill thread
+        self._compiled: set[int] = set()
+        self._bucket_compile_seconds = 0.0       # the last bucket compile's seconds
+        self._step_seconds: dict[int, float] = {}  # bucket -> recent decode step seconds
+        self._prefill_compiled = False
+        self._on_token = self._on_finish = self._on_logprobs = None
+
+    def precompile(self) -> None:
+        """Compile every bucket and the prefill shapes of the policy (once; ``run`` does it
+        first when ``config.precompile``)."""
+        self._ensure_compiled(self.config.buckets)
+        if self._prefill_compiled:
+            return
+        start = time.perf_counter()
+        seconds = self._prefill.precompile(self.config.buckets)
+        if Capability.REPORTS_COMPILES not in self.engine.capabilities:
+            for what, s in seconds.items():
+                self.stats.record_compile(CompileEvent(start, what, s))
+        self._prefill_compiled = True
+
+    def run(self, on_token: Callable[[str, int], None] | None = None,
+            on_finish: Callable[[RequestOutput], None] | None = None,
+            should_stop: Callable[[], bool] | None = None,
+            on_logprobs: Callable[[str, TokenLogprobs], None] | None = None,
+            serve_until: Callable[[], bool] | None = None) -> None:
+        """``Scheduler.run`` (scheduler/core.py documents it)."""
+        self._on_token, self._on_finish, self._on_logprobs = on_token, on_finish, on_logprobs
+        self._admitting = True
+        self._stop_worker = False
+        self._worker_death = None
+        if self.config.precompile:
+            self.precompile()
+        books = self._books
+        worker = threading.Thread(target=None if self._policy is PrefillPolicy.MIXED else self._prefill_worker,
+                                  name="prefill", daemon=True)
+        worker.start()
+        try:
+            while True:
+                if self._admitting and should_stop is not None and should_stop():
+                    with books.cond:
+                        self._admitting = False
+                if self._worker_death is not None:
+                    death = self._worker_death
+                    raise RuntimeError(f"the prefill thread died: {type(death).__name__}: {death}") from death
+                self._report_finals()
+                self._apply_cancels()
+                admitted = self._take_ready()
+                if self._policy is PrefillPolicy.MIXED:
+                    self._start_pieces()
+                if not self._slots.holders and not admitted and not self._mixed_work():
+                    with books.cond:
+                        if self._idle() and (serve_until is None or serve_until()):
+                            break
+                        books.cond.wait_for(lambda: books.ready or books.finals or books.cancels, timeout=0.05)
+                    continue
+                self._decode_step(admitted)
+        finally:
+            with books.cond:
+                self._stop_worker = True
+                books.cond.notify_all()
+            worker.join()
+            self._report_finals()
+
+    # ---- prefill (scheduler/prefill.py) ----------------------------------------------
+    def _can_start(self) -> bool:
+        """A waiting request may start prefill: admissions are open and the batch has room
+        for it beside the live, ready and prefilling ones (caller holds the books' cond)."""
+        books = self._books
+        return bool(self._admitting and books.waiting and books.running + len(books.ready)
+                    + books.prefilling < self.config.max_batch)
+
+    def _prefill_worker(self) -> None:
+        """SERIAL / VARLEN / AUTO: prefill calls beside decode, until the run ends; an
+        exception that escapes ends the run too (``run`` raises it)."""
+        try:
+            self._prefill_calls()
+        except BaseException as e:  # noqa: BLE001 - handed to the run thread
+            self._worker_death = e
+
+    def _prefill_calls(self) -> None:
+        books = self._books
+        while True:
+            with books.cond:
+                books.cond.wait_for(lambda: self._stop_worker or self._prefill or self._can_start(), timeout=0.05)
+                if self._stop_worker:
+                    return
+            self._start_pieces()
+            if self._prefill:
+                with self.prefill_lock:
+                    report = self._prefill.run()
+                self._hand_over(report)
+
+    def _mixed_work(self) -> bool:
+        return self._policy is PrefillPolicy.MIXED and len(self._prefill) > 0
+
+    def _start_pieces(self) -> None:
+        """Move waiting requests into the prefill queue while it wants more; once admissions
+        stop, prompts still in prefill go back to waiting (unstarted: a later run redoes them)."""
+        books = self._books
+        with books.cond:
+            if not self._admitting:
+                for entry in self._prefill.abandon():
+                    books.move(entry, RequestState.WAITING)
+            while self._prefill.wants_more() and self._can_start():
+                entry = books.waiting[0]
+                books.move(entry, RequestState.PREFILL)
+                failed = self._prefill.add(entry)
+                if failed is not None:
+                    self._hand_over(PrefillReport([failed], None, [], 0, 0))
+
+    def _hand_over(self, report: PrefillReport) -> None:
+        """Apply what a prefill call produced: its stats; each finished prompt (and its
+        group's forks) READY, each failed one final."""
+        for record in report.pieces:
+            self.stats.record_prefill(record)
+        if report.call is not None:
+            self.stats.record_prefill_call(report.call)
+        self.stats.record_prefix_lookups(report.hits, report.misses, report.removed)
+        for done in report.done:
+            entry = done.entry
+            entry.row, entry.first_token, entry.first_token_time = done.row, done.first_token, done.first_token_time
+            entry.cached_tokens, entry.prefill_seconds, entry.error = (done.cached_tokens, done.prefill_seconds,
+                                                                      done.error)
+            for member in [entry, *self._forked(entry)]:
+                if member.error is None:
+                    self._books.move(member, RequestState.READY)
+                else:
+                    self._books.finish(member, "error")
+
+    def _forked(self, entry: Entry) -> list[Entry]:
+        """The forks of a prefilled entry, each holding the shared row (engines copy a row on
+        insert, never alias it) and the first token drawn with its own params."""
+        forks, entry.forks = entry.forks, []
+        for fork in forks:
+            fork.cached_tokens, fork.prefill_seconds = entry.cached_tokens, entry.prefill_seconds
+            fork.error = entry.error
+            if entry.error is None:
+                fork.row = entry.row
+                fork.first_token = int(self.engine.sample(entry.row, fork.params, 0))
+                fork.first_token_time = time.perf_counter()
+        return forks
+
+    # ---- run-thread bookkeeping -------------------------------------------------------
+    def _idle(self) -> bool:
+        """Nothing left to do in this run (caller holds the books' cond)."""
+        books = self._books
+        return (not books.ready and not books.finals and not books.prefilling and not self._slots.holders
+                and not (self._admitting and books.waiting))
+
+    def _apply_cancels(self) -> None:
+        if not self._books.cancels:
+            return
+        for entry in self._books.take_cancels():
+            if entry.state is RequestState.RUNNING:
+                self._finish(entry, "cancelled")
+            else:
+                entry.cancel_requested = True  # finished when it comes out of prefill
+
+    def _take_ready(self) -> list[Entry]:
+        """READY entries that fit in max_batch, first tokens accounted (those that ended on
+        it, or were cancelled meanwhile, made final)."""
+        books = self._books
+        admitted: list[Entry] = []
+        room = self.config.max_batch - len(self._slots)
+        while len(admitted) < room:
+            with books.cond:
+                if not books.ready:
+                    break
+                entry = books.ready[0]
+            if entry.cancel_requested:
+                self._finish(entry, "cancelled")
+            elif not self._ended_on_first(entry):
+                books.move(entry, RequestState.RUNNING)
+                admitted.append(entry)
+        return admitted
+
+    def _ended_on_first(self, entry: Entry) -> bool:
+        """Account the first token; True (and the entry final) if the request ended."""
+        token = entry.first_token
+        if token == NONFINITE_TOKEN:
+            entry.error = "non-finite logits"
+            self._finish(entry, "error")
+        elif entry.params.max_tokens == 0:  # prefilled only for its final state
+            self._finish(entry, "length")
+        elif token in entry.params.stop_tokens:
+            self._finish(entry, "stop", stop_token=True)
+        else:
+            self._emit_first(entry, token)
+            if len(entry.tokens) >= entry.params.max_tokens:
+                self._finish(entry, "length")
+            elif entry.params.stop and self._stop_string_hit(entry):
+                self._finish(entry, "stop")
+            else:
+                return False
+        return True
+
+    def _emit_first(self, entry: Entry, token: int) -> None:
+        """The first token (drawn after prefill, scored on the row's logits if asked)."""
+        entry.tokens.append(token)
+        entry.last_emit = time.perf_counter()
+        if entry.params.logprobs is not None and self._on_logprobs is not None:
+            self._on_logprobs(entry.id, self.engine.row_logprobs(entry.row, token))
+        if self._on_token is not None:
+            self._on_token(entry.id, token)
+
+    def _stop_string_hit(self, entry: Entry) -> bool:
+        """True when the newest token completes a stop string (called once per token; the
+        matcher reads each token's bytes once: rwkv7_core/stop_strings.py)."""
+        if entry.stop_matcher is None:
+            entry.stop_matcher = StopMatcher(entry.params.stop)
+        return entry.stop_matcher.feed_bytes(self.tokenizer.decode_bytes(entry.tokens[-1:]))[1] >= 0
+
+    def _finish(self, entry: Entry, reason: str, stop_token: bool = False) -> None:
+        """Make a READY or RUNNING request final (``stop_token``: it ended on a stop token,
+        which the state has not consumed and never will); its row and slot are freed."""
+        if entry.request.return_state and reason in ("length", "stop"):
+            try:
+                entry.final_state = self._final_state(entry, pending=bool(entry.tokens) and not stop_token)
+            except Exception as e:
+                entry.error, reason = f"reading the final state failed: {type(e).__name__}: {e}", "error"
+        if entry.slot >= 0:
+            self._slots.remove(entry)
+        entry.row = None
+        self._books.finish(entry, reason)
+
+    def _final_state(self, entry: Entry, pending: bool):
+        """Host row after the prompt and every emitted token: the slot's (or, before the batch,
+        the prefill row's) state, run through the last emitted token when it is ``pending``
+        (drawn but not yet fed: every finish but a stop token's)."""
+        row = self.engine.extract(entry.slot) if entry.slot >= 0 else entry.row
+        if pending:
+            with self.prefill_lock:
+                row = self.engine.prefill(np.array(entry.tokens[-1:], np.int32), row)
+        return self.engine.to_host(row)
+
+    def _report_finals(self) -> None:
+        """Hand every final request's output over (``on_finish`` or ``results``) and forget it."""
+        for entry in self._books.take_finals():
+            out = entry.output()
+            self.stats.record_request(RequestRecord(
+                entry.id, out.prompt_tokens, entry.cached_tokens, entry.prefill_seconds, out.ttft,
+                out.generated_tokens, out.finish_reason, out.arrival_time, out.finish_time))
+            self._books.forget(entry)
+            if self._on_finish is not None:
+                self._on_finish(out)
+            else:
+                self.results[entry.id] = out
+
+    # ---- batch ------------------------------------------------------------------------
+    def _ensure_compiled(self, buckets) -> None:
+        todo = [b for b in buckets if b not in self._compiled]
+        if not todo:
+            return
+        start = time.perf_counter()
+        seconds = self.engine.compile(todo)
+        self._bucket_compile_seconds = max(seconds.values())
+        if Capability.REPORTS_COMPILES not in self.engine.capabilities:  # else its listener reported them
+            for b in todo:
+                self.stats.record_compile(CompileEvent(start, f"bucket {b}", seconds[b]))
+        self._compiled.update(todo)
+
+    def _decode_step(self, admitted: list[Entry]) -> None:
+        engine, slots = self.engine, self._slots
+        with self._books.cond:  # a prompt in prefill joins soon: keep room for it (no shrink-then-grow)
+            prefilling = self._books.prefilling
+        rows = min(len(slots) + len(admitted) + prefilling, self.config.max_batch)
+        target = self._target_bucket(rows, admitted)
+        report = None
+        try:
+            if target != slots.bucket:
+                self._resize(target)
+            free = iter(slots.free_slots())
+            for entry in admitted:
+                slot = next(free)
+                engine.insert(slot, entry.row, entry.params)
+                entry.row = None
+                slots.place(entry, slot, entry.first_token)
+            clock = self.stats.start_call()
+            scored = None
+            if self._mixed_work():
+                out, report = self._prefill.mixed_step(slots.tokens, slots.positions)
+                out = np.asarray(out)
+            elif slots.any_wants_logprobs():
+                out, scored = engine.step_logprobs(slots.tokens, slots.positions)
+            else:
+                out = np.asarray(engine.step(slots.tokens, slots.positions))
+            seconds = self.stats.call_seconds(clock)
+        except PiecesFailed as e:
+            self._hand_over(e.report)
+            self._fail_batch(admitted, e.__cause__)
+            return
+        except Exception as e:  # fail this step's requests; the scheduler stays usable
+            self._fail_batch(admitted, e)
+            return
+        if report is not None:
+            self._hand_over(report)
+        self.stats.record_step(clock[1], target, len(slots), engine.last_path, seconds)
+        last = self._step_seconds.get(target)
+        self._step_seconds[target] = seconds if last is None else 0.8 * last + 0.2 * seconds
+        self._account(out, scored)
+
+    def _resize(self, target: int) -> None:
+        """Move the batch to bucket ``target`` (compiled first), live rows compacted to the front."""
+        self._ensure_compiled([target])
+        keep = self._slots.live_slots()
+        clock = self.stats.start_call()
+        self.engine.resize(keep, target)
+        self.stats.record_switch(BucketSwitch(clock[1], self._slots.bucket, target, len(keep),
+                                              self.stats.call_seconds(clock)))
+        self._slots.resize(target, keep)
+
+    def _target_bucket(self, rows: int, admitted: list[Entry]) -> int:
+        """The smallest bucket holding ``rows``, unless that is a shrink to a bucket not yet
+        compiled that would not pay for its compile (then the current bucket)."""
+        target, current = bucket_for(rows, self.config.buckets), self._slots.bucket
+        if target >= current or target in self._compiled:
+            return target
+        steps_left = max([self._slots.steps_left()] + [e.params.max_tokens - len(e.tokens) for e in admitted])
+        if shrink_pays(current, target, self._step_seconds.get(current), steps_left,
+                       self._bucket_compile_seconds):
+            return target
+        return current
+
+    def _fail_batch(self, admitted: list[Entry], error: BaseException) -> None:
+        """Every live and admitted request fails with ``error``; the next step starts a fresh batch."""
+        message = f"engine step failed: {type(error).__name__}: {error}"
+        failing = {**{e.id: e for e in admitted if not e.state.is_final}, **self._slots.holders}  # each once
+        for entry in failing.values():
+            entry.error = message
+            self._finish(entry, "error")
+        self._slots.resize(0, [])
+
+    def _account(self, out: np.ndarray, scored: TokenLogprobs | None = None) -> None:
+        """Consume one step's drawn tokens [bucket] (and their scores, when some row asked)."""
+        slots = self._slots
+        live = slots.live
+        drawn = slots.advance(out, NONFINITE_TOKEN, time.perf_counter())
+        self.stats.inter_token.add_many(drawn.gaps)
+        tokens = out.tolist()
+        entries = slots.entries
+        on_token, on_logprobs = self._on_token, self._on_logprobs
+        for slot in np.flatnonzero(drawn.emit).tolist():
+            entry = entries[slot]
+            entry.tokens.append(tokens[slot])
+            if scored is not None and on_logprobs is not None and slots.wants_logprobs[slot]:
+                on_logprobs(entry.id, scored.row(slot))
+            if on_token is not None:
+                on_token(entry.id, tokens[slot])
+        stopped = live & drawn.stop_hit
+        for slot in np.flatnonzero(drawn.emit & slots.has_stop_str).tolist():
+            stopped[slot] = self._stop_string_hit(entries[slot])
+        ended = live & (drawn.nonfinite | stopped | (slots.remaining <= 0))
+        for slot in np.flatnonzero(ended).tolist():
+            entry = entries[slot]
+            if drawn.nonfinite[slot]:
+                entry.error = "non-finite logits"
+                self._finish(entry, "error")
+            else:
+                self._finish(entry, "stop" if stopped[slot] else "length", stop_token=bool(drawn.stop_hit[slot]))
