@@ -86,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from scheduler import Scheduler
 
-    from ..replicas import EngineGuard, Fault
+    from ..engine_guard import EngineGuard, Fault
     from .generation import Limits
     from .shutdown import DrainingServer
 

@@ -18,7 +18,7 @@ def exercise_interface(sched) -> None:
     greedy = SamplingParams(max_tokens=4, stop_tokens=(), seed=7)
     sched.add(Request("one", prompt, SamplingParams(max_tokens=3, stop_tokens=(), logprobs=1)))
     sched.add_group([Request(f"group{i}", prompt, greedy) for i in range(2)])
-    sched.add(Request("cancelled", prompt, SamplingParams(max_tokens=10**6, stop_tokens=())))
+    sched.add(Request("cancelled", prompt, SamplingParams(max_tokens=60_000, stop_tokens=())))
     sched.cancel("cancelled")
     assert set(sched.queue_sizes()) == {"waiting", "prefill", "ready", "running"}
     assert set(sched.unstarted()) <= {"one", "group0", "group1", "cancelled"}

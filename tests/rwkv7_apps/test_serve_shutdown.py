@@ -67,8 +67,8 @@ def _stream_tokens(events: list[tuple[float, str]]) -> list[int]:
 
 def test_sigterm_drains_in_flight_requests_then_ends_the_rest_and_exits_0(tmp_path):
     with running_server(SERVER + ["--shutdown-grace", GRACE], tmp_path) as server:
-        long_stream = Client(server.port, {"prompt": [1, 2, 3], "max_tokens": 10**6, "stream": True, **NO_STOP})
-        long_plain = Client(server.port, {"prompt": [4, 5], "max_tokens": 10**6, **NO_STOP})
+        long_stream = Client(server.port, {"prompt": [1, 2, 3], "max_tokens": 60_000, "stream": True, **NO_STOP})
+        long_plain = Client(server.port, {"prompt": [4, 5], "max_tokens": 60_000, **NO_STOP})
         long_stream.start()
         long_plain.start()
         assert long_stream.started.wait(30)
