@@ -2,9 +2,10 @@
 call kind (rwkv7_apps/replicas.py takes a replica out on a streak of them) and can inject a
 ``Fault``.
 
-Fault injection (tests only): ``RWKV7_REPLICA_FAULT=R:KIND:N`` makes replica R fail after
-N successful decode steps; KIND ``engine``: every later step raises RuntimeError; KIND
-``thread``: the replica's thread dies (an exception the scheduler does not catch).
+Fault injection (tests only): ``RWKV7_REPLICA_FAULT=R:KIND:N`` makes replica R (a single
+engine is replica 0) fail after N successful calls; KIND ``engine``: every later decode step
+raises RuntimeError; KIND ``thread``: the thread running the decode steps dies (an exception
+the scheduler does not catch); KIND ``prefill``: the thread running the prefill calls dies.
 """
 from __future__ import annotations
 
@@ -13,13 +14,14 @@ from typing import NamedTuple
 
 FAULT_ENV = "RWKV7_REPLICA_FAULT"
 GUARDED_CALLS = ("step", "prefill", "prefill_varlen", "mixed_step", "insert", "resize", "sample")
+FAULT_KINDS = {"engine": ("step",), "thread": ("step",), "prefill": ("prefill", "prefill_varlen")}
 
 
 class Fault(NamedTuple):
     """An injected failure (see the module docstring)."""
     replica: int
-    kind: str   # "engine" | "thread"
-    after_steps: int
+    kind: str   # a key of FAULT_KINDS
+    after_calls: int
 
     @classmethod
     def from_env(cls) -> "Fault | None":
@@ -31,8 +33,8 @@ class Fault(NamedTuple):
             fault = cls(int(replica), kind, int(steps))
         except ValueError:
             fault = None
-        if fault is None or fault.kind not in ("engine", "thread"):
-            raise ValueError(f"{FAULT_ENV}={text!r}: expected REPLICA:engine|thread:STEPS")
+        if fault is None or fault.kind not in FAULT_KINDS:
+            raise ValueError(f"{FAULT_ENV}={text!r}: expected REPLICA:{'|'.join(FAULT_KINDS)}:CALLS")
         return fault
 
 
@@ -51,7 +53,7 @@ class EngineGuard:
         self.raised = 0
         self.consecutive: dict[str, int] = {}
         self._fault = fault
-        self._steps = 0
+        self._calls = 0  # of the call kinds the fault counts
 
     # the contract's declared facts (rwkv7_core.engine.Engine), forwarded as they are
     capabilities = property(lambda self: self.engine.capabilities)
@@ -68,7 +70,7 @@ class EngineGuard:
 
         def guarded(*args, **kwargs):
             try:
-                if name == "step":
+                if self._fault is not None and name in FAULT_KINDS[self._fault.kind]:
                     self._maybe_fail()
                 result = attr(*args, **kwargs)
             except Exception:
@@ -80,13 +82,14 @@ class EngineGuard:
         return guarded
 
     def _maybe_fail(self) -> None:
-        if self._fault is None:
-            return
-        self._steps += 1
-        if self._steps > self._fault.after_steps:
-            if self._fault.kind == "thread":
-                raise InjectedThreadDeath(f"injected thread death after {self._fault.after_steps} steps")
-            raise RuntimeError(f"injected engine fault after {self._fault.after_steps} steps")
+        self._calls += 1
+        fault = self._fault
+        if self._calls > fault.after_calls:
+            if fault.kind == "engine":
+                raise RuntimeError(f"injected engine fault after {fault.after_calls} steps")
+            if fault.kind == "prefill":
+                raise InjectedThreadDeath(f"injected prefill thread death after {fault.after_calls} prefill calls")
+            raise InjectedThreadDeath(f"injected thread death after {fault.after_calls} steps")
 
     @property
     def worst_streak(self) -> int:

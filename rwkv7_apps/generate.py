@@ -242,7 +242,7 @@ def _schedulers(parser, args, model_path: Path) -> SchedulerInterface:
     ``--ray``), all driven through the scheduler interface; exits 2 with a clear message when the model or an option does not work."""
     from scheduler import Scheduler
 
-    from .engine_guard import Fault
+    from .engine_guard import EngineGuard, Fault
     from .replicas import build_replica_set
 
     if args.ray:
@@ -262,11 +262,13 @@ def _schedulers(parser, args, model_path: Path) -> SchedulerInterface:
         parser.exit(EXIT_BAD_ARGS, f"rwkv7-generate: error: cannot load model {model_path}: {e}\n")
     tokenizer = tokenizer_for(engines[0].vocab_size, model_path)
     store = _prefix_store(args, model_path, engines[0])
-    try:  # ValueError: e.g. a prefill policy this backend does not support
+    try:  # ValueError: e.g. a prefill policy this backend does not support, a bad fault
+        fault = Fault.from_env()
         if len(engines) == 1:
-            return Scheduler(engines[0], scheduler_config(args), tokenizer=tokenizer, prefix_store=store)
+            engine = engines[0] if fault is None else EngineGuard(engines[0], fault if fault.replica == 0 else None)
+            return Scheduler(engine, scheduler_config(args), tokenizer=tokenizer, prefix_store=store)
         return build_replica_set(engines, [engine_device(e) for e in engines], scheduler_config(args), tokenizer,
-                                 Fault.from_env(), prefix_store=store)
+                                 fault, prefix_store=store)
     except ValueError as e:
         parser.exit(EXIT_BAD_ARGS, f"rwkv7-generate: error: {e}\n")
 
@@ -291,8 +293,9 @@ def _prefix_store(args, model_path: Path, engine):
 
 def _run(args, sched: SchedulerInterface, tokenizer, writer: ResultWriter, states: RunStates | None = None) -> int:
     """Stream the input through the scheduler (``BatchRun``), then report; the exit status."""
+    from scheduler import SchedulerFailed
+
     from .batch_run import BatchRun
-    from .replicas import AllReplicasFailed
 
     t0 = time.perf_counter()
     defaults = sampling_defaults(args)
@@ -310,7 +313,7 @@ def _run(args, sched: SchedulerInterface, tokenizer, writer: ResultWriter, state
         _say(f"stopped at once: {run.counts.total} results written this run; in-flight requests were dropped "
              "and will be redone when you rerun the same command")
         os._exit(128 + (stop.signum or signal.SIGINT))
-    except AllReplicasFailed as e:
+    except SchedulerFailed as e:  # a dead prefill thread, every replica taken out
         run.bar.close()
         writer.sync()
         _say(f"{e}: {run.counts.total} results written this run; rerun the same command to do the rest")

@@ -30,6 +30,8 @@ import threading
 import time
 from typing import Any, Callable
 
+from scheduler.interface import SchedulerFailed
+
 from .engine_guard import EngineGuard, Fault
 
 MAX_FAILURES = 3
@@ -85,7 +87,7 @@ def _max_tokens(params) -> int:
     return params["max_tokens"] if isinstance(params, dict) else params.max_tokens
 
 
-class AllReplicasFailed(RuntimeError):
+class AllReplicasFailed(SchedulerFailed):
     """Every replica was taken out while requests remained (the next run does them)."""
 
 

@@ -12,8 +12,9 @@ from rwkv7_core.sampling import NONFINITE_TOKEN, SamplingParams
 from .api import generate
 from .config import PrefillPolicy, SchedulerConfig, bucket_ladder
 from .core import Scheduler
+from .interface import SchedulerFailed
 from .request import Request, RequestOutput, RequestState
 from .stats import Stats
 
 __all__ = ["Engine", "NONFINITE_TOKEN", "PrefillPolicy", "Request", "RequestOutput", "RequestState",
-           "SamplingParams", "Scheduler", "SchedulerConfig", "Stats", "bucket_ladder", "generate"]
+           "SamplingParams", "Scheduler", "SchedulerConfig", "SchedulerFailed", "Stats", "bucket_ladder", "generate"]

@@ -149,9 +149,9 @@ class Scheduler:
         completion, those still in prefill go back to WAITING with the unstarted ones (not
         reported). With ``serve_until`` the run does not end when idle: it waits for new
         requests (``add`` from any thread) and returns once idle with ``serve_until()`` True
-        (checked every 50 ms). Callbacks run
-        in this thread. Without ``on_finish`` the outputs collect in ``results``. An exception
-        that ends the prefill thread ends the run: RuntimeError, from it."""
+        (checked every 50 ms). Callbacks run in this thread. Without ``on_finish`` the outputs
+        collect in ``results``. An exception that ends the prefill thread ends the run:
+        ``SchedulerFailed``, from it."""
         self._loop.run(on_token, on_finish, should_stop, on_logprobs, serve_until)
 
     # ---- entering -----------------------------------------------------------------------

@@ -11,6 +11,11 @@ from .request import Request, RequestOutput
 from .stats import Stats
 
 
+class SchedulerFailed(RuntimeError):
+    """``run`` cannot go on (a worker thread died, every replica was taken out). Requests
+    not yet reported through ``on_finish`` stay unfinished: a later process redoes them."""
+
+
 class SchedulerInterface(Protocol):
     """``config``: its SchedulerConfig (``max_batch``: every row it decodes at once);
     ``engine``: an engine of it, for model facts (``vocab_size``, ``capabilities``);

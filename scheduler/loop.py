@@ -28,6 +28,7 @@ from rwkv7_core.sampling import NONFINITE_TOKEN, TokenLogprobs
 from rwkv7_core.stop_strings import StopMatcher
 
 from .books import Books, Entry
+from .interface import SchedulerFailed
 from .config import PrefillPolicy, SchedulerConfig, bucket_for, shrink_pays
 from .prefill import PiecesFailed, Prefill, PrefillReport
 from .request import RequestOutput, RequestState
@@ -92,7 +93,7 @@ class StepLoop:
                         self._admitting = False
                 if self._worker_death is not None:
                     death = self._worker_death
-                    raise RuntimeError(f"the prefill thread died: {type(death).__name__}: {death}") from death
+                    raise SchedulerFailed(f"the prefill thread died: {type(death).__name__}: {death}") from death
                 self._report_finals()
                 self._apply_cancels()
                 admitted = self._take_ready()

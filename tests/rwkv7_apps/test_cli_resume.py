@@ -80,3 +80,31 @@ def test_sigint_stops_cleanly_then_rerun_completes(tmp_path, monkeypatch):
     cached = random_model_path("tiny")  # written by the first run, reused by the rerun
     assert cached.parent == tmp_path / "cache" / "rwkv7" and len(list(cached.parent.iterdir())) == 1
     _check_complete(results, reqs, rwkv_torch_ref.load(cached))
+
+
+def test_a_dead_prefill_thread_exits_1_in_one_line_then_rerun_completes(tiny_ckpt, tmp_path, monkeypatch):
+    """The prefill thread dies after two prompts (an injected BaseException, as a crash past
+    every handler): the job says so in one line and exits 1 instead of hanging, what it
+    finished is written, and a rerun does exactly the rest."""
+    import rwkv_torch_ref
+
+    reqs = _requests(int(np.random.default_rng().integers(1000)))[:8]
+    inp = write_jsonl(tmp_path / "in.jsonl", reqs)
+    out = tmp_path / "out.jsonl"
+    args = ["--model", tiny_ckpt, "--backend", "torch", "--input", inp, "--output", out, "--max-batch", 2,
+            "--prefill", "serial"]
+    monkeypatch.setenv("RWKV7_REPLICA_FAULT", "0:prefill:2")
+    died = run_cli(args, tmp_path, timeout=120)
+    monkeypatch.delenv("RWKV7_REPLICA_FAULT")
+    before = read_results(out)
+    assert died.returncode == 1, died.stderr[-3000:]
+    assert "Traceback" not in died.stderr
+    assert [line for line in died.stderr.splitlines() if line.startswith("rwkv7-generate:")] == [
+        "rwkv7-generate: the prefill thread died: InjectedThreadDeath: injected prefill thread death after 2 "
+        f"prefill calls: {len(before)} results written this run; rerun the same command to do the rest"]
+    assert len(before) <= 2
+    rerun = run_cli(args, tmp_path)
+    assert rerun.returncode == 0, rerun.stderr[-3000:]
+    results = read_results(out)
+    assert results[:len(before)] == before
+    _check_complete(results, reqs, rwkv_torch_ref.load(tiny_ckpt))
