@@ -45,6 +45,8 @@ class Entry:
         self.slot = -1
         self.forks: list[Entry] = []  # requests sharing this one's prefill (add_group)
         self.stop_matcher: StopMatcher | None = None  # its stop strings, fed its output's bytes
+        self.stop_token: int | None = None       # the stop token that ended it
+        self.stop_logprobs = None                # TokenLogprobs of it, with params.logprobs
 
     def output(self) -> RequestOutput:
         """The result of a final entry."""
@@ -52,7 +54,8 @@ class Entry:
                              prompt_tokens=len(self.prompt) or len(self.request.prompt_tokens),
                              generated_tokens=len(self.tokens), arrival_time=self.arrival,
                              first_token_time=self.first_token_time, finish_time=self.times[self.state],
-                             final_state=self.final_state)
+                             final_state=self.final_state, stop_token=self.stop_token,
+                             stop_logprobs=self.stop_logprobs)
 
 
 class Books:

@@ -235,7 +235,10 @@ class StepLoop:
         elif entry.params.max_tokens == 0:  # prefilled only for its final state
             self._finish(entry, "length")
         elif token in entry.params.stop_tokens:
-            self._finish(entry, "stop", stop_token=True)
+            entry.stop_token = token
+            if entry.params.logprobs is not None:
+                entry.stop_logprobs = self.engine.row_logprobs(entry.row, token)
+            self._finish(entry, "stop")
         else:
             self._emit_first(entry, token)
             if len(entry.tokens) >= entry.params.max_tokens:
@@ -262,12 +265,12 @@ class StepLoop:
             entry.stop_matcher = StopMatcher(entry.params.stop)
         return entry.stop_matcher.feed_bytes(self.tokenizer.decode_bytes(entry.tokens[-1:]))[1] >= 0
 
-    def _finish(self, entry: Entry, reason: str, stop_token: bool = False) -> None:
-        """Make a READY or RUNNING request final (``stop_token``: it ended on a stop token,
-        which the state has not consumed and never will); its row and slot are freed."""
+    def _finish(self, entry: Entry, reason: str) -> None:
+        """Make a READY or RUNNING request final (``entry.stop_token`` set: it ended on a stop
+        token, which the state has not consumed and never will); its row and slot are freed."""
         if entry.request.return_state and reason in ("length", "stop"):
             try:
-                entry.final_state = self._final_state(entry, pending=bool(entry.tokens) and not stop_token)
+                entry.final_state = self._final_state(entry, pending=bool(entry.tokens) and entry.stop_token is None)
             except Exception as e:
                 entry.error, reason = f"reading the final state failed: {type(e).__name__}: {e}", "error"
         if entry.slot >= 0:
@@ -408,4 +411,8 @@ class StepLoop:
                 entry.error = "non-finite logits"
                 self._finish(entry, "error")
             else:
-                self._finish(entry, "stop" if stopped[slot] else "length", stop_token=bool(drawn.stop_hit[slot]))
+                if drawn.stop_hit[slot]:
+                    entry.stop_token = tokens[slot]
+                    if scored is not None and slots.wants_logprobs[slot]:
+                        entry.stop_logprobs = scored.row(slot)
+                self._finish(entry, "stop" if stopped[slot] else "length")

@@ -9,7 +9,7 @@ from typing import Sequence
 import numpy as np
 
 from rwkv7_core.engine import HostRow
-from rwkv7_core.sampling import SamplingParams
+from rwkv7_core.sampling import SamplingParams, TokenLogprobs
 
 
 @dataclass(frozen=True)
@@ -84,6 +84,8 @@ class RequestOutput:
     first_token_time: float | None
     finish_time: float
     final_state: HostRow | None = None  # with Request.return_state, when finished "length" / "stop"
+    stop_token: int | None = None       # the stop token that ended it (drawn, not in tokens)
+    stop_logprobs: TokenLogprobs | None = None  # its TokenLogprobs (N=1), with params.logprobs
 
     @property
     def ttft(self) -> float | None:

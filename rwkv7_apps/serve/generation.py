@@ -59,6 +59,7 @@ class Choice:
     scores: list[TokenLogprobs] = field(default_factory=list)
     output: RequestOutput | None = None
     sent_role: bool = False
+    logprobs_offset: int = 0   # text_offset of its next completion logprobs entry
 
 
 @dataclass
@@ -242,18 +243,22 @@ def finish_reason(choice: Choice) -> str:
 
 # ----------------------------------------------------------------------------- rendering
 def completion_logprobs(ctx: Context, job: Job, choice: Choice, prompt_scores: TokenLogprobs | None,
-                        with_prompt: bool, scores=None, tokens=None) -> dict:
-    """OpenAI legacy logprobs: tokens, token_logprobs, top_logprobs, text_offset."""
+                        with_prompt: bool, scores=None, tokens=None, with_stop: bool = True) -> dict:
+    """OpenAI legacy logprobs: tokens, token_logprobs, top_logprobs, text_offset. A choice
+    that ended on a stop token gets that token last (``with_stop``), as an empty string with
+    its logprob: so echo + logprobs always scores every position after the prompt (the
+    lm-evaluation-harness reads the last one as the generated token's)."""
     k = job.logprobs
     out = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
-    offset = 0
+    offset = choice.logprobs_offset  # where the choice's previous entries ended (a stream's chunks)
 
-    def add(token: int, lp: TokenLogprobs | None):
+    def add(token: int, lp: TokenLogprobs | None, shown: str | None = None):
         nonlocal offset
         s = token_string(ctx, token)
-        out["tokens"].append(s)
+        shown = s if shown is None else shown
+        out["tokens"].append(shown)
         out["text_offset"].append(offset)
-        offset += len(s)
+        offset += len(shown)
         if lp is None:
             out["token_logprobs"].append(None)
             out["top_logprobs"].append(None)
@@ -270,6 +275,10 @@ def completion_logprobs(ctx: Context, job: Job, choice: Choice, prompt_scores: T
     for token, lp in zip(choice.tokens if tokens is None else tokens,
                          choice.scores if scores is None else scores):
         add(token, lp)
+    ended = choice.output
+    if with_stop and ended is not None and ended.stop_logprobs is not None:
+        add(ended.stop_token, ended.stop_logprobs, shown="")
+    choice.logprobs_offset = offset
     return out
 
 
@@ -350,12 +359,14 @@ def stream_chunks(ctx: Context, job: Job, choice: Choice, delta: str, finished: 
                 prompt = ctx.tokenizer.decode(job.prompts[choice.prompt_index]) if ctx.tokenizer else ""
             echo_item = {"index": choice.index, "text": prompt, "finish_reason": None,
                          "logprobs": (completion_logprobs(ctx, job, choice, prompt_scores[choice.prompt_index],
-                                                          True, scores=[], tokens=[])
+                                                          True, scores=[], tokens=[], with_stop=False)
                                       if job.logprobs is not None else None)}
             chunks.append(chunk(ctx, job, [echo_item]))
         item["text"] = delta
-        item["logprobs"] = (completion_logprobs(ctx, job, choice, None, False, new_scores, new_tokens)
-                            if new_scores else None)
+        stop_scored = finished and choice.output.stop_logprobs is not None
+        item["logprobs"] = (completion_logprobs(ctx, job, choice, None, False, new_scores, new_tokens,
+                                                with_stop=finished)
+                            if new_scores or stop_scored else None)
     item["finish_reason"] = finish_reason(choice) if finished else None
     if job.body.return_token_ids:
         item["token_ids"] = new_tokens

@@ -147,6 +147,40 @@ def test_generated_logprobs_match_the_drawn_tokens(client):
         assert top[f"token_id:{t}"] == chosen and chosen <= 0
 
 
+def test_a_stop_token_ending_the_completion_keeps_its_logprob(client):
+    """lm-evaluation-harness scores a continuation with echo, max_tokens=1, logprobs=1 and
+    reads the last entry as the generated token's. When the greedy next token is a stop
+    token, that entry is the stop token's (empty text, its logprob), streamed or not —
+    never the last prompt token's."""
+    prompt = np.random.default_rng().integers(1, _tiny_vocab(), 6).tolist()
+    free = client.completions.create(model=MODEL, prompt=prompt, max_tokens=1, logprobs=1, temperature=0,
+                                     extra_body={"return_token_ids": True, "stop_token_ids": []}).choices[0]
+    greedy, greedy_lp = _ids(free)[0], free.logprobs.token_logprobs[0]
+    ask = dict(model=MODEL, prompt=prompt, max_tokens=1, echo=True, logprobs=1, temperature=0,
+               extra_body={"stop_token_ids": [greedy]})
+    stopped = client.completions.create(**ask).choices[0]
+    streamed = {"tokens": [], "token_logprobs": [], "text_offset": []}
+    for part in client.completions.create(stream=True, **ask):
+        for c in part.choices:
+            for key in streamed:
+                streamed[key] += getattr(c.logprobs, key) if c.logprobs else []
+    for lp in (stopped.logprobs.model_dump(), streamed):
+        assert len(lp["tokens"]) == len(prompt) + 1 and lp["tokens"][-1] == ""
+        assert lp["token_logprobs"][-1] == pytest.approx(greedy_lp, abs=1e-5)
+        assert lp["text_offset"][-1] == sum(len(t) for t in lp["tokens"][:-1])
+    assert stopped.finish_reason == "stop"
+
+
+def test_streamed_text_offsets_are_absolute(client):
+    prompt = np.random.default_rng().integers(1, _tiny_vocab(), 4).tolist()
+    ask = dict(model=MODEL, prompt=prompt, max_tokens=6, logprobs=1, temperature=0,
+               extra_body={"stop_token_ids": []})
+    whole = client.completions.create(**ask).choices[0].logprobs.text_offset
+    streamed = [o for part in client.completions.create(stream=True, **ask) for c in part.choices
+                if c.logprobs for o in c.logprobs.text_offset]
+    assert streamed == whole and whole == sorted(whole) and whole[-1] > 0
+
+
 def test_disconnect_cancels_and_frees_the_slot(server, client):
     async def scenario():
         aclient = openai.AsyncOpenAI(base_url=client.base_url, api_key="unused", max_retries=0)
