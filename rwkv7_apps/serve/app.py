@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 import logging
+import time
 
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -71,6 +72,7 @@ def create_app(ctx: Context, metrics: ServerMetrics, ready, api_key: str | None 
                max_body_bytes: int = 1 << 22) -> FastAPI:
     """``ready()``: True once the model is loaded and compiled (before: 503)."""
     app = FastAPI(title="rwkv7-serve", docs_url=None, redoc_url=None, openapi_url=None)
+    started = int(time.time())  # /v1/models "created"
 
     def authorized(request: Request) -> None:
         if api_key is None:
@@ -115,7 +117,7 @@ def create_app(ctx: Context, metrics: ServerMetrics, ready, api_key: str | None 
 
     @app.get("/v1/models", dependencies=[Depends(authorized)])
     async def models():
-        return {"object": "list", "data": [{"id": ctx.model_name, "object": "model", "created": 0,
+        return {"object": "list", "data": [{"id": ctx.model_name, "object": "model", "created": started,
                                             "owned_by": "rwkv7-engine",
                                             "max_tokens_limit": ctx.limits.max_tokens_limit}]}
 

@@ -22,7 +22,7 @@ from scheduler import Request, RequestOutput
 from scheduler.validation import prompt_tokens, sampling_params
 
 from . import chat
-from .protocol import APIError, prompt_list
+from .protocol import BAN, APIError, prompt_list
 from .service import UNAVAILABLE, Service, ServiceClosed, Token
 from .streaming import TextStream, sse
 
@@ -81,14 +81,15 @@ def build_job(ctx: Context, body, kind: str) -> tuple[Job, list[list[Request]]]:
     """The job and, per prompt, its scheduler requests (one per choice); APIError(400/404/429)."""
     if body.model is not None and body.model != ctx.model_name:
         raise APIError(404, f"model {body.model!r} does not exist; this server serves {ctx.model_name!r}", "model")
+    _check_options(ctx, body)
     if kind == "chat":
         if ctx.tokenizer is None:
             raise APIError(400, f"chat needs the World vocabulary; this model has {ctx.vocab_size} tokens "
                                 "(use /v1/completions with token-id prompts)", "messages")
-        text = chat.render([(m.role, m.content) for m in body.messages])
+        text = chat.render([(m.role, m.text()) for m in body.messages])
         prompts, texts = [ctx.tokenizer.encode(text)], [text]
         logprobs = (body.top_logprobs or 0) if body.logprobs else None
-        if body.top_logprobs is not None and not body.logprobs:
+        if body.top_logprobs and not body.logprobs:
             raise APIError(400, "top_logprobs needs logprobs=true", "top_logprobs")
         stops = body.stop_list() + [chat.TURN_STOP]
         max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
@@ -144,12 +145,36 @@ def _tokens(ctx: Context, prompt, param: str) -> list[int]:
         raise APIError(400, f"{param}: {e}", param) from None
 
 
+def _check_options(ctx: Context, body) -> None:
+    """400 for the option values this server cannot honour (protocol.py's field policy)."""
+    if body.stream_options is not None and not body.stream:
+        raise APIError(400, "stream_options: only allowed with stream=true", "stream_options")
+    if body.response_format is not None and body.response_format != {"type": "text"}:
+        raise APIError(400, 'response_format: only {"type": "text"} is supported (no structured output yet)',
+                       "response_format")
+    for token, bias in (body.logit_bias or {}).items():
+        if not token.isdigit() or int(token) >= ctx.vocab_size:
+            raise APIError(400, f"logit_bias: key {token[:40]!r} is not a token id in [0, {ctx.vocab_size})",
+                           "logit_bias")
+        if bias != BAN:
+            raise APIError(400, f"logit_bias: token {token} has bias {bias}; only {BAN:g} (a ban) is supported",
+                           "logit_bias")
+
+
+def _banned(body) -> list[int] | None:
+    """``banned_token_ids`` plus the tokens ``logit_bias`` bans (None: neither given)."""
+    if body.banned_token_ids is None and not body.logit_bias:
+        return None
+    return list(body.banned_token_ids or []) + [int(t) for t in body.logit_bias or {}]
+
+
 def _params(ctx: Context, body, stops: list[str], max_tokens, logprobs) -> SamplingParams:
     fields = dict(ctx.defaults)
+    stop_tokens = [] if body.ignore_eos and body.stop_token_ids is None else body.stop_token_ids
     given = {"max_tokens": max_tokens, "temperature": body.temperature, "top_p": body.top_p,
              "top_k": body.top_k, "presence_penalty": body.presence_penalty,
              "frequency_penalty": body.frequency_penalty, "penalty_decay": body.penalty_decay,
-             "stop_tokens": body.stop_token_ids, "banned_tokens": body.banned_token_ids}
+             "stop_tokens": stop_tokens, "banned_tokens": _banned(body)}
     fields.update({k: v for k, v in given.items() if v is not None})
     if stops:
         if ctx.tokenizer is None:
@@ -330,6 +355,10 @@ def _prefixed(job: Job) -> str:
 
 
 def chunk(ctx: Context, job: Job, choices: list[dict], with_usage: bool = False) -> str:
+    """One SSE chunk of a streamed response; with the usage so far when asked (the last chunk
+    of ``include_usage``) or in every chunk (``continuous_usage_stats``)."""
+    options = job.body.stream_options
+    with_usage = with_usage or (options is not None and options.continuous_usage_stats)
     body = {"id": _prefixed(job), "object": "chat.completion.chunk" if job.kind == "chat" else "text_completion",
             "created": job.created, "model": ctx.model_name, "choices": choices}
     if with_usage:

@@ -1,9 +1,12 @@
 """Request bodies of the OpenAI-compatible endpoints (pydantic), and the OpenAI-style error.
 
-Unknown fields are rejected (``extra="forbid"``), so a typo or an unsupported OpenAI field is
-a 400 naming it rather than silently ignored. Sampling fields a request omits take the
-server's defaults (the command's sampling options). Extensions beyond OpenAI's fields:
-``top_k``, ``penalty_decay``, ``stop_token_ids``, ``banned_token_ids``, ``return_token_ids``.
+The field policy (docs/server.md has the table): what we can do is honoured; OpenAI fields
+with no meaning here are accepted and ignored (``IGNORED``); everything else is a 400 naming
+the field, unknown fields and typos included (``extra="forbid"``), never silently dropped.
+Sampling fields a request omits take the server's defaults (the command's sampling options).
+Extensions beyond OpenAI's fields: ``top_k``, ``penalty_decay``, ``stop_token_ids``,
+``banned_token_ids``, ``return_token_ids``, and vLLM's ``ignore_eos`` and
+``stream_options.continuous_usage_stats``.
 """
 from __future__ import annotations
 
@@ -15,6 +18,11 @@ from rwkv7_core.sampling import DEVICE_INT_MAX, SEED_MAX, TOP_LOGPROBS
 
 MAX_N = 64
 TokenIds = list[StrictInt]
+BAN = -100.0
+"""The one ``logit_bias`` value served: -100 bans the token (other biases need a per-row
+bias vector on the device, which the sampler does not have)."""
+IGNORED = ("store", "metadata", "service_tier", "parallel_tool_calls", "stream_options.include_obfuscation")
+"""OpenAI request fields accepted and ignored: they have no meaning for this server."""
 
 
 class APIError(Exception):
@@ -34,7 +42,9 @@ class APIError(Exception):
 
 class StreamOptions(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    include_usage: StrictBool = False
+    include_usage: StrictBool = False            # a last chunk with the usage
+    continuous_usage_stats: StrictBool = False   # the usage so far in every chunk
+    include_obfuscation: StrictBool | None = None  # ignored: no obfuscation padding is sent
 
 
 class SamplingFields(BaseModel):
@@ -58,6 +68,13 @@ class SamplingFields(BaseModel):
     stream_options: StreamOptions | None = None
     user: StrictStr | None = None
     return_token_ids: StrictBool = False
+    ignore_eos: StrictBool = False  # the default stop tokens do not end the output (stop_token_ids do)
+    logit_bias: dict[StrictStr, float] | None = None  # BAN values only
+    response_format: dict | None = None  # {"type": "text"} only (structured output: not yet)
+    store: StrictBool | None = None          # IGNORED
+    metadata: dict[StrictStr, StrictStr] | None = None  # IGNORED
+    service_tier: StrictStr | None = None    # IGNORED
+    parallel_tool_calls: StrictBool | None = None  # IGNORED (no tools are served)
 
     def stop_list(self) -> list[str]:
         return [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
@@ -69,11 +86,22 @@ class CompletionRequest(SamplingFields):
     logprobs: int | None = Field(None, ge=0, le=TOP_LOGPROBS)
 
 
-class ChatMessage(BaseModel):
+class TextPart(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    role: Literal["system", "user", "assistant"]
-    content: StrictStr
+    type: Literal["text"]
+    text: StrictStr
+
+
+class ChatMessage(BaseModel):
+    """A chat message; ``developer`` is OpenAI's newer name of ``system``; ``content`` is text
+    or a list of text parts (joined as they are)."""
+    model_config = ConfigDict(extra="forbid")
+    role: Literal["developer", "system", "user", "assistant"]
+    content: StrictStr | list[TextPart]
     name: StrictStr | None = None
+
+    def text(self) -> str:
+        return self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
 
 
 class ChatCompletionRequest(SamplingFields):

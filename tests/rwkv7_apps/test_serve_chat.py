@@ -94,3 +94,59 @@ def test_chat_logprobs_and_token_ids(client):
         client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Hi"}], top_logprobs=2)
     with pytest.raises(openai.BadRequestError, match="messages"):
         client.chat.completions.create(model=MODEL, messages=[])
+
+
+def test_openai_fields_are_honoured_ignored_or_refused_by_name(server, client):
+    """The field policy (docs/server.md): what we can do is honoured, what has no meaning here
+    is accepted, and the rest is a 400 naming the field, through the official SDK."""
+    say = [{"role": "user", "content": "Name a colour"}]
+    base = dict(model=MODEL, temperature=0, max_tokens=6)
+
+    def reply(**kw):
+        out = client.chat.completions.create(**{**base, "messages": say, **kw}).choices[0]
+        return out.message.content, out.finish_reason
+
+    # developer = system, and content as text parts = the joined string
+    plain = client.chat.completions.create(**base, messages=[{"role": "system", "content": "Be brief."}, *say])
+    parts = client.chat.completions.create(**base, messages=[
+        {"role": "developer", "content": [{"type": "text", "text": "Be "}, {"type": "text", "text": "brief."}]}, *say])
+    assert parts.choices[0].message.content == plain.choices[0].message.content
+    assert parts.usage.prompt_tokens == plain.usage.prompt_tokens
+    # ignore_eos: the default stop tokens no longer end the output; explicit stop_token_ids still do
+    free = client.completions.create(model=MODEL, prompt="Once", temperature=0, max_tokens=6,
+                                     extra_body={"stop_token_ids": [], "return_token_ids": True}).choices[0]
+    ids = free.model_extra["token_ids"]
+    eos = client.completions.create(model=MODEL, prompt="Once", temperature=0, max_tokens=6,
+                                    extra_body={"ignore_eos": True, "return_token_ids": True}).choices[0]
+    assert eos.model_extra["token_ids"] == ids
+    cut = client.completions.create(model=MODEL, prompt="Once", temperature=0, max_tokens=6,
+                                    extra_body={"ignore_eos": True, "stop_token_ids": [ids[2]],
+                                                "return_token_ids": True}).choices[0]
+    assert cut.model_extra["token_ids"] == ids[:ids.index(ids[2])] and cut.finish_reason == "stop"
+    # logit_bias -100 bans, like banned_token_ids
+    first = client.completions.create(model=MODEL, prompt="Once", temperature=0, max_tokens=3,
+                                      logit_bias={str(ids[0]): -100},
+                                      extra_body={"stop_token_ids": [], "return_token_ids": True}).choices[0]
+    banned = client.completions.create(model=MODEL, prompt="Once", temperature=0, max_tokens=3,
+                                       extra_body={"stop_token_ids": [], "banned_token_ids": [ids[0]],
+                                                   "return_token_ids": True}).choices[0]
+    assert first.model_extra["token_ids"] == banned.model_extra["token_ids"] and ids[0] not in banned.model_extra[
+        "token_ids"]
+    # accepted and ignored; a 64-bit seed; logprobs=false with top_logprobs=0
+    assert reply(store=False, metadata={"team": "a"}, service_tier="auto", parallel_tool_calls=False,
+                 seed=2**40, logprobs=False, top_logprobs=0, response_format={"type": "text"}) == reply()
+    # usage in every chunk; include_obfuscation accepted
+    chunks = list(client.chat.completions.create(**base, messages=say, stream=True, stream_options={
+        "include_usage": True, "continuous_usage_stats": True, "include_obfuscation": False}))
+    assert all(c.usage is not None for c in chunks)
+    assert [c.usage.completion_tokens for c in chunks] == sorted(c.usage.completion_tokens for c in chunks)
+    # what we cannot do: a 400 naming the field
+    for kw, field in ((dict(logit_bias={"5": 3.0}), "logit_bias"),
+                      (dict(response_format={"type": "json_object"}), "response_format"),
+                      (dict(stream_options={"include_usage": True}), "stream_options"),
+                      (dict(tools=[{"type": "function", "function": {"name": "f", "parameters": {}}}]), "tools")):
+        with pytest.raises(openai.BadRequestError) as e:
+            client.chat.completions.create(**base, messages=say, **kw)
+        assert e.value.body["param"] == field, e.value.body
+    models = client.models.list().data
+    assert models[0].created > 1_700_000_000
