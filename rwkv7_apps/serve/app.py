@@ -23,7 +23,7 @@ from rwkv7_core.text_checks import unpaired_surrogate
 from . import generation
 from .generation import Context
 from .metrics import CONTENT_TYPE, ServerMetrics
-from .protocol import APIError, ChatCompletionRequest, CompletionRequest
+from .protocol import APIError, ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
 from .service import UNAVAILABLE
 from .streaming import sse
 
@@ -121,6 +121,19 @@ def create_app(ctx: Context, metrics: ServerMetrics, ready, api_key: str | None 
                                             "owned_by": "rwkv7-engine",
                                             "max_tokens_limit": ctx.limits.max_tokens_limit}]}
 
+    @app.post("/tokenize", dependencies=[Depends(authorized)])
+    async def tokenize(body: TokenizeRequest, request: Request):
+        _check_text(body)
+        tokens = generation.tokenize(ctx, body)
+        metrics.count_http(request.url.path, 200)
+        return {"count": len(tokens), "max_model_len": ctx.limits.max_prompt_tokens, "tokens": tokens}
+
+    @app.post("/detokenize", dependencies=[Depends(authorized)])
+    async def detokenize(body: DetokenizeRequest, request: Request):
+        text = generation.detokenize(ctx, body)
+        metrics.count_http(request.url.path, 200)
+        return {"prompt": text}
+
     @app.post("/v1/completions", dependencies=[Depends(authorized), Depends(serving)])
     async def completions(body: CompletionRequest, request: Request):
         return await _handle(ctx, metrics, body, request, "completion")
@@ -152,10 +165,15 @@ def _validation_error(e: RequestValidationError) -> APIError:
     return APIError(400, f"{param or 'body'}: {err.get('msg')}", param or None)
 
 
-async def _handle(ctx: Context, metrics: ServerMetrics, body, request: Request, kind: str):
+def _check_text(body) -> None:
+    """400 naming the field of the first unpaired surrogate in a body's strings."""
     surrogate = unpaired_surrogate(body.model_dump(exclude_none=True))
     if surrogate:
         raise APIError(400, surrogate.message(), surrogate.path or None)
+
+
+async def _handle(ctx: Context, metrics: ServerMetrics, body, request: Request, kind: str):
+    _check_text(body)
     job, groups = generation.build_job(ctx, body, kind)
     queue, prompt_scores = await generation.submit(ctx, job, groups)
     if body.stream:

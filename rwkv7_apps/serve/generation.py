@@ -79,8 +79,7 @@ class Job:
 # ----------------------------------------------------------------------------- building
 def build_job(ctx: Context, body, kind: str) -> tuple[Job, list[list[Request]]]:
     """The job and, per prompt, its scheduler requests (one per choice); APIError(400/404/429)."""
-    if body.model is not None and body.model != ctx.model_name:
-        raise APIError(404, f"model {body.model!r} does not exist; this server serves {ctx.model_name!r}", "model")
+    _check_model(ctx, body)
     _check_options(ctx, body)
     if kind == "chat":
         if ctx.tokenizer is None:
@@ -129,6 +128,36 @@ def build_job(ctx: Context, body, kind: str) -> tuple[Job, list[list[Request]]]:
         raise APIError(429, f"server busy: {waiting} requests waiting (--max-waiting {ctx.limits.max_waiting}); "
                             "retry later")
     return job, groups
+
+
+def tokenize(ctx: Context, body) -> list[int]:
+    """The token ids of a ``/tokenize`` body's prompt or chat messages; APIError(400/404)."""
+    _check_model(ctx, body)
+    if (body.prompt is None) == (body.messages is None):
+        raise APIError(400, "give exactly one of 'prompt' and 'messages'", "prompt")
+    if body.messages is not None:
+        if ctx.tokenizer is None:
+            raise APIError(400, f"messages need the World vocabulary; this model has {ctx.vocab_size} tokens",
+                           "messages")
+        return ctx.tokenizer.encode(chat.render([(m.role, m.text()) for m in body.messages]))
+    return _tokens(ctx, body.prompt, "prompt")
+
+
+def detokenize(ctx: Context, body) -> str:
+    """The text of a ``/detokenize`` body's token ids; APIError(400/404)."""
+    _check_model(ctx, body)
+    if ctx.tokenizer is None:
+        raise APIError(400, f"text needs the World vocabulary; this model has {ctx.vocab_size} tokens", "tokens")
+    try:
+        ids = prompt_tokens(body.tokens, ctx.vocab_size) if body.tokens else []
+    except ValueError as e:
+        raise APIError(400, f"tokens: {e}", "tokens") from None
+    return ctx.tokenizer.decode_bytes(ids).decode("utf-8", errors="replace")
+
+
+def _check_model(ctx: Context, body) -> None:
+    if body.model is not None and body.model != ctx.model_name:
+        raise APIError(404, f"model {body.model!r} does not exist; this server serves {ctx.model_name!r}", "model")
 
 
 def _tokens(ctx: Context, prompt, param: str) -> list[int]:

@@ -111,6 +111,23 @@ class ChatCompletionRequest(SamplingFields):
     top_logprobs: int | None = Field(None, ge=0, le=TOP_LOGPROBS)
 
 
+class TokenizeRequest(BaseModel):
+    """``/tokenize`` (vLLM's shape): a text ``prompt``, or chat ``messages`` rendered as
+    chat completions render them."""
+    model_config = ConfigDict(extra="forbid")
+    model: StrictStr | None = None
+    prompt: StrictStr | None = None
+    messages: list[ChatMessage] | None = None
+    add_special_tokens: StrictBool = True  # accepted: the World tokenizer adds none
+
+
+class DetokenizeRequest(BaseModel):
+    """``/detokenize`` (vLLM's shape): token ids -> text."""
+    model_config = ConfigDict(extra="forbid")
+    model: StrictStr | None = None
+    tokens: TokenIds
+
+
 def prompt_list(prompt) -> list[str | list[int]]:
     """A completion ``prompt`` as a list of prompts (each text or token ids)."""
     if isinstance(prompt, str):

@@ -150,3 +150,29 @@ def test_openai_fields_are_honoured_ignored_or_refused_by_name(server, client):
         assert e.value.body["param"] == field, e.value.body
     models = client.models.list().data
     assert models[0].created > 1_700_000_000
+
+
+def test_tokenize_and_detokenize_count_what_the_completions_count(server, client):
+    """vLLM's /tokenize and /detokenize: a load tool's token counts equal the usage the
+    completion reports, for a text prompt and for chat messages; detokenize inverts."""
+    import json
+    import random
+
+    auth = {"Authorization": f"Bearer {KEY}"}
+    text = "".join(random.choice("abc xyz 字 é\n") for _ in range(40))
+    status, answer = server.post("/tokenize", json.dumps({"model": MODEL, "prompt": text}).encode(), auth)
+    tokenized = json.loads(answer)
+    assert status == 200 and tokenized["count"] == len(tokenized["tokens"]) == len(WorldTokenizer().encode(text))
+    usage = client.completions.create(model=MODEL, prompt=text, max_tokens=1).usage
+    assert usage.prompt_tokens == tokenized["count"]
+    messages = [{"role": "user", "content": text}]
+    status, answer = server.post("/tokenize", json.dumps({"messages": messages}).encode(), auth)
+    chat_usage = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=1).usage
+    assert status == 200 and json.loads(answer)["count"] == chat_usage.prompt_tokens
+    status, answer = server.post("/detokenize", json.dumps({"tokens": tokenized["tokens"]}).encode(), auth)
+    assert status == 200 and json.loads(answer)["prompt"] == text
+    for path, body, param in (("/tokenize", {}, "prompt"), ("/tokenize", {"prompt": "\ud800"}, "prompt"),
+                              ("/detokenize", {"tokens": [10**9]}, "tokens")):
+        status, answer = server.post(path, json.dumps(body).encode(), auth)
+        assert status == 400 and json.loads(answer)["error"]["param"] == param, answer
+    assert server.post("/tokenize", b'{"prompt": "x"}')[0] == 401  # behind the API key like /v1
