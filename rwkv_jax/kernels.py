@@ -45,7 +45,7 @@ GPU_KERNELS = (Kernels.PALLAS, Kernels.PALLAS_FUSED)
 
 def straight_line_sampling(kernels: str | Kernels) -> bool:
     """True for the GPU kernels: their decode step samples with no device control flow
-    (``rwkv_jax.sampling``: every row's draw computed, 8 unrolled radix passes), so XLA
+    (``rwkv_jax.sampling``: every row's draw computed, unrolled radix passes), so XLA
     keeps the step one command buffer. Elsewhere (the CPU's XLA, the interpreters) greedy
     batches skip the draw with a lax.cond: cheaper where passes cost compute, not launches."""
     return resolve(kernels) in GPU_KERNELS

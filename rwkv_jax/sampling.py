@@ -39,14 +39,21 @@ def _order_key(z: jax.Array) -> jax.Array:
     return jnp.where(bits >> 31 == 1, ~bits, bits | jnp.uint32(1 << 31))
 
 
+WIDE_PASS_ROWS = 4
+"""Straight-line search: batches of at most this many rows test 255 candidates a pass (4
+passes a threshold), larger ones 15 (8 passes): fewer launches where the [B, candidates, V]
+compares are cheap, fewer compares where they are not."""
+
+
 def _smallest_key(keys: jax.Array, holds, straight_line: bool) -> jax.Array:
     """Per row, the smallest uint32 key u with holds(u) true, for a predicate monotone in u
     (false below some key, true from it on; 0xFFFFFFFF when it never holds). ``holds`` maps
     candidates uint32 [B, M] to bool [B, M]. Radix search over the 32 bits: each pass splits
     the row's window into 2**bits parts and tests the last key of each but the top one, so
     the window shrinks to the first part whose end holds. Branching form: 32 one-bit passes
-    in a fori_loop; straight-line form: 8 four-bit passes (15 candidates each), unrolled."""
-    bits = 4 if straight_line else 1
+    in a fori_loop; straight-line form: 4 eight-bit or 8 four-bit passes (WIDE_PASS_ROWS),
+    unrolled."""
+    bits = (8 if keys.shape[0] <= WIDE_PASS_ROWS else 4) if straight_line else 1
     parts = jnp.arange(1, 2 ** bits, dtype=jnp.uint32)
 
     def narrow(step, lo):
