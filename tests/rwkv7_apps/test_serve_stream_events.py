@@ -10,6 +10,7 @@ from types import SimpleNamespace
 import numpy as np
 
 from rwkv7_apps.serve import generation
+from rwkv7_apps.serve.protocol import CompletionRequest
 from rwkv7_apps.serve.service import Token
 from rwkv7_apps.serve.streaming import TextStream
 from rwkv7_core.sampling import TokenLogprobs
@@ -19,7 +20,7 @@ from scheduler import RequestOutput
 def _stream_all_queued_at_once(ids, logprobs):
     ctx = SimpleNamespace(tokenizer=None, model_name="m")
     choice = generation.Choice(index=0, prompt_index=0, request_id="r0", text=TextStream())
-    body = SimpleNamespace(return_token_ids=True)
+    body = CompletionRequest(prompt=[1, 2], stream=True, return_token_ids=True)
     job = generation.Job("completion", body, [[1, 2]], [None], [choice], logprobs=1 if logprobs else None,
                          echo=False)
     queue: asyncio.Queue = asyncio.Queue()
