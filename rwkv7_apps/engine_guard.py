@@ -37,6 +37,10 @@ class Fault(NamedTuple):
             raise ValueError(f"{FAULT_ENV}={text!r}: expected REPLICA:{'|'.join(FAULT_KINDS)}:CALLS")
         return fault
 
+    def of_replica(self, index: int) -> "Fault | None":
+        """This fault if it is replica ``index``'s, else None."""
+        return self if self.replica == index else None
+
 
 class InjectedThreadDeath(BaseException):
     """Raised by an injected ``thread`` fault: not an Exception, so nothing catches it."""

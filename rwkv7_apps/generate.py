@@ -265,7 +265,7 @@ def _schedulers(parser, args, model_path: Path) -> SchedulerInterface:
     try:  # ValueError: e.g. a prefill policy this backend does not support, a bad fault
         fault = Fault.from_env()
         if len(engines) == 1:
-            engine = engines[0] if fault is None else EngineGuard(engines[0], fault if fault.replica == 0 else None)
+            engine = engines[0] if fault is None else EngineGuard(engines[0], fault.of_replica(0))
             return Scheduler(engine, scheduler_config(args), tokenizer=tokenizer, prefix_store=store)
         return build_replica_set(engines, [engine_device(e) for e in engines], scheduler_config(args), tokenizer,
                                  fault, prefix_store=store)

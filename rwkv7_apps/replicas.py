@@ -393,7 +393,7 @@ def build_replica_set(engines: list, devices: list[str], config, tokenizer=None,
     replicas = []
     for i, (engine, device) in enumerate(zip(engines, devices)):
         check_capabilities(engine)
-        guard = EngineGuard(engine, fault if fault is not None and fault.replica == i else None)
+        guard = EngineGuard(engine, fault and fault.of_replica(i))
         replicas.append(Replica(i, Scheduler(guard, config, tokenizer=tokenizer, prefix_store=prefix_store),
                                 guard, device))
     return ReplicaSet(replicas, engines[0], tokenizer)

@@ -5,7 +5,7 @@ Loads the model, starts uvicorn at once (``/health`` answers 503 until ready), t
 of its policy), starts the scheduler thread and reports ready.
 SIGTERM/SIGINT drain the server (``--shutdown-grace``, exit 0); a scheduler that fails ends
 the process with exit status 1 (shutdown.py). ``RWKV7_REPLICA_FAULT`` (tests only, see
-rwkv7_apps/replicas.py) injects a fault into the engine, as replica 0.
+rwkv7_apps/engine_guard.py) injects a fault into the engine, as replica 0.
 """
 from __future__ import annotations
 
@@ -104,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:
         parser.exit(EXIT_BAD_ARGS, f"rwkv7-serve: error: {e}\n")
     if fault is not None:
-        engine = EngineGuard(engine, fault if fault.replica == 0 else None)
+        engine = EngineGuard(engine, fault.of_replica(0))
     tokenizer = tokenizer_for(engine.vocab_size, model_path)
     if tokenizer is not None:
         tokenizer.decode_bytes([0])  # builds the lazy id -> bytes table before threads share it

@@ -1,7 +1,7 @@
 """Request bodies of the OpenAI-compatible endpoints (pydantic), and the OpenAI-style error.
 
 The field policy (docs/server.md has the table): what we can do is honoured; OpenAI fields
-with no meaning here are accepted and ignored (``IGNORED``); everything else is a 400 naming
+with no meaning here are accepted and ignored (marked IGNORED below); everything else is a 400 naming
 the field, unknown fields and typos included (``extra="forbid"``), never silently dropped.
 Sampling fields a request omits take the server's defaults (the command's sampling options).
 Extensions beyond OpenAI's fields: ``top_k``, ``penalty_decay``, ``stop_token_ids``,
@@ -21,8 +21,6 @@ TokenIds = list[StrictInt]
 BAN = -100.0
 """The one ``logit_bias`` value served: -100 bans the token (other biases need a per-row
 bias vector on the device, which the sampler does not have)."""
-IGNORED = ("store", "metadata", "service_tier", "parallel_tool_calls", "stream_options.include_obfuscation")
-"""OpenAI request fields accepted and ignored: they have no meaning for this server."""
 
 
 class APIError(Exception):
@@ -44,7 +42,7 @@ class StreamOptions(BaseModel):
     model_config = ConfigDict(extra="forbid")
     include_usage: StrictBool = False            # a last chunk with the usage
     continuous_usage_stats: StrictBool = False   # the usage so far in every chunk
-    include_obfuscation: StrictBool | None = None  # ignored: no obfuscation padding is sent
+    include_obfuscation: StrictBool | None = None  # IGNORED: no obfuscation padding is sent
 
 
 class SamplingFields(BaseModel):
