@@ -23,8 +23,8 @@ import ml_dtypes
 import numpy as np
 
 from .config import ModelConfig, expected_shapes
-from .tensor_files import (FLOATS, SUPPORTED_DTYPES, CheckpointError, LazyTensors, Tensors, read_safetensors,
-                           safetensors_entries, write_safetensors)
+from .tensor_files import (FLOATS, SUPPORTED_DTYPES, CheckpointError, LazyTensors, Tensors, mapped_entries,
+                           read_safetensors, safetensors_entries, write_safetensors)
 
 __all__ = ["CheckpointError", "LazyTensors", "SUPPORTED_DTYPES", "Tensors", "code_global", "infer_config",
            "read_checkpoint", "read_safetensors", "read_tensors", "validate", "write_checkpoint",
@@ -107,7 +107,7 @@ def read_tensors(path: str | os.PathLike, what: str = "checkpoint") -> LazyTenso
     if path.suffix == ".safetensors":
         return LazyTensors(safetensors_entries(path)[0], str(path))
     if path.suffix in (".pth", ".pt"):
-        return LazyTensors.of(_read_pth(path), str(path))
+        return LazyTensors(mapped_entries(_read_pth(path)), str(path))
     raise CheckpointError(f"{what} {str(path)!r}: unknown extension {path.suffix!r} "
                           "(expected .pth or .safetensors)")
 

@@ -6,7 +6,9 @@ error) and reads bfloat16 as ``ml_dtypes.bfloat16``.
 """
 from __future__ import annotations
 
+import ctypes
 import os
+import sys
 from contextlib import contextmanager
 from functools import partial
 from typing import Callable, Iterator, Mapping, NamedTuple
@@ -67,6 +69,37 @@ class LazyTensors(Mapping):
 
     def __len__(self) -> int:
         return len(self.entries)
+
+
+def mapped_entries(arrays: Mapping[str, np.ndarray]) -> dict[str, Entry]:
+    """Entries over arrays that view a read-only private memory map of a file (torch's
+    ``mmap=True`` storages): each read copies its tensor and hands the pages it touched back
+    to the kernel, so a whole-file map never piles up in resident memory while a model is
+    built from it (the pages are re-read from the file if the view is touched again)."""
+    return {k: Entry(tuple(a.shape), a.dtype, partial(_copy_and_release, a)) for k, a in arrays.items()}
+
+
+def _copy_and_release(view: np.ndarray) -> np.ndarray:
+    out = np.array(view)
+    release_pages(view)
+    return out
+
+
+_MADV_DONTNEED = 4
+
+
+def release_pages(view: np.ndarray) -> None:
+    """Drop the resident pages wholly inside ``view``'s bytes from this process (Linux
+    ``madvise(MADV_DONTNEED)``; elsewhere nothing). Only for views of a clean private file
+    map, whose dropped pages read back from the file unchanged."""
+    if not sys.platform.startswith("linux") or view.nbytes == 0:
+        return
+    page = os.sysconf("SC_PAGE_SIZE")
+    start = view.__array_interface__["data"][0]
+    first, last = -(-start // page) * page, (start + view.nbytes) // page * page
+    if last > first:
+        ctypes.CDLL(None, use_errno=True).madvise(ctypes.c_void_p(first), ctypes.c_size_t(last - first),
+                                                  _MADV_DONTNEED)
 
 
 _ST_DTYPES = {"F64": np.float64, "F32": np.float32, "F16": np.float16, "BF16": ml_dtypes.bfloat16,

@@ -31,6 +31,22 @@ def test_round_trip(tmp_path, dtype, ext):
     _assert_same(tensors, loaded)
 
 
+def test_pth_reads_are_fresh_copies_that_survive_page_release(tmp_path):
+    """A .pth is memory-mapped and each read hands its pages back to the kernel: every read
+    is a writable copy of the file's values, and reading again (from re-faulted pages) gives
+    them unchanged even after the first copy was overwritten."""
+    tensors = random_tensors(named_config("tiny"), seed=int(np.random.default_rng().integers(1 << 30)),
+                             dtype="bfloat16")
+    write_checkpoint(tmp_path / "m.pth", tensors)
+    loaded, _ = read_checkpoint(tmp_path / "m.pth")
+    for key in ("emb.weight", "head.weight", "blocks.0.ffn.key.weight"):
+        first = loaded[key]
+        first[...] = 0
+        again = loaded[key]
+        assert again.flags.writeable and not np.shares_memory(first, again)
+        np.testing.assert_array_equal(again.astype(np.float32), tensors[key].astype(np.float32), err_msg=key)
+
+
 def test_random_init_is_seeded():
     c = named_config("tiny")
     a, b, other = random_tensors(c, seed=3), random_tensors(c, seed=3), random_tensors(c, seed=4)
