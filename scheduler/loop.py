@@ -394,13 +394,16 @@ class StepLoop:
         tokens = out.tolist()
         entries = slots.entries
         on_token, on_logprobs = self._on_token, self._on_logprobs
-        for slot in np.flatnonzero(drawn.emit).tolist():
-            entry = entries[slot]
-            entry.tokens.append(tokens[slot])
-            if scored is not None and on_logprobs is not None and slots.wants_logprobs[slot]:
-                on_logprobs(entry.id, scored.row(slot))
-            if on_token is not None:
-                on_token(entry.id, tokens[slot])
+        emitted = np.flatnonzero(drawn.emit).tolist()
+        for slot in emitted:  # the per-row work every step does: kept to one append
+            entries[slot].tokens.append(tokens[slot])
+        if scored is not None and on_logprobs is not None:
+            for slot in emitted:
+                if slots.wants_logprobs[slot]:
+                    on_logprobs(entries[slot].id, scored.row(slot))
+        if on_token is not None:
+            for slot in emitted:
+                on_token(entries[slot].id, tokens[slot])
         stopped = live & drawn.stop_hit
         for slot in np.flatnonzero(drawn.emit & slots.has_stop_str).tolist():
             stopped[slot] = self._stop_string_hit(entries[slot])
