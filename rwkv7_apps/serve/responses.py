@@ -40,13 +40,13 @@ def add_response_routes(app: FastAPI, ctx: Context, store: ResponseStore, metric
         return await _create(ctx, store, metrics, body, request)
 
     @app.get("/v1/responses/{response_id}", dependencies=[Depends(authorized)])
-    async def retrieve(response_id: str, request: Request):
+    async def retrieve(response_id: str):
         item = _stored(store, response_id, "response_id")
         metrics.count_http("/v1/responses", 200)
         return item.body
 
     @app.delete("/v1/responses/{response_id}", dependencies=[Depends(authorized)])
-    async def delete(response_id: str, request: Request):
+    async def delete(response_id: str):
         _stored(store, response_id, "response_id")
         store.delete(response_id)
         metrics.count_http("/v1/responses", 200)
