@@ -1,12 +1,16 @@
-"""rwkv7-serve --data-parallel 2 (two forced XLA CPU devices) on the tiny-world random model
-with a named initial state and a small response store, driven by the official openai
-client: the Responses API (plain, streamed, a 3-turn previous_response_id chain equal to
-single requests of the whole history's tokens, retrieve, delete, eviction, bad ids and
-models), completions and chat on both replicas, and conversation affinity in /metrics.
-One server (test_serve_states.py: a --state against rwkv7-generate's)."""
+"""rwkv7-serve --data-parallel 2 on the tiny-world random model (torch backend: two CPU
+replicas, one thread each, nothing to compile; JAX replicas are covered by
+test_data_parallel_cli.py) with a named initial state and a small response store, driven by
+the official openai client: the Responses API (plain, streamed, a 3-turn
+previous_response_id chain equal to single requests of the whole history's tokens,
+retrieve, delete, eviction, bad ids and models), completions and chat on both replicas,
+conversation affinity in /metrics, and a --state that changes completions and chat exactly
+as rwkv7-generate's --state does. One server."""
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -14,9 +18,11 @@ import pytest
 
 openai = pytest.importorskip("openai")
 
+from rwkv7_apps.engines import random_model_config  # noqa: E402
+from rwkv7_core.state_files import save_state, zero_state  # noqa: E402
 from rwkv7_core.tokenizer import WorldTokenizer  # noqa: E402
+from tests.rwkv7_apps.cli_harness import cli_env, read_results, write_jsonl  # noqa: E402
 from tests.rwkv7_apps.serve_harness import running_server  # noqa: E402
-from tests.rwkv7_apps.test_serve_states import random_state_file  # noqa: E402
 
 MODEL = "tiny-conv"
 STORE = 4
@@ -26,17 +32,25 @@ GREEDY = {"temperature": 0, "max_output_tokens": TOKENS}
 
 @pytest.fixture(scope="module")
 def state_file(tmp_path_factory):
-    return random_state_file(tmp_path_factory.mktemp("state") / "tuned.safetensors")
+    """A random (non-zero) state of the tiny-world shape."""
+    config = random_model_config("tiny-world")
+    rng = np.random.default_rng()
+    zero = zero_state(config)
+    state = zero._replace(att_shift=rng.normal(0, 1, zero.att_shift.shape).astype(np.float32),
+                          wkv=rng.normal(0, 0.5, zero.wkv.shape).astype(np.float32),
+                          ffn_shift=rng.normal(0, 1, zero.ffn_shift.shape).astype(np.float32), tokens=5)
+    path = tmp_path_factory.mktemp("state") / "tuned.safetensors"
+    save_state(path, state, config)
+    return path
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory, state_file):
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("XLA_FLAGS", "--xla_force_host_platform_device_count=2")
-        with running_server(["--random-model", "tiny-world", "--data-parallel", 2, "--max-batch", 4,
-                             "--served-model-name", MODEL, "--max-tokens", TOKENS, "--state", f"tuned={state_file}",
-                             "--response-store-count", STORE], tmp_path_factory.mktemp("serve_conv")) as s:
-            yield s
+    with running_server(["--random-model", "tiny-world", "--backend", "torch", "--data-parallel", 2,
+                         "--max-batch", 4, "--served-model-name", MODEL, "--max-tokens", TOKENS,
+                         "--state", f"tuned={state_file}", "--response-store-count", STORE],
+                        tmp_path_factory.mktemp("serve_conv")) as s:
+        yield s
 
 
 @pytest.fixture(scope="module")
@@ -172,3 +186,34 @@ def test_both_replicas_answer_completions_alike(server, client):
     assert outs[0].choices[0].model_extra["token_ids"] == outs[1].choices[0].model_extra["token_ids"]
     assert server.metric("rwkv7_replica_requests_total", 'replica="0"') > 0
     assert server.metric("rwkv7_replica_requests_total", 'replica="1"') > 0
+
+
+def test_a_named_state_changes_the_output_as_the_batch_cli_does(server, client, state_file, tmp_path):
+    chat_prompt = "User: hi there\n\nAssistant:"
+    prompt = np.random.default_rng().integers(1, 65536, 5).tolist()
+    served = {}
+    for state in ("tuned", None):
+        out = client.completions.create(model=MODEL, prompt=prompt, temperature=0, max_tokens=TOKENS,
+                                        extra_body={"return_token_ids": True, "state": state})
+        served[state] = out.choices[0].model_extra["token_ids"]
+        reply = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi there"}],
+                                               temperature=0, max_tokens=TOKENS, extra_body={"state": state})
+        served["chat", state] = reply.choices[0].message.content
+    assert served["tuned"] != served[None]
+    with pytest.raises(openai.BadRequestError, match=r"state: unknown state 'other' \(registered: tuned\)"):
+        client.completions.create(model=MODEL, prompt=prompt, max_tokens=1, extra_body={"state": "other"})
+    rows = [{"id": "s", "tokens": prompt, "state": "tuned"}, {"id": "z", "tokens": prompt},
+            {"id": "cs", "prompt": chat_prompt, "state": "tuned", "stop": ["\n\nUser:"]},
+            {"id": "cz", "prompt": chat_prompt, "stop": ["\n\nUser:"]}]
+    inp = write_jsonl(tmp_path / "in.jsonl", [{**r, "temperature": 0, "max_tokens": TOKENS} for r in rows])
+    out = tmp_path / "out.jsonl"
+    env = {**cli_env(tmp_path), "XDG_CACHE_HOME": str(server.cache)}  # the same random model file
+    proc = subprocess.run([sys.executable, "-m", "rwkv7_apps.generate", "--random-model", "tiny-world", "--backend",
+                           "torch", "--input", inp, "--output", out, "--state", f"tuned={state_file}"],
+                          capture_output=True, text=True, timeout=300, env=env)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    batch = {r["id"]: r for r in read_results(out)}
+    assert (batch["s"]["tokens"], batch["z"]["tokens"]) == (served["tuned"], served[None])
+    tok = WorldTokenizer()
+    for key, state in (("cs", "tuned"), ("cz", None)):
+        assert tok.decode(batch[key]["tokens"]).split("\n\nUser:")[0] == served["chat", state]
