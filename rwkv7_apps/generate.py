@@ -18,13 +18,12 @@ import zlib
 from pathlib import Path
 from typing import Any
 
-from rwkv7_core.tokenizer import WORLD_VOCAB_SIZE, tokenizer_for
+from rwkv7_core.tokenizer import WORLD_VOCAB_SIZE
 from scheduler.interface import SchedulerInterface
 
-from .engines import cache_dir, engine_device, load_engine, load_engines, random_model_path, replica_devices
+from .engines import cache_dir, random_model_path
 from .jsonl_io import InputError, InputRequest, ResultWriter
-from .options import (add_engine_options, add_model_options, add_sampling_options, check_engine_args,
-                      sampling_defaults, scheduler_config)
+from .options import add_engine_options, add_model_options, add_sampling_options, check_engine_args, sampling_defaults
 from .states import RunStates, model_fingerprint, register_states, state_option
 
 EXIT_BAD_ARGS = 2
@@ -239,38 +238,10 @@ def _main(argv: list[str] | None) -> int:
 
 def _schedulers(parser, args, model_path: Path) -> SchedulerInterface:
     """One Scheduler, a ReplicaSet over the local devices, or Ray actors (``--data-parallel``,
-    ``--ray``), all driven through the scheduler interface; exits 2 with a clear message when the model or an option does not work."""
-    from scheduler import Scheduler
+    ``--ray``; rwkv7_apps/scheduler_setup.py), with the --prefix-cache-dir tier."""
+    from .scheduler_setup import build_scheduler
 
-    from .engine_guard import EngineGuard, Fault
-    from .replicas import build_replica_set
-
-    if args.ray:
-        from .ray_replicas import ray_replica_set
-        try:
-            return ray_replica_set(args, model_path, scheduler_config(args))
-        except (OSError, ValueError) as e:
-            parser.exit(EXIT_BAD_ARGS, f"rwkv7-generate: error: --ray {args.ray}: {e}\n")
-    try:
-        devices = replica_devices(args.backend, args.data_parallel)
-    except ValueError as e:
-        parser.error(str(e))
-    try:
-        engines = ([load_engine(args.backend, model_path, args.dtype, args.kernels)] if len(devices) == 1
-                   else load_engines(args.backend, model_path, args.dtype, args.kernels, devices))
-    except (OSError, ValueError) as e:
-        parser.exit(EXIT_BAD_ARGS, f"rwkv7-generate: error: cannot load model {model_path}: {e}\n")
-    tokenizer = tokenizer_for(engines[0].vocab_size, model_path)
-    store = _prefix_store(args, model_path, engines[0])
-    try:  # ValueError: e.g. a prefill policy this backend does not support, a bad fault
-        fault = Fault.from_env()
-        if len(engines) == 1:
-            engine = engines[0] if fault is None else EngineGuard(engines[0], fault.of_replica(0))
-            return Scheduler(engine, scheduler_config(args), tokenizer=tokenizer, prefix_store=store)
-        return build_replica_set(engines, [engine_device(e) for e in engines], scheduler_config(args), tokenizer,
-                                 fault, prefix_store=store)
-    except ValueError as e:
-        parser.exit(EXIT_BAD_ARGS, f"rwkv7-generate: error: {e}\n")
+    return build_scheduler(parser, args, model_path, lambda engine: _prefix_store(args, model_path, engine))
 
 
 def _run_states(args, engine) -> RunStates:

@@ -12,7 +12,11 @@ drive it as they drive one scheduler.
   when the process exits; one that does not end in time is reported through ``notify``.
 - Routing: a new request (or a whole ``add_group`` group, which shares one prefill) goes to
   the healthy replica with the least outstanding work (prompt tokens not yet prefilled +
-  tokens still to generate); ``score`` runs on any healthy replica.
+  tokens still to generate; ties to the one given the fewest requests), except that a
+  conversation's next turn (a prompt that begins with a sequence an earlier request
+  consumed, rwkv7_apps/affinity.py) goes to the replica that served that request unless it
+  is much busier (``AFFINITY_SLACK_TOKENS``); ``affinity_routes`` counts those "kept" there
+  and "moved" off; ``score`` runs on any healthy replica.
 - Failure: a replica whose engine raises ``MAX_FAILURES`` times in a row (per engine call
   kind), or whose thread dies, is taken out; its queued and in-flight requests re-run on
   the others from their prompts. A request that failed because its engine raised re-runs
@@ -32,10 +36,14 @@ from typing import Any, Callable
 
 from scheduler.interface import SchedulerFailed
 
+from .affinity import ConversationAffinity
 from .engine_guard import EngineGuard, Fault
 
 MAX_FAILURES = 3
 """Consecutive engine exceptions (of one call kind) that take a replica out."""
+AFFINITY_SLACK_TOKENS = 4096
+"""A conversation's turn leaves its replica when that has more than twice the least loaded
+replica's outstanding work plus this many tokens."""
 JOIN_SECONDS = 30.0
 """How long closing a set waits for its replica threads to end, all together (the default
 of ``ReplicaSet.join_seconds``)."""
@@ -53,6 +61,7 @@ class Replica:
         self.index, self.scheduler, self.guard, self.device = index, scheduler, guard, device
         self.failed: str | None = None
         self.requests = 0           # results delivered from this replica
+        self.routed = 0             # requests (groups count once) routed here
         self.generated_tokens = 0
         self.work = 0               # outstanding prompt + generation tokens routed here
         self.wake = threading.Event()
@@ -116,6 +125,8 @@ class ReplicaSet:
         self.results: dict[str, Any] = {}
         self._stopping = False
         self._closing = False
+        self.affinity = ConversationAffinity()
+        self.affinity_routes = {"kept": 0, "moved": 0}
 
     # ---- Scheduler surface -------------------------------------------------------------
     @property
@@ -131,10 +142,10 @@ class ReplicaSet:
             self._route(track)
 
     def add_group(self, requests) -> None:
-        """Route requests sharing one prompt (``Scheduler.add_group``) to one replica, the
-        least loaded; a retried member re-runs alone."""
+        """Route requests sharing one prompt (``Scheduler.add_group``) to one replica (as
+        ``add`` routes one); a retried member re-runs alone."""
         with self._lock:
-            replica = self._least_loaded()
+            replica = self._choose(requests[0]) if requests else self._least_loaded()
             tracks = self._new_tracks(requests)
             try:
                 replica.scheduler.add_group([self._assign(t, replica) for t in tracks])
@@ -229,7 +240,22 @@ class ReplicaSet:
         if not healthy:
             raise AllReplicasFailed(self._failure_summary())
         candidates = [r for r in healthy if r is not avoid] or healthy
-        return min(candidates, key=lambda r: (r.work, r.index))
+        return min(candidates, key=lambda r: (r.work, r.routed, r.index))
+
+    def _choose(self, request) -> Replica:
+        """The replica of the conversation ``request`` continues, unless much busier than
+        the least loaded one; else the least loaded; counted as routed there."""
+        least = self._least_loaded()
+        state = request.initial_state.key if request.initial_state is not None else None
+        index = self.affinity.lookup(state, request.prompt_tokens)
+        chosen = least
+        if index is not None:
+            preferred = self.replicas[index]
+            kept = preferred.failed is None and preferred.work <= 2 * least.work + AFFINITY_SLACK_TOKENS
+            chosen = preferred if kept else least
+            self.affinity_routes["kept" if kept else "moved"] += 1
+        chosen.routed += 1
+        return chosen
 
     def _assign(self, track: _Track, replica: Replica):
         """Account ``track`` to ``replica``; the request to add there (retries get a new id)."""
@@ -244,7 +270,7 @@ class ReplicaSet:
             else dataclasses.replace(track.request, id=track.internal_id)
 
     def _route(self, track: _Track, avoid: Replica | None = None) -> None:
-        replica = self._least_loaded(avoid=avoid)
+        replica = self._choose(track.request) if avoid is None and not track.attempts else self._least_loaded(avoid)
         replica.scheduler.add(self._assign(track, replica))
         replica.wake.set()
 
@@ -334,6 +360,10 @@ class ReplicaSet:
         del self._tracks[track.request.id]
         replica.requests += 1
         replica.generated_tokens += out.generated_tokens
+        if out.finish_reason in ("stop", "length"):
+            state = track.request.initial_state
+            self.affinity.record(state.key if state is not None else None, track.request.prompt_tokens,
+                                 out.tokens, replica.index)
         if on_finish is not None:
             on_finish(out if out.id == track.request.id else dataclasses.replace(out, id=track.request.id))
 
@@ -345,6 +375,7 @@ class ReplicaSet:
     def _move_off(self, replica: Replica, reason: str) -> None:
         replica.failed = reason
         replica.wake.set()
+        self.affinity.forget_replica(replica.index)
         moved = [t for t in self._tracks.values() if t.replica is replica]
         self.notify(f"replica {replica.index} ({replica.device}) taken out: {reason}; "
                     f"re-running its {len(moved)} requests on the other replicas")

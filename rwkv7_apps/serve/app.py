@@ -1,7 +1,7 @@
 """The FastAPI application: routes, auth, body-size limit and OpenAI-style errors.
 
-Endpoints: POST /v1/completions, POST /v1/chat/completions, GET /v1/models (these need the
-API key when one is set), GET|HEAD /health (200 once the model is loaded and compiled, 503
+Endpoints: POST /v1/completions, POST /v1/chat/completions, POST|GET|DELETE /v1/responses
+(responses.py), GET /v1/models (these need the API key when one is set), GET|HEAD /health (200 once the model is loaded and compiled, 503
 before, and while draining or after a failure, naming the reason), GET|HEAD /metrics
 (Prometheus text). Handlers validate, enqueue and await events; the model runs in the
 scheduler thread (service.py).
@@ -24,6 +24,8 @@ from . import generation
 from .generation import Context
 from .metrics import CONTENT_TYPE, ServerMetrics
 from .protocol import APIError, ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
+from .response_store import ResponseStore
+from .responses import add_response_routes
 from .service import UNAVAILABLE
 from .streaming import sse
 
@@ -69,8 +71,9 @@ def _too_large(limit: int) -> JSONResponse:
 
 
 def create_app(ctx: Context, metrics: ServerMetrics, ready, api_key: str | None = None,
-               max_body_bytes: int = 1 << 22) -> FastAPI:
-    """``ready()``: True once the model is loaded and compiled (before: 503)."""
+               max_body_bytes: int = 1 << 22, responses: ResponseStore | None = None) -> FastAPI:
+    """``ready()``: True once the model is loaded and compiled (before: 503); ``responses``:
+    the store of the Responses API (default: ResponseStore's default bounds)."""
     app = FastAPI(title="rwkv7-serve", docs_url=None, redoc_url=None, openapi_url=None)
     started = int(time.time())  # /v1/models "created"
 
@@ -142,6 +145,8 @@ def create_app(ctx: Context, metrics: ServerMetrics, ready, api_key: str | None 
     async def chat_completions(body: ChatCompletionRequest, request: Request):
         return await _handle(ctx, metrics, body, request, "chat")
 
+    add_response_routes(app, ctx, responses if responses is not None else ResponseStore(), metrics, authorized,
+                        serving)
     return BodyLimit(app, max_body_bytes)
 
 

@@ -4,8 +4,10 @@ Loads the model, starts uvicorn at once (``/health`` answers 503 until ready), t
 ``--precompile``) runs the scheduler's ``precompile`` (every bucket and the prefill shapes
 of its policy), starts the scheduler thread and reports ready.
 SIGTERM/SIGINT drain the server (``--shutdown-grace``, exit 0); a scheduler that fails ends
-the process with exit status 1 (shutdown.py). ``RWKV7_REPLICA_FAULT`` (tests only, see
-rwkv7_apps/engine_guard.py) injects a fault into the engine, as replica 0.
+the process with exit status 1 (shutdown.py). ``--data-parallel N`` / ``--ray`` serve on a
+replica set (rwkv7_apps/scheduler_setup.py); ``--state NAME=FILE`` registers named initial
+states. ``RWKV7_REPLICA_FAULT`` (tests only, see rwkv7_apps/engine_guard.py) injects a fault
+into the engine of its replica.
 """
 from __future__ import annotations
 
@@ -15,11 +17,11 @@ import os
 import sys
 import threading
 
-from rwkv7_core.tokenizer import tokenizer_for
-
-from ..engines import load_engine, random_model_path
+from ..engines import random_model_path
 from ..options import add_engine_options, add_model_options, add_sampling_options, check_engine_args, \
-    sampling_defaults, scheduler_config
+    sampling_defaults
+from ..states import register_states, state_option
+from .response_store import DEFAULT_MAX_COUNT, DEFAULT_MAX_MB
 
 EXIT_BAD_ARGS = 2
 
@@ -42,6 +44,19 @@ def build_parser() -> argparse.ArgumentParser:
     h.add_argument("--shutdown-grace", type=float, default=30.0, metavar="SECONDS",
                    help="on SIGTERM/SIGINT, how long requests in flight may run on before they end with an error")
     h.add_argument("--log-level", default="warning", choices=("debug", "info", "warning", "error"))
+    h.add_argument("--response-store-count", type=int, default=DEFAULT_MAX_COUNT, metavar="N",
+                   help=f"most stored responses of the Responses API, oldest evicted (default {DEFAULT_MAX_COUNT})")
+    h.add_argument("--response-store-mb", type=float, default=DEFAULT_MAX_MB, metavar="MB",
+                   help=f"most megabytes of stored responses (tokens + JSON), oldest evicted (default {DEFAULT_MAX_MB:g})")
+    h.add_argument("--state", action="append", type=state_option, default=None, metavar="NAME=FILE",
+                   help="register an initial state (state file or tuned-state .pth/.safetensors); a request "
+                        "with \"state\": \"NAME\" starts from it (repeatable)")
+    h.add_argument("--data-parallel", default="1", metavar="N|auto",
+                   help="replicas, one engine + scheduler per device; a conversation's turns prefer the replica "
+                        "of its previous turn (auto: every local accelerator, 1 on the CPU; default 1)")
+    h.add_argument("--ray", metavar="ADDRESS|local",
+                   help="run the --data-parallel replicas as Ray actors on this cluster ('local': start one here); "
+                        "needs the [ray] extra")
     add_engine_options(p)
     p.add_argument("--seed", type=int, default=None, metavar="S",
                    help="seed of the generator that draws seeds for requests without one (default: random)")
@@ -53,9 +68,16 @@ def check_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     check_engine_args(p, args)
     if args.model is not None and not (os.path.isfile(args.model) or os.path.isdir(args.model)):
         p.error(f"--model {args.model}: no such file or model directory")
-    for flag in ("max_prompt_tokens", "max_waiting", "max_body_bytes"):
+    for flag in ("max_prompt_tokens", "max_waiting", "max_body_bytes", "response_store_count"):
         if getattr(args, flag) < 1:
             p.error(f"--{flag.replace('_', '-')} must be >= 1")
+    if not args.response_store_mb > 0:
+        p.error("--response-store-mb must be > 0")
+    for _, path in args.state or []:
+        if not os.path.isfile(path):
+            p.error(f"--state {path}: no such file")
+    if args.ray and args.state:
+        p.error("--state does not work with --ray yet")
     if not args.shutdown_grace >= 0:
         p.error("--shutdown-grace must be >= 0")
     if not 0 <= args.port < 65536:
@@ -63,31 +85,38 @@ def check_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
 
 
 def build_app(sched, model_name: str, defaults: dict, limits, ready, seed: int | None = None,
-              api_key: str | None = None, max_body_bytes: int = 4 << 20):
+              api_key: str | None = None, max_body_bytes: int = 4 << 20, states: dict | None = None,
+              responses=None):
     """The ASGI app and its (not yet started) Service for ``sched`` (a
     ``scheduler.interface.SchedulerInterface``); ``ready()`` gates /health and the generation
-    routes."""
+    routes; ``states``: the named initial states ({name: NamedState}); ``responses``: the
+    Responses API's ResponseStore (None: default bounds)."""
     import numpy as np
 
+    from ..replicas import ReplicaSet
     from .app import create_app
     from .generation import Context
     from .metrics import ServerMetrics
+    from .replica_metrics import ReplicaCollector
     from .service import Service
 
     metrics = ServerMetrics(sched)
+    if isinstance(sched, ReplicaSet):
+        metrics.registry.register(ReplicaCollector(sched))
     service = Service(sched, observer=metrics)
     ctx = Context(service, model_name, sched.tokenizer, sched.engine.vocab_size, defaults, limits,
-                  np.random.default_rng(seed))
-    return create_app(ctx, metrics, ready, api_key=api_key, max_body_bytes=max_body_bytes), service
+                  np.random.default_rng(seed), dict(states or {}))
+    return create_app(ctx, metrics, ready, api_key=api_key, max_body_bytes=max_body_bytes,
+                      responses=responses), service
 
 
 def main(argv: list[str] | None = None) -> int:
     import uvicorn
 
-    from scheduler import Scheduler
-
-    from ..engine_guard import EngineGuard, Fault
+    from ..replicas import ReplicaSet
+    from ..scheduler_setup import build_scheduler
     from .generation import Limits
+    from .response_store import ResponseStore
     from .shutdown import DrainingServer
 
     parser = build_parser()
@@ -95,29 +124,22 @@ def main(argv: list[str] | None = None) -> int:
     check_args(parser, args)
     logging.basicConfig(level=args.log_level.upper(), format="rwkv7-serve: %(message)s")
     model_path = args.model or random_model_path(args.random_model)
+    sched = build_scheduler(parser, args, model_path)
+    if isinstance(sched, ReplicaSet):
+        sched.notify = logging.getLogger("rwkv7_serve").warning
+    if sched.tokenizer is not None:
+        sched.tokenizer.decode_bytes([0])  # builds the lazy id -> bytes table before threads share it
     try:
-        engine = load_engine(args.backend, model_path, args.dtype, args.kernels)
-    except (OSError, ValueError) as e:
-        parser.exit(EXIT_BAD_ARGS, f"rwkv7-serve: error: cannot load model {model_path}: {e}\n")
-    try:
-        fault = Fault.from_env()
-    except ValueError as e:
-        parser.exit(EXIT_BAD_ARGS, f"rwkv7-serve: error: {e}\n")
-    if fault is not None:
-        engine = EngineGuard(engine, fault.of_replica(0))
-    tokenizer = tokenizer_for(engine.vocab_size, model_path)
-    if tokenizer is not None:
-        tokenizer.decode_bytes([0])  # builds the lazy id -> bytes table before threads share it
-    try:
-        sched = Scheduler(engine, scheduler_config(args), tokenizer=tokenizer)
-    except ValueError as e:
+        states = register_states(args.state or [], sched.engine.config) if args.state else {}
+    except ValueError as e:  # an unreadable state file, or one of another model shape
         parser.exit(EXIT_BAD_ARGS, f"rwkv7-serve: error: {e}\n")
     name = args.served_model_name or (os.path.splitext(os.path.basename(os.path.normpath(args.model)))[0] if args.model
                                       else f"random-{args.random_model}")
     ready = threading.Event()
     limits = Limits(args.max_prompt_tokens, args.max_waiting, args.max_tokens_limit)
     app, service = build_app(sched, name, sampling_defaults(args), limits, ready.is_set, seed=args.seed,
-                             api_key=args.api_key, max_body_bytes=args.max_body_bytes)
+                             api_key=args.api_key, max_body_bytes=args.max_body_bytes, states=states,
+                             responses=ResponseStore(args.response_store_count, int(args.response_store_mb * 2**20)))
 
     def warm_up() -> None:
         try:

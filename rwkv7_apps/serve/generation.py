@@ -47,6 +47,7 @@ class Context:
     defaults: dict          # sampling defaults (SamplingParams fields)
     limits: Limits
     seeds: np.random.Generator  # draws the seeds of requests that give none
+    states: dict = field(default_factory=dict)  # named initial states: {name: rwkv7_apps.states.NamedState}
 
 
 @dataclass
@@ -77,16 +78,23 @@ class Job:
 
 
 # ----------------------------------------------------------------------------- building
-def build_job(ctx: Context, body, kind: str) -> tuple[Job, list[list[Request]]]:
-    """The job and, per prompt, its scheduler requests (one per choice); APIError(400/404/429)."""
+def build_job(ctx: Context, body, kind: str, chat_tokens: list[int] | None = None
+              ) -> tuple[Job, list[list[Request]]]:
+    """The job and, per prompt, its scheduler requests (one per choice); APIError(400/404/429).
+    ``chat_tokens``: a chat's prompt, given (the Responses API's continuations) instead of
+    rendered from ``body.messages``."""
     _check_model(ctx, body)
     _check_options(ctx, body)
+    initial = initial_state(ctx, body.state)
     if kind == "chat":
         if ctx.tokenizer is None:
             raise APIError(400, f"chat needs the World vocabulary; this model has {ctx.vocab_size} tokens "
                                 "(use /v1/completions with token-id prompts)", "messages")
-        text = chat.render([(m.role, m.text()) for m in body.messages])
-        prompts, texts = [ctx.tokenizer.encode(text)], [text]
+        if chat_tokens is None:
+            text = chat.render([(m.role, m.text()) for m in body.messages])
+            prompts, texts = [ctx.tokenizer.encode(text)], [text]
+        else:
+            prompts, texts = [chat_tokens], [None]
         logprobs = (body.top_logprobs or 0) if body.logprobs else None
         if body.top_logprobs and not body.logprobs:
             raise APIError(400, "top_logprobs needs logprobs=true", "top_logprobs")
@@ -121,13 +129,24 @@ def build_job(ctx: Context, body, kind: str) -> tuple[Job, list[list[Request]]]:
             seed = int(ctx.seeds.integers(2**32)) if body.seed is None else (body.seed + index) % (SEED_MAX + 1)
             rid = ctx.service.new_id(job.id)
             job.choices.append(Choice(index, p, rid, TextStream(stops)))
-            group.append(Request(rid, tokens, params.replace(seed=seed)))
+            group.append(Request(rid, tokens, params.replace(seed=seed), initial_state=initial))
         groups.append(group)
     waiting = ctx.service.scheduler.queue_sizes()["waiting"]
     if waiting + len(job.choices) > ctx.limits.max_waiting:
         raise APIError(429, f"server busy: {waiting} requests waiting (--max-waiting {ctx.limits.max_waiting}); "
                             "retry later")
     return job, groups
+
+
+def initial_state(ctx: Context, name: str | None):
+    """The InitialState of the ``state`` field (None for None); APIError(400) naming an
+    unknown one."""
+    if name is None:
+        return None
+    if name not in ctx.states:
+        known = ", ".join(sorted(ctx.states)) or "none; start the server with --state NAME=FILE"
+        raise APIError(400, f"state: unknown state {name!r} (registered: {known})", "state")
+    return ctx.states[name].initial
 
 
 def tokenize(ctx: Context, body) -> list[int]:

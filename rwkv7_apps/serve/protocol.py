@@ -5,7 +5,7 @@ with no meaning here are accepted and ignored (marked IGNORED below); everything
 the field, unknown fields and typos included (``extra="forbid"``), never silently dropped.
 Sampling fields a request omits take the server's defaults (the command's sampling options).
 Extensions beyond OpenAI's fields: ``top_k``, ``penalty_decay``, ``stop_token_ids``,
-``banned_token_ids``, ``return_token_ids``, and vLLM's ``ignore_eos`` and
+``banned_token_ids``, ``return_token_ids``, ``state``, and vLLM's ``ignore_eos`` and
 ``stream_options.continuous_usage_stats``.
 """
 from __future__ import annotations
@@ -66,6 +66,7 @@ class SamplingFields(BaseModel):
     stream_options: StreamOptions | None = None
     user: StrictStr | None = None
     return_token_ids: StrictBool = False
+    state: StrictStr | None = None  # a named initial state (rwkv7-serve --state NAME=FILE)
     ignore_eos: StrictBool = False  # the default stop tokens do not end the output (stop_token_ids do)
     logit_bias: dict[StrictStr, float] | None = None  # BAN values only
     response_format: dict | None = None  # {"type": "text"} only (structured output: not yet)

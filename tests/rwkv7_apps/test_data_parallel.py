@@ -1,6 +1,7 @@
 """ReplicaSet in-process on the scheduler's numpy FakeEngine: replicas give the same results
 as one scheduler, every id exactly once, whether a replica's engine keeps raising, its
-thread dies, or one step fails once; new requests go to the least loaded replica; a run
+thread dies, or one step fails once; new requests go to the least loaded replica, a
+conversation's next turn to its previous turn's replica unless that is much busier; a run
 that ends joins the replica threads, and one stuck in its engine is reported."""
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import numpy as np
 import pytest
 
 from rwkv7_apps.engine_guard import Fault
-from rwkv7_apps.replicas import AllReplicasFailed, ReplicaSet, build_replica_set
+from rwkv7_apps.replicas import AFFINITY_SLACK_TOKENS, AllReplicasFailed, ReplicaSet, build_replica_set
 from scheduler import Request, SamplingParams, Scheduler, SchedulerConfig
 from tests.support.scheduler_engines import FakeEngine
 
@@ -120,6 +121,28 @@ def test_new_requests_go_to_the_least_loaded_replica():
     assert [r.work for r in rset.replicas] == [100, 150]
     rset.run()
     assert [r.work for r in rset.replicas] == [0, 0] and [r.requests for r in rset.replicas] == [1, 6]
+
+
+def test_a_conversation_turn_follows_its_replica_unless_much_busier():
+    rng = np.random.default_rng()
+    rset = build_replica_set([_engine(), _engine()], ["a", "b"], CONFIG)
+    first = {c: Request(c, rng.integers(1, 64, 6).tolist(), SamplingParams(max_tokens=5, stop_tokens=[]))
+             for c in ("A", "B")}
+    for r in first.values():
+        rset.add(r)
+    rset.run()
+    assert [r.requests for r in rset.replicas] == [1, 1]  # fresh ones spread (ties: fewest routed)
+    history = {c: list(r.prompt_tokens) + rset.results[c].tokens for c, r in first.items()}
+    rset.add(Request("fresh", [1, 2, 3], SamplingParams(max_tokens=7)))  # replica 0: 10 tokens of work
+    rset.add(Request("A2", history["A"] + [9], SamplingParams(max_tokens=3)))  # back to replica 0 all the same
+    assert [r.work for r in rset.replicas] == [10 + 12 + 3, 0]
+    long = AFFINITY_SLACK_TOKENS + 100
+    rset.add(Request("A3", history["A"][:6] + [7], SamplingParams(max_tokens=long)))  # its prompt: kept too
+    rset.add(Request("B2", history["B"] + [5, 6], SamplingParams(max_tokens=2)))
+    assert [r.work for r in rset.replicas] == [25 + 7 + long, 13 + 2]
+    rset.add(Request("A4", history["A"] + [8], SamplingParams(max_tokens=1)))  # replica 0 is much busier
+    assert [r.work for r in rset.replicas] == [25 + 7 + long, 15 + 12 + 1]
+    assert rset.affinity_routes == {"kept": 3, "moved": 1}
 
 
 def test_a_set_runs_again_after_a_stop():
