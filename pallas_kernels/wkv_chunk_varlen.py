@@ -20,8 +20,8 @@ at any chunk size; the multiply-adds are ~4 L N + L^2 log2 L on the key side (re
 value block) plus ~4 N BV + 4 L BV on the value side: ~25 k at L = 16, BV = 64, ~33 k at
 L = 32, against 12 k for the per-token recurrence, which however runs T dependent steps where
 this runs T / L. At 1.8 kB the H200 streams a token-head in ~0.4 ns, in which its tf32 tensor
-cores (tf32x3: three passes) do ~60 k multiply-adds, so L = 16 stays memory-bound while L = 32
-nears the balance point; 16 is also Triton's smallest dot tile. Registers (ptxas, sm_90a,
+cores (tf32x3: three passes, ~80 T multiply-adds/s) do ~30 k, so L = 16 stays just under the
+balance point and L = 32 passes it; 16 is also Triton's smallest dot tile. Registers (ptxas, sm_90a,
 1.5b varlen 4,096 tokens): 8 warps, BV = 32: 255 registers, no spill; BV = 64 spills 8 B, and
 4 warps spill at BV = 32 (56 B) and 64 (904 B); with IEEE float32 products (no tensor cores)
 every variant spills. So BV <= 32, 8 warps, tf32x3 products on the GPU (IEEE in interpret mode).

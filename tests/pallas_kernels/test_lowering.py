@@ -14,7 +14,8 @@ import pytest
 from flax import nnx
 
 import rwkv_jax
-from pallas_kernels import fused_time_mix, shift_mix, small_m_linear, sparse_channel_mix, wkv_seq, wkv_step
+from pallas_kernels import (fused_time_mix, shift_mix, small_m_linear, sparse_channel_mix, wkv_chunk_varlen, wkv_seq,
+                            wkv_step)
 from pallas_kernels.time_mix import TimeMixWeights
 from rwkv7_core.config import named_config
 from rwkv_jax import deviceless
@@ -55,6 +56,19 @@ def test_wkv_kernels_compile_for_every_decode_bucket():
     steps = [t for t in report.launches if deviceless.base_name(t.name) == "rwkv7_wkv_step"]
     assert {t.grid for t in steps} == {(B, H, 1) for B in DECODE_BUCKETS}  # one program per (sequence, head)
     assert {t.threads for t in steps} == {(128, 1, 1)}
+
+
+def test_chunked_varlen_kernel_compiles_without_spills():
+    """A varlen batch of 64 sequences in 4,096 flat tokens (value blocks of 32 rows) and one
+    sequence of 1,024 (blocks of 16 rows: four programs per head); one launch each."""
+    f32 = jnp.float32
+    cases = [(wkv_chunk_varlen.wkv_chunk_varlen,
+              [SD((T, H, N), f32)] * 6 + [SD((P, H, N, N), f32), SD((P + 1,), jnp.int32)])
+             for T, P in ((4096, 64), (1024, 1))]
+    report = compile_cases(cases)
+    assert report.launch_counts("rwkv7") == {"rwkv7_wkv_chunk_varlen": 2}
+    grids = {t.grid for t in report.launches if t.name.startswith("rwkv7")}
+    assert grids == {(64, H, N // 32), (1, H, N // 16)}
 
 
 def _no_delta(h, s, w, b, m):
