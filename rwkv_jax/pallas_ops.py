@@ -121,9 +121,12 @@ def in_place_time_mix(mixed, wts, S: LayerSlice, v_first, *, first: bool, wkv, l
 
 
 def fused_channel_mix(xk, w_key, w_val_t, *, fallback, interpret: bool):
-    """Contract channel_mix (a SplitSum result) by the fused kernels, else `fallback`."""
-    if fused_time_mix_kernel.channel_mix_supported(xk.shape[0], w_key, w_val_t):
-        return fused_time_mix_kernel.fused_channel_mix(xk, w_key, w_val_t, interpret=interpret)
+    """Contract channel_mix (a SplitSum result) by the fused kernels, else `fallback`; the value
+    rows of zero activations are skipped while rows <= SPARSE_MAX_ROWS, as in `channel_mix`."""
+    M = xk.shape[0]
+    if fused_time_mix_kernel.channel_mix_supported(M, w_key, w_val_t):
+        return fused_time_mix_kernel.fused_channel_mix(xk, w_key, w_val_t, skip=M <= SPARSE_MAX_ROWS,
+                                                       interpret=interpret)
     return fallback(xk, w_key, w_val_t)
 
 
