@@ -16,7 +16,7 @@ import rwkv_jax
 from pallas_kernels import wkv_chunk_varlen as chunk
 from rwkv_jax.forward import varlen_forward_fn
 from rwkv_jax.varlen import segments_from_lengths
-from tests.support.pallas_inputs import wkv_inputs
+from tests.support.pallas_inputs import varlen_wkv_inputs
 
 
 T, P = 80, 6   # one compiled shape for every case (the interpreter compiles once)
@@ -27,10 +27,8 @@ REFERENCE = jax.jit(chunk.wkv_varlen_reference)
 def _case(seed: int, lengths, n_tokens: int = T, H: int = 2):
     """(operands over n_tokens flat tokens, S [P, H, N, N], cu_seqlens [P + 1]); lengths padded
     with empty sequences to P."""
-    lengths = list(lengths) + [0] * (P - len(lengths))
-    *xs, _ = wkv_inputs(seed, (n_tokens,), H)
-    S = wkv_inputs(seed + 1, (P,), H)[-1]
-    return xs, S, jnp.asarray(np.concatenate([[0], np.cumsum(lengths)]), jnp.int32)
+    *xs, S, cu = varlen_wkv_inputs(seed, list(lengths) + [0] * (P - len(lengths)), H, pad=n_tokens - sum(lengths))
+    return xs, S, cu
 
 
 def _random_lengths(seed: int):
