@@ -47,7 +47,7 @@ def _kernel(p_ref, w_ref, o_ref, *, splits_in, tiles, bf, dtype, skip):
         pre = sum_splits(lambda s: p_ref[s, :, cols], splits_in)
         h = relu_square(pre, dtype)
         if skip:
-            live = jnp.any(h != 0, axis=0)[:, None]
+            live = (jnp.max(h.astype(jnp.float32), axis=0) > 0)[:, None]  # relu^2 >= 0; no reduce_or in Triton
             w = plgpu_triton.load(w_ref.at[cols, :], mask=jnp.broadcast_to(live, (bf, w_ref.shape[1])), other=0)
         else:
             w = w_ref[cols, :]
