@@ -15,8 +15,10 @@ tiny shapes), not measurements: the GPU host's CPU may compile faster, while on 
 also autotunes its GEMMs. So each decode/models item starts only if its recorded compile
 seconds, times the slowest measured/recorded ratio so far, fit what is left of TOTAL_BUDGET_S.
 
-1. parity, ~55 s (cap PARITY_BUDGET_S): every Pallas kernel against its plain-jnp reference
-   on random inputs (C=192, H=3, odd B), sparse channel-mix exactness, and whole random
+1. parity, ~64 s (cap PARITY_BUDGET_S): every Pallas kernel against its plain-jnp reference
+   on random inputs (C=192, H=3, odd B; the chunked varlen wkv kernel on lengths 0..300),
+   sparse channel-mix exactness (the unfused kernel and the fused one's skipped value rows),
+   the fused decode path's self-check as kernels="auto" runs it at load, and whole random
    float32 models (tiny, and ODD: C=192, 3 heads; decode B = 1 and 4/5, prefill T = 17/9;
    3 calls) with kernels "xla", "pallas" and "pallas-fused" on the device against
    kernels="xla" on the CPU. 16 one-kernel and 24 tiny-model compiles of ~1-2 s (the 12-layer
@@ -41,13 +43,13 @@ seconds, times the slowest measured/recorded ratio so far, fit what is left of T
    this GPU and run: it must equal the same forward compiled here.
 6. models, the rest of the budget: 2.9b decode B=1 and 256 (pallas-fused 43-64 s a compile,
    xla 55 s at B=1, pallas 126 s), prefill T=1024 (1.5b pallas ~45 s), other decode buckets.
-7. kernels, <= KERNEL_BUDGET_S: each kernel's time against the XLA op it replaces (27 cases,
+7. kernels, <= KERNEL_BUDGET_S: each kernel's time against the XLA op it replaces (29 cases,
    a Pallas and an XLA compile each).
 8. serving (<= SERVING_BUDGET_S), http_serving (<= HTTP_BUDGET_S), data_parallel (>= 2 GPUs).
 
-Start-up (~10 s) + 55 + 5 + 300 + 15 = ~385 s; then the models section starts what fits
+Start-up (~10 s) + 64 + 5 + 300 + 15 = ~394 s; then the models section starts what fits
 (2.9b pallas-fused B=1 at the recorded speed) and lists the rest as skipped, with the reason;
-40 s of margin remain under 8 minutes.
+30 s of margin remain under 8 minutes.
 
 --smoke runs every section on the CPU with tiny shapes and interpret-mode kernels and no time
 budget (a CI test); the deviceless section then compiles and serializes but cannot load.
@@ -84,18 +86,23 @@ import jax.numpy as jnp
 import numpy as np
 
 import rwkv_jax
-from pallas_kernels import shift_mix, small_m_linear, sparse_channel_mix, wkv_seq, wkv_step
+from pallas_kernels import shift_mix, small_m_linear, sparse_channel_mix, wkv_chunk_varlen, wkv_seq, wkv_step
+from pallas_kernels.fused_time_mix import fused_channel_mix
 from rwkv7_core.config import ModelConfig, named_config
 from rwkv7_core.cost import step_bytes_and_flops
 from rwkv7_core.random_weights import write_random_checkpoint
 from rwkv_jax.engine import JaxEngine
+from rwkv_jax.kernels import Kernels
 from rwkv_jax.model import Model
 from rwkv_jax.ops import XLA_OPS
 from rwkv_jax.pallas_ops import channel_mix as pallas_channel_mix
+from rwkv_jax.pallas_ops import wkv_seq as pallas_wkv_seq
 from rwkv_jax.random_params import random_params
-from tests.support.pallas_inputs import ffn_inputs, linear_inputs, mix_inputs, wkv_inputs
+from rwkv_jax.self_check import check_decode
+from rwkv_jax.varlen import Segments
+from tests.support.pallas_inputs import ffn_inputs, linear_inputs, mix_inputs, varlen_wkv_inputs, wkv_inputs
 
-TOTAL_BUDGET_S = 440          # whole run from the imports on: 40 s margin under 8 minutes
+TOTAL_BUDGET_S = 450          # whole run from the imports on: 30 s margin under 8 minutes
 PARITY_BUDGET_S = 150         # parity items stop starting after this long
 TORCH_WAIT_S = 60             # the torch child's answer is awaited this long after parity
 KERNEL_BUDGET_S = 90          # per-kernel timings stop starting new cases after this long
@@ -106,6 +113,7 @@ DEVICELESS_S = 15             # expected seconds of the deviceless section
 FIRST_COMPILE_GUESS_S = 60    # compile estimate of a shape with no recorded compile
 DECODE_BATCHES = (1, 8, 32, 256)
 PREFILL_T = 1024
+VARLEN_LENGTHS = tuple(int(n) for n in np.random.default_rng(0).multinomial(4096 - 64, [1 / 64] * 64) + 1)
 TOL = 1e-4                    # float32 parity: max |diff| <= TOL * max(1, max |reference|)
 GOALS = {"pallas_over_xla_b1": 1.5, "b1_hbm_roofline_fraction": 0.7, "2.9b_b256_tok_s": 30000}
 ODD = ModelConfig(n_layer=3, n_embd=192, n_head=3, head_size=64, vocab_size=300, dim_ffn=768,
@@ -299,21 +307,32 @@ def pallas_fns(interpret: bool) -> dict:
         "shift_mix": p(shift_mix.shift_mix, interpret=interpret),
         "linear": p(small_m_linear.small_m_linear, interpret=interpret),
         "channel_mix": p(pallas_channel_mix, max_rows=small_m_linear.MAX_M, interpret=interpret),
+        "wkv_varlen": p(wkv_chunk_varlen.wkv_chunk_varlen, interpret=interpret),
+        "wkv_seq_chunked": p(pallas_wkv_seq, interpret=interpret),
     }
+
+
+def xla_wkv_varlen(r, w, k, v, kk, a, S, cu_seqlens):
+    """The XLA op the chunked varlen kernel replaces (a per-token loop), on the kernel's operands."""
+    return XLA_OPS.wkv_varlen(r, w, k, v, kk, a, S, Segments(cu_seqlens[:-1], jnp.diff(cu_seqlens)))
 
 
 REFERENCES = {"wkv_step": wkv_step.wkv_step_reference, "wkv_seq": wkv_seq.wkv_seq_reference,
               "shift_mix": shift_mix.shift_mix_reference, "linear": small_m_linear.linear_reference,
-              "channel_mix": XLA_OPS.channel_mix}
+              "channel_mix": XLA_OPS.channel_mix, "wkv_varlen": wkv_chunk_varlen.wkv_varlen_reference,
+              "wkv_seq_chunked": wkv_seq.wkv_seq_reference}
 XLA_EQUIVALENT = {"wkv_step": XLA_OPS.wkv_step, "wkv_seq": XLA_OPS.wkv_seq,
                   "shift_mix": XLA_OPS.shift_mix, "linear": XLA_OPS.linear,
-                  "channel_mix": XLA_OPS.channel_mix}
+                  "channel_mix": XLA_OPS.channel_mix, "wkv_varlen": xla_wkv_varlen,
+                  "wkv_seq_chunked": XLA_OPS.wkv_seq}
 
 
 def parity_cases(smoke: bool) -> list:
     """(label, kernel name, args, tolerance) on small odd shapes (float32 unless stated)."""
     f32, bf16 = jnp.float32, jnp.bfloat16
-    cases = [("wkv_step B=3 H=3", "wkv_step", wkv_inputs(1, (3,), 3), 1e-4)]
+    cases = [("wkv_step B=3 H=3", "wkv_step", wkv_inputs(1, (3,), 3), 1e-4),
+             ("wkv_varlen lengths 0,1,17,40,3 H=3", "wkv_varlen", varlen_wkv_inputs(14, (0, 1, 17, 40, 3), 3, pad=2),
+              1e-4)]
     if not smoke:  # (the CPU tests cover the rest in interpret mode)
         cases += [("shift_mix B=5 C=192 n=6", "shift_mix", mix_inputs(3, 5, 192, 6, f32), 1e-5),
                   ("channel_mix M=1 C=192", "channel_mix", ffn_inputs(6, 1, 192, 768, f32), 1e-5),
@@ -326,7 +345,9 @@ def parity_cases(smoke: bool) -> list:
                   ("linear M=1 N=2560 K=10240 bf16", "linear", linear_inputs(10, 1, 2560, 10240, bf16), 1e-2),
                   ("linear M=16 N=10240 K=2560 bf16", "linear", linear_inputs(11, 16, 10240, 2560, bf16), 1e-2),
                   ("linear M=5 N=96 K=96 f32", "linear", linear_inputs(12, 5, 96, 96, f32), 1e-5),
-                  ("channel_mix M=3 C=2560 bf16", "channel_mix", ffn_inputs(13, 3, 2560, 10240, bf16), 1e-2)]
+                  ("channel_mix M=3 C=2560 bf16", "channel_mix", ffn_inputs(13, 3, 2560, 10240, bf16), 1e-2),
+                  ("wkv_varlen 8 prompts 1..300 H=40", "wkv_varlen",
+                   varlen_wkv_inputs(15, (1, 300, 0, 17, 64, 2, 129, 33), 40), 1e-3)]
     return cases
 
 
@@ -343,7 +364,7 @@ def run_parity(smoke: bool, interpret: bool, budget: Budget):
     """Kernel vs reference errors, sparse exactness, and whole models with every kernels
     option on the device vs kernels="xla" on the CPU; yields after each item."""
     limit = budget.capped(PARITY_BUDGET_S)
-    out = {"kernels": [], "sparse": [], "models": []}
+    out = {"kernels": [], "sparse": [], "fused_sparse": [], "models": [], "self_check": []}
     fns = pallas_fns(interpret)
 
     def item(rows, row, fn, *args):
@@ -358,12 +379,16 @@ def run_parity(smoke: bool, interpret: bool, budget: Budget):
                        args, tol)
         for z, M in ((0.5, 1),) if smoke else ((0.5, 1), (0.95, 3), (0.5, 4)):
             yield item(out["sparse"], {"zero_fraction": z, "rows": M}, sparse_exactness, z, M, interpret)
+        for z, M in ((0.9, 1),) if smoke else ((0.9, 1), (0.9, 4)):
+            yield item(out["fused_sparse"], {"zero_fraction": z, "rows": M}, fused_sparse_exactness, z, M, interpret)
         for config, B, T in model_parity_cases(smoke):
             for kernels in kernel_names(interpret):
                 yield item(out["models"], {"config": f"C={config.n_embd} H={config.n_head} L={config.n_layer}",
                                            "B": B, "T": T, "kernels": kernels, "reference": "xla on the CPU"},
                            model_parity, config, B, T, kernels, 3)
-    out["ok"] = all(r.get("ok", False) for part in ("kernels", "sparse", "models") for r in out[part])
+        yield item(out["self_check"], {"kernels": kernel_names(interpret)[0]}, guard_self_check, interpret)
+    out["ok"] = all(r.get("ok", False) for part in ("kernels", "sparse", "fused_sparse", "models", "self_check")
+                    for r in out[part])
     yield out
 
 
@@ -389,6 +414,31 @@ def sparse_exactness(zero_fraction: float, M: int, interpret: bool) -> dict:
     rel = float(np.abs(sparse - dense).max() / np.abs(dense).max())
     bitwise = bool((sparse.view(np.uint32) == full.view(np.uint32)).all())
     return {"rel_err": rel, "bit_identical": bitwise, "ok": rel <= 1e-6 and bitwise}
+
+
+def fused_sparse_exactness(zero_fraction: float, M: int, interpret: bool) -> dict:
+    """The fused channel-mix skipping zero units' value rows vs the same without skipping
+    (bit-identical expected), bf16, zero_fraction of the units off in every row."""
+    F, C = 768, 192
+    k1, k2, k3, k4 = _keys(int(100 * zero_fraction) + 10 * M, 4)
+    xk = jnp.abs(jax.random.normal(k1, (M, C))).astype(jnp.bfloat16)
+    w_key = jax.random.normal(k2, (F, C)) / math.sqrt(C)
+    w_key = jnp.where(jax.random.uniform(k3, (F, 1)) < zero_fraction, -jnp.abs(w_key), w_key).astype(jnp.bfloat16)
+    w_val_t = (jax.random.normal(k4, (F, C)) / math.sqrt(F)).astype(jnp.bfloat16)
+    fn = jax.jit(lambda *a, skip: fused_channel_mix(*a, skip=skip, interpret=interpret).partials, static_argnames="skip")
+    sparse, dense = (np.asarray(fn(xk, w_key, w_val_t, skip=s)) for s in (True, False))
+    active = float(jnp.mean(jnp.any(XLA_OPS.linear(xk, w_key) > 0, axis=0)))
+    bitwise = bool((sparse.view(np.uint32) == dense.view(np.uint32)).all())
+    return {"active_fraction": active, "bit_identical": bitwise, "ok": bitwise}
+
+
+def guard_self_check(interpret: bool) -> dict:
+    """What kernels="auto" runs at load on a GPU (rwkv_jax.self_check), on the tiny model: the
+    fused decode steps against XLA's, its verdict and seconds (two compiles included)."""
+    config, fused = named_config("tiny"), Kernels(kernel_names(interpret)[0])
+    start = time.perf_counter()
+    reason = check_decode(params_for(config, jnp.float32), config, jnp.float32, fused)
+    return {"verdict": reason or "passed", "seconds": time.perf_counter() - start, "ok": reason is None}
 
 
 def model_parity(config, B, T, kernels, calls) -> dict:
@@ -660,6 +710,8 @@ def kernel_time_cases(smoke: bool) -> list:
         return [("channel_mix M=1", "channel_mix", p(ffn_inputs, 1, 1, C, F, bf16))]
     cases = [(f"wkv_step B={B}", "wkv_step", p(wkv_inputs, B, (B,), H)) for B in (1, 64, 256)]
     cases += [(f"wkv_seq B=1 T={PREFILL_T}", "wkv_seq", p(wkv_inputs, 1, (1, PREFILL_T), H))]
+    cases += [(f"wkv_seq chunked B=1 T={PREFILL_T}", "wkv_seq_chunked", p(wkv_inputs, 1, (1, PREFILL_T), H)),
+              ("wkv_varlen 64 prompts in 4096 tokens", "wkv_varlen", p(varlen_wkv_inputs, 2, VARLEN_LENGTHS, H))]
     cases += [(f"shift_mix B={B} n=6", "shift_mix", p(mix_inputs, B, B, C, 6, bf16)) for B in (1, 16, 256)]
     shapes = [(1, C, C), (1, F, C), (1, C, F), (1, V, C), (4, C, C), (4, F, C), (16, C, C), (16, F, C)]
     cases += [(f"linear M={M} N={N} K={K}", "linear", p(linear_inputs, N + K, M, N, K, bf16)) for M, N, K in shapes]

@@ -49,12 +49,13 @@ def channel_mix_supported(M: int, w_key, w_val_t) -> bool:
     return segment_kernel.supports(M, [F], C) and ffn_value_kernel.supports(F, C)
 
 
-def fused_channel_mix(xk, w_key, w_val_t, *, interpret: bool = False) -> SplitSum:
+def fused_channel_mix(xk, w_key, w_val_t, *, skip: bool = False, interpret: bool = False) -> SplitSum:
     """xk [M, C], w_key [F, C], w_val_t [F, C] -> SplitSum [M, C] in xk.dtype:
-    ``channel_mix_reference`` as the key product and ``ffn_value``. The key product uses half
-    the usual programs (>= 2 per SM): its partials are re-read by every value program."""
+    ``channel_mix_reference`` as the key product and ``ffn_value`` (skip: the value rows of zero
+    activations unread). The key product uses half the usual programs (>= 2 per SM): its
+    partials are re-read by every value program."""
     M = xk.shape[0]
     pre = segment_kernel.segment_linear(xk[None], [w_key], [0], target=segment_kernel.TARGET_PROGRAMS // 2,
                                         interpret=interpret)
-    return SplitSum(ffn_value_kernel.ffn_value(pre, w_val_t, M=M, dtype=xk.dtype, interpret=interpret),
+    return SplitSum(ffn_value_kernel.ffn_value(pre, w_val_t, M=M, dtype=xk.dtype, skip=skip, interpret=interpret),
                     M, xk.dtype)

@@ -1,12 +1,16 @@
 """Which kernels implement the ops: the ``Kernels`` choice, resolved in one place.
 
-``Kernels.AUTO`` becomes ``PALLAS`` on a GPU backend and ``XLA`` elsewhere (``resolve``,
-called by ``rwkv_jax.load``); ``ops_for(path, kernels)`` returns the ``Ops`` a path runs;
+``Kernels.AUTO`` becomes what ``AUTO_CHOICE`` declares for the backend (``resolve``, called by
+``rwkv_jax.Model``): on a GPU ``PALLAS_FUSED`` guarded by an on-device self-check against XLA
+(``rwkv_jax.self_check``; ``PALLAS`` with one log line saying why when it fails), ``XLA``
+elsewhere; naming a kernel choice forces it. ``ops_for(path, kernels)`` returns the ``Ops`` a path runs;
 ``straight_line_sampling(kernels)`` says which form of the sampler the decode step uses.
 """
 from __future__ import annotations
 
 import enum
+import logging
+from typing import Callable, NamedTuple
 
 import jax
 
@@ -17,8 +21,7 @@ from .paths import Path
 class Kernels(str, enum.Enum):
     """XLA: plain jnp ops; PALLAS: the Pallas kernels; PALLAS_INTERPRET: the same kernels run
     by the Pallas interpreter (any backend, for checks); PALLAS_FUSED (+ _INTERPRET): the
-    fewer-launch decode kernels (``rwkv_jax.pallas_ops.fused_ops``; selectable until shown
-    faster on a GPU); AUTO: PALLAS on a GPU, else XLA."""
+    fewer-launch decode kernels (``rwkv_jax.pallas_ops.fused_ops``); AUTO: see ``AUTO_CHOICE``."""
 
     XLA = "xla"
     PALLAS = "pallas"
@@ -28,16 +31,47 @@ class Kernels(str, enum.Enum):
     AUTO = "auto"
 
 
-def resolve(kernels: str | Kernels) -> Kernels:
-    """The concrete Kernels for a name (or member); AUTO is decided by the default backend."""
+class Guard(NamedTuple):
+    """A choice adopted only once its self-check passes on this device, else the fallback."""
+
+    preferred: Kernels
+    fallback: Kernels
+
+
+# What AUTO becomes per backend (declared, not probed). The fused decode path compiles to ~8
+# launches a layer against ~44 (benchmarks/results/decode_nodes.md) but had never run on a
+# GPU: guarded. DENSE runs the same kernels under both.
+AUTO_CHOICE: dict[str, Kernels | Guard] = {"gpu": Guard(Kernels.PALLAS_FUSED, Kernels.PALLAS)}
+
+SelfCheck = Callable[[Kernels], "str | None"]  # candidate -> None if it passes, else why not
+log = logging.getLogger(__name__)
+
+
+def guarded(guard: Guard, self_check: SelfCheck | None) -> Kernels:
+    """guard.preferred if self_check passes it, else guard.fallback (logged with the reason);
+    without a self_check (no model to check) the fallback."""
+    if self_check is None:
+        return guard.fallback
+    reason = self_check(guard.preferred)
+    if reason is None:
+        return guard.preferred
+    log.warning("kernels=auto: %s failed its self-check on this device (%s); using %s",
+                guard.preferred.value, reason, guard.fallback.value)
+    return guard.fallback
+
+
+def resolve(kernels: str | Kernels, self_check: SelfCheck | None = None) -> Kernels:
+    """The concrete Kernels for a name (or member); AUTO as ``AUTO_CHOICE`` declares for the
+    default backend (a Guard runs `self_check`, see `guarded`)."""
     try:
         kind = Kernels(kernels)
     except ValueError:
         raise ValueError(f"unknown kernels {kernels!r}; choose one of "
                          f"{[k.value for k in Kernels]}") from None
-    if kind is Kernels.AUTO:
-        return Kernels.PALLAS if jax.default_backend() == "gpu" else Kernels.XLA
-    return kind
+    if kind is not Kernels.AUTO:
+        return kind
+    choice = AUTO_CHOICE.get(jax.default_backend(), Kernels.XLA)
+    return guarded(choice, self_check) if isinstance(choice, Guard) else choice
 
 
 GPU_KERNELS = (Kernels.PALLAS, Kernels.PALLAS_FUSED)

@@ -22,7 +22,7 @@ import jax.numpy as jnp
 from pallas_kernels.shift_mix import add_layer_norm, token_mix
 
 from .ops import Ops
-from .varlen import Segments, token_shift_varlen, wkv_varlen
+from .varlen import Segments, token_shift_varlen
 
 
 class StepRows(NamedTuple):
@@ -81,7 +81,7 @@ class FlatRows(NamedTuple):
 
     def wkv(self, ops: Ops, S, *operands):
         """operands [T, H, N], S [P, H, N, N] -> (y [T, H, N], S')."""
-        return wkv_varlen(*operands, S, self.segments, wkv_step=ops.wkv_step, n_single=self.n_single)
+        return ops.wkv_varlen(*operands, S, self.segments, n_single=self.n_single)
 
     def outputs(self, h):
         """Each sequence's last row [P, C] (meaningless for empty sequences)."""

@@ -1,6 +1,7 @@
 """`rwkv_jax.load`: the user-facing JAX RWKV-7 model (weights, config and a jitted forward)."""
 from __future__ import annotations
 
+import functools
 import os
 from collections import Counter
 
@@ -17,6 +18,7 @@ from .forward import forward_fn
 from .kernels import Kernels, ops_for, resolve
 from .modules import RWKV7
 from .paths import Path, select_path
+from .self_check import cached_check
 from .state import State, check_state, init_state
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
@@ -37,7 +39,8 @@ class Model:
         self.device = device
         self.params = params if device is None else jax.device_put(params, device)
         self.config, self.dtype = config, dtype
-        self.kernels = resolve(kernels)
+        self.kernels = resolve(kernels, self_check=functools.partial(cached_check, self.params, config, dtype,
+                                                                     device=device))
         self.last_path: Path | None = None
         self.path_counts: Counter = Counter()
         self._forward = jax.jit(forward_fn, static_argnames=("config", "path", "kernels", "full_output"),
@@ -74,14 +77,14 @@ def load(path: str | os.PathLike, dtype: str = "float32", kernels: str | Kernels
 
     dtype: float32 | bfloat16 | float16 weights and activations (wkv state, decay, kk and
     relu^2 stay float32). kernels: xla | pallas | pallas-fused | pallas-interpret |
-    pallas-fused-interpret | auto (pallas on a GPU, xla elsewhere; resolved here). device: where the weights are put once and every
+    pallas-fused-interpret | auto (on a GPU pallas-fused once its self-check passes, else pallas;
+    xla elsewhere; resolved by Model). device: where the weights are put once and every
     executable runs: a jax.Device, an index into ``jax.local_devices()``, or None (JAX's
     default device).
     """
     if dtype not in DTYPES:
         raise ValueError(f"dtype {dtype!r} not supported; choose one of {sorted(DTYPES)}")
     device = local_device(device)
-    kernels = resolve(kernels)
     ops_for(Path.B1T1, kernels)  # fail now, not at the first call, if the kernels are missing
     tensors, config = read_checkpoint(path)
     _, params = nnx.split(RWKV7(config, tensors, DTYPES[dtype]))

@@ -28,6 +28,9 @@ dtypes (x dtype = the model dtype unless stated):
   recurrence. The fused decode ops return `out` (and channel_mix its result) as a
   ``SplitSum`` (unreduced split-K partials) that their shift_mix takes as `delta` and that
   ``h + out`` sums.
+- ``wkv_varlen(r, w, k, v, kk, a [T, H, N] float32, S [P, H, N, N] float32, segments, *, n_single)
+  -> (y [T, H, N], S')``: the recurrence over a flat stream of P contiguous sequences
+  (``rwkv_jax.varlen``; each from its own state row; rows past the last sequence give 0).
 - ``state_views(state) -> SlicedState | InPlaceState``: how the layer loop hands each layer its
   state (``rwkv_jax.state_views``): per-layer slices, or whole leaves updated in place.
 """
@@ -44,6 +47,7 @@ from pallas_kernels.wkv_seq import wkv_seq_reference
 from pallas_kernels.wkv_step import wkv_step_reference
 
 from .state_views import SlicedState
+from .varlen import wkv_varlen
 
 
 class Ops(NamedTuple):
@@ -56,6 +60,7 @@ class Ops(NamedTuple):
     channel_mix: Callable
     time_mix: Callable
     state_views: Callable = SlicedState
+    wkv_varlen: Callable = functools.partial(wkv_varlen, wkv_step=wkv_step_reference)
 
 
 XLA_OPS = Ops(linear=linear_reference, shift_mix=shift_mix_reference, wkv_step=wkv_step_reference,

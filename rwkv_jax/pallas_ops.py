@@ -5,8 +5,11 @@
 - BATCHED_DECODE (B rows, T = 1): wkv step, fused mixes, small-M split-K products while
   rows <= small_m_linear.MAX_M (an XLA dot above), sparse channel-mix while rows <=
   SPARSE_MAX_ROWS (the union of active units grows with the rows, so the saving fades).
-- DENSE (T > 1, or very large B): the wkv sequence kernel; matrix products, the sequence
-  token shift and the channel-mix stay XLA (compute-bound GEMMs XLA already does well).
+- DENSE (T > 1, or very large B): the chunked wkv kernel for T > wkv_chunk_varlen.CHUNK (T / 16
+  dependent chunk steps instead of T token steps, the same bytes), the per-token sequence kernel
+  below; the varlen stream (``FlatRows``) always takes the chunked kernel (one launch instead of
+  a loop of per-token steps); matrix products, the sequence token shift and the channel-mix
+  stay XLA (compute-bound GEMMs XLA already does well).
 Shapes a kernel cannot serve (e.g. low-rank widths without a power-of-two divisor >= 16)
 fall back to the XLA op, decided at trace time from static shapes.
 
@@ -20,9 +23,12 @@ from __future__ import annotations
 
 import functools
 
+import jax.numpy as jnp
+
 from pallas_kernels import shift_mix as shift_mix_kernel
 from pallas_kernels import small_m_linear as linear_kernel
 from pallas_kernels import sparse_channel_mix as sparse_kernel
+from pallas_kernels import wkv_chunk_varlen as chunk_kernel
 from pallas_kernels import wkv_seq as wkv_seq_kernel
 from pallas_kernels import wkv_step as wkv_step_kernel
 from pallas_kernels import fused_time_mix as fused_time_mix_kernel
@@ -31,6 +37,7 @@ from pallas_kernels.time_mix import time_mix_reference
 from .ops import XLA_OPS, Ops
 from .paths import Path
 from .state_views import InPlaceState, LayerSlice
+from .varlen import Segments, cu_seqlens
 
 # Rows up to which the sparse channel-mix is used on the decode paths. A guess until
 # measured: `benchmarks/gpu_check.py` times sparse vs dense channel-mix per row count on the
@@ -58,12 +65,31 @@ def channel_mix(xk, w_key, w_val_t, *, max_rows: int, interpret: bool):
     return XLA_OPS.channel_mix(xk, w_key, w_val_t)
 
 
+def wkv_varlen(r, w, k, v, kk, a, S, segs: Segments, *, n_single: int = 0, interpret: bool):
+    """Contract wkv_varlen by the chunked kernel (length-1 sequences need no special case)."""
+    del n_single
+    return chunk_kernel.wkv_chunk_varlen(r, w, k, v, kk, a, S, cu_seqlens(segs), interpret=interpret)
+
+
+def wkv_seq(r, w, k, v, kk, a, S, *, interpret: bool):
+    """Contract wkv_seq: the chunked kernel on the flattened rows past one chunk, else the
+    per-token sequence kernel."""
+    B, T, H, N = r.shape
+    if T <= chunk_kernel.CHUNK:
+        return wkv_seq_kernel.wkv_seq(r, w, k, v, kk, a, S, interpret=interpret)
+    flat = (x.reshape(B * T, H, N) for x in (r, w, k, v, kk, a))
+    cu = jnp.arange(0, B * T + 1, T, dtype=jnp.int32)
+    y, S = chunk_kernel.wkv_chunk_varlen(*flat, S, cu, interpret=interpret)
+    return y.reshape(B, T, H, N), S
+
+
 def pallas_ops(path: Path, interpret: bool) -> Ops:
     """The Ops for `path` built on the Pallas kernels; interpret=True runs them on the CPU."""
     if not isinstance(path, Path):
         raise ValueError(f"path must be a rwkv_jax.Path, got {path!r}")
     if path is Path.DENSE:
-        return XLA_OPS._replace(wkv_seq=functools.partial(wkv_seq_kernel.wkv_seq, interpret=interpret))
+        return XLA_OPS._replace(wkv_seq=functools.partial(wkv_seq, interpret=interpret),
+                                wkv_varlen=functools.partial(wkv_varlen, interpret=interpret))
     max_rows = 1 if path is Path.B1T1 else linear_kernel.MAX_M
     lin = functools.partial(linear, max_rows=max_rows, interpret=interpret)
     return Ops(
@@ -95,9 +121,12 @@ def in_place_time_mix(mixed, wts, S: LayerSlice, v_first, *, first: bool, wkv, l
 
 
 def fused_channel_mix(xk, w_key, w_val_t, *, fallback, interpret: bool):
-    """Contract channel_mix (a SplitSum result) by the fused kernels, else `fallback`."""
-    if fused_time_mix_kernel.channel_mix_supported(xk.shape[0], w_key, w_val_t):
-        return fused_time_mix_kernel.fused_channel_mix(xk, w_key, w_val_t, interpret=interpret)
+    """Contract channel_mix (a SplitSum result) by the fused kernels, else `fallback`; the value
+    rows of zero activations are skipped while rows <= SPARSE_MAX_ROWS, as in `channel_mix`."""
+    M = xk.shape[0]
+    if fused_time_mix_kernel.channel_mix_supported(M, w_key, w_val_t):
+        return fused_time_mix_kernel.fused_channel_mix(xk, w_key, w_val_t, skip=M <= SPARSE_MAX_ROWS,
+                                                       interpret=interpret)
     return fallback(xk, w_key, w_val_t)
 
 

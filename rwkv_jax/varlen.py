@@ -14,6 +14,8 @@ begin:
   sequences in parallel for max(lengths) steps costs 2x more per token when one long
   prompt fills the call, because every step then carries the padded rows too).
 
+On the GPU kernels the recurrence is one launch of the chunked kernel instead
+(``pallas_kernels.wkv_chunk_varlen``, taking `cu_seqlens`); this loop is the XLA op.
 Empty sequences (length 0) are allowed anywhere and leave their state row unchanged.
 Flat positions at or past starts[-1] + lengths[-1] are padding (outputs zero).
 `wkv_varlen_reference` is the plain per-sequence loop the segmented scan must equal.
@@ -52,6 +54,12 @@ def segments_from_lengths(lengths, n_seqs: int | None = None) -> Segments:
     padded[:len(lengths)] = lengths
     starts = np.concatenate([[0], np.cumsum(padded)[:-1]])
     return Segments(starts.astype(np.int32), padded.astype(np.int32))
+
+
+def cu_seqlens(segs: Segments) -> jax.Array:
+    """int32 [P + 1]: sequence p spans [cu[p], cu[p + 1]) (fla's form). Segments are
+    contiguous from position 0, as `segments_from_lengths` and the mixed step build them."""
+    return jnp.concatenate([jnp.zeros(1, jnp.int32), jnp.cumsum(segs.lengths, dtype=jnp.int32)])
 
 
 def token_segment_ids(n_tokens: int, segs: Segments) -> tuple[jax.Array, jax.Array]:

@@ -52,7 +52,9 @@ def test_gpu_check_smoke_writes_a_complete_report(tmp_path):
     for name, part in sections.items():
         assert part["status"] == "ok" or (part["status"] == "skipped" and part["reason"]), (name, part)
     parity = sections["parity"]
-    assert parity["ok"] and parity["kernels"] and parity["sparse"]
+    assert parity["ok"] and parity["kernels"] and parity["sparse"] and parity["fused_sparse"]
+    assert "wkv_varlen" in " ".join(r["case"] for r in parity["kernels"])
+    assert [r["verdict"] for r in parity["self_check"]] == ["passed"]  # kernels="auto"'s guard
     assert {r["kernels"] for r in parity["models"]} == KERNELS and all(r["ok"] for r in parity["models"])
     torch_parity = sections["torch_parity"]  # the Triton kernels, interpreted on the CPU
     pairs = {(p["kernels"], p["reference"]) for c in torch_parity["cases"] for p in c["pairs"]}

@@ -115,6 +115,24 @@ def test_fused_channel_mix_matches_reference(M, dtype):
     _close(h + got, h + want, 1e-4 if dtype == jnp.float32 else 6e-2)  # SplitSum adds as its total
 
 
+@pytest.mark.parametrize("M,dtype", [(1, jnp.bfloat16), (3, jnp.float32)])
+def test_fused_channel_mix_skipping_zero_units_is_exact(M, dtype):
+    """90 % of the hidden units are zero in every row (their key rows point away from the
+    positive inputs): skipping their value rows gives the dense kernel's bits exactly."""
+    ks = _keys(300 + M, 4)
+    F = 4 * C
+    xk = jnp.abs(jax.random.normal(next(ks), (M, C))).astype(dtype)
+    off = jax.random.uniform(next(ks), (F, 1)) < 0.9
+    w_key = jax.random.normal(next(ks), (F, C)) / math.sqrt(C)
+    w_key = jnp.where(off, -jnp.abs(w_key), w_key).astype(dtype)
+    w_val = (jax.random.normal(next(ks), (F, C)) / math.sqrt(F)).astype(dtype)
+    sparse = fused_channel_mix(xk, w_key, w_val, skip=True, interpret=True)
+    dense = fused_channel_mix(xk, w_key, w_val, skip=False, interpret=True)
+    np.testing.assert_array_equal(np.asarray(sparse.partials), np.asarray(dense.partials))
+    _close(sparse.total(), channel_mix_reference(xk, w_key, w_val), 1e-4 if dtype == jnp.float32 else 3e-2)
+    assert np.abs(np.asarray(sparse.total(), np.float32)).max() > 0
+
+
 def test_wkv_tail_rejects_a_wrong_state():
     wts = _weights(0, jnp.float32)
     partials = jnp.zeros((1, 1, 3 * C + 176))

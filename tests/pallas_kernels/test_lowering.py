@@ -14,7 +14,8 @@ import pytest
 from flax import nnx
 
 import rwkv_jax
-from pallas_kernels import fused_time_mix, shift_mix, small_m_linear, sparse_channel_mix, wkv_seq, wkv_step
+from pallas_kernels import (fused_time_mix, shift_mix, small_m_linear, sparse_channel_mix, wkv_chunk_varlen, wkv_seq,
+                            wkv_step)
 from pallas_kernels.time_mix import TimeMixWeights
 from rwkv7_core.config import named_config
 from rwkv_jax import deviceless
@@ -55,6 +56,19 @@ def test_wkv_kernels_compile_for_every_decode_bucket():
     steps = [t for t in report.launches if deviceless.base_name(t.name) == "rwkv7_wkv_step"]
     assert {t.grid for t in steps} == {(B, H, 1) for B in DECODE_BUCKETS}  # one program per (sequence, head)
     assert {t.threads for t in steps} == {(128, 1, 1)}
+
+
+def test_chunked_varlen_kernel_compiles_without_spills():
+    """A varlen batch of 64 sequences in 4,096 flat tokens (value blocks of 32 rows) and one
+    sequence of 1,024 (blocks of 16 rows: four programs per head); one launch each."""
+    f32 = jnp.float32
+    cases = [(wkv_chunk_varlen.wkv_chunk_varlen,
+              [SD((T, H, N), f32)] * 6 + [SD((P, H, N, N), f32), SD((P + 1,), jnp.int32)])
+             for T, P in ((4096, 64), (1024, 1))]
+    report = compile_cases(cases)
+    assert report.launch_counts("rwkv7") == {"rwkv7_wkv_chunk_varlen": 2}
+    grids = {t.grid for t in report.launches if t.name.startswith("rwkv7")}
+    assert grids == {(64, H, N // 32), (1, H, N // 16)}
 
 
 def _no_delta(h, s, w, b, m):
@@ -136,7 +150,7 @@ def _fused_layer(h, mixed, wts, S, v_first, shift_c, shift_t, ln, mix_c, mix_t, 
     kernels="pallas-fused" chains them (the state leaves [B, L, ...] updated in place)."""
     out, S, v_first = fused_time_mix.fused_time_mix(mixed, wts, S, v_first, first=False, layer=5)
     h, xk, shift_c = shift_mix.shift_mix(h, out, shift_c, ln[0], ln[1], mix_c, layer=5)
-    ffn = fused_time_mix.fused_channel_mix(xk[0], w_key, w_val_t)
+    ffn = fused_time_mix.fused_channel_mix(xk[0], w_key, w_val_t, skip=xk.shape[1] <= SPARSE_MAX_ROWS)
     h, mixed, shift_t = shift_mix.shift_mix(h, ffn, shift_t, ln[2], ln[3], mix_t, layer=6)
     return h, mixed, S, v_first, shift_c, shift_t
 
@@ -144,7 +158,8 @@ def _fused_layer(h, mixed, wts, S, v_first, shift_c, shift_t, ln, mix_c, mix_t, 
 @pytest.mark.parametrize("dtype", [jnp.bfloat16, pytest.param(jnp.float16, marks=pytest.mark.single_stack)])
 def test_fused_decode_kernels_compile(dtype):
     """The eight fused decode kernels at the 2.9b shape (LoRA widths 96, 96, 64, 320: not all
-    powers of two) at B = 1, 8, 32, 256 (lora_up's row blocks of 1, 16, 32, 64), state read in place."""
+    powers of two) at B = 1, 8, 32, 256 (lora_up's row blocks of 1, 16, 32, 64), state read in
+    place; B = 1 with the value product skipping zero units, as pallas_ops runs it."""
     L, f32 = 32, jnp.float32
     wts = TimeMixWeights(
         *[SD((C, C), dtype)] * 4, *[s for d in (96, 96, 64, 320) for s in (SD((d, C), dtype), SD((C, d), dtype))],

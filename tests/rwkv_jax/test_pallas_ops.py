@@ -10,6 +10,7 @@ from pallas_kernels.small_m_linear import MAX_M
 from rwkv_jax.ops import XLA_OPS
 from rwkv_jax.pallas_ops import SPARSE_MAX_ROWS, pallas_ops
 from rwkv_jax.paths import Path
+from rwkv_jax.varlen import segments_from_lengths
 
 C, F, H, N = 128, 512, 2, 64
 
@@ -57,6 +58,11 @@ def test_dense_uses_the_sequence_kernel_and_xla_products():
     ops = pallas_ops(Path.DENSE, interpret=True)
     seq = jnp.zeros((2, 5, H, N))
     assert kernels_called(ops.wkv_seq, *[seq] * 6, jnp.zeros((2, H, N, N))) == ["rwkv7_wkv_seq"]
+    long = jnp.zeros((2, 17, H, N))  # past one chunk: the chunked kernel
+    assert kernels_called(ops.wkv_seq, *[long] * 6, jnp.zeros((2, H, N, N))) == ["rwkv7_wkv_chunk_varlen"]
+    flat, segs = jnp.zeros((9, H, N)), segments_from_lengths([1, 0, 8])
+    assert kernels_called(ops.wkv_varlen, *[flat] * 6, jnp.zeros((3, H, N, N)), segs) == ["rwkv7_wkv_chunk_varlen"]
+    assert XLA_OPS.wkv_varlen is not ops.wkv_varlen
     assert ops.linear is XLA_OPS.linear and ops.channel_mix is XLA_OPS.channel_mix
 
 

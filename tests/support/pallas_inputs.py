@@ -50,3 +50,12 @@ def ffn_inputs(seed: int, M: int, C: int, F: int, dtype):
     return (jax.random.normal(k1, (M, C)).astype(dtype),
             (jax.random.normal(k2, (F, C)) / math.sqrt(C)).astype(dtype),
             (jax.random.normal(k3, (F, C)) / math.sqrt(F)).astype(dtype))
+
+
+def varlen_wkv_inputs(seed: int, lengths, H: int, N: int = 64, pad: int = 0):
+    """r, w, k, v, kk, a [sum(lengths) + pad, H, N], S [P, H, N, N] float32 and cu_seqlens
+    int32 [P + 1] (``pallas_kernels.wkv_chunk_varlen``'s operands)."""
+    *xs, _ = wkv_inputs(seed, (sum(lengths) + pad,), H, N)
+    S = wkv_inputs(seed + 1, (len(lengths),), H, N)[-1]
+    cu = jnp.cumsum(jnp.asarray([0, *lengths], jnp.int32), dtype=jnp.int32)
+    return (*xs, S, cu)

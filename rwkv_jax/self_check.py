@@ -1,0 +1,97 @@
+"""On-device self-check of a kernel choice against the XLA ops, before ``kernels="auto"`` adopts it.
+
+``check_decode`` runs STEPS B=1 decode steps of a model with the candidate kernels and with XLA
+from the same random state and tokens, and returns None when logits and state agree within
+the dtype's tolerance, else the reason. ``cached_check`` keeps each verdict in a JSON file
+beside the persistent compilation cache (``jax_compilation_cache_dir``; in memory without
+one), keyed by device kind, jax version, model shape, dtype and candidate, so a process pays
+the check (two compiles and a few milliseconds) once per combination.
+"""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path as FsPath
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from rwkv7_core.config import ModelConfig
+
+from .forward import forward_fn
+from .kernels import Kernels
+from .paths import Path
+from .state import init_state
+
+STEPS = 3
+# max |difference| of logits and state / max |reference|: float32 sums in a different order
+# differ by ~1e-6; a bf16 / fp16 model rounds its activations differently along the way
+TOLERANCE = {"float32": 1e-3, "bfloat16": 5e-2, "float16": 2e-2}
+VERDICTS_FILE = "rwkv7_kernel_self_checks.json"
+_MEMORY: dict[str, str | None] = {}
+
+
+def check_decode(params: dict, config: ModelConfig, dtype, candidate: Kernels, *,
+                 forward=forward_fn, device: jax.Device | None = None, seed: int = 0) -> str | None:
+    """None if `candidate`'s B=1 decode steps equal XLA's within TOLERANCE on `device` (JAX's
+    default: None), else the reason. `forward` has ``forward_fn``'s signature (a test passes a
+    wrong kernel through it)."""
+    with jax.default_device(device):
+        return _compare(params, config, dtype, candidate, forward, seed)
+
+
+def _compare(params, config, dtype, candidate, forward, seed) -> str | None:
+    step = jax.jit(forward, static_argnames=("config", "path", "kernels"))
+    rng = np.random.default_rng(seed)
+    tokens = rng.integers(0, config.vocab_size, (STEPS, 1, 1)).astype(np.int32)
+    start = init_state(config, 1, dtype)
+    keys = jax.random.split(jax.random.key(seed), len(start))
+    start = type(start)(*(0.5 * jax.random.normal(k, leaf.shape).astype(leaf.dtype) for k, leaf in zip(keys, start)))
+    results = []
+    for kernels in (candidate, Kernels.XLA):
+        state, logits = jax.tree.map(jnp.copy, start), []
+        for t in tokens:
+            out, state = step(params, jnp.asarray(t), state, config=config, path=Path.B1T1, kernels=kernels)
+            logits.append(out)
+        results.append((jnp.stack(logits), state))
+    tolerance = TOLERANCE[jnp.dtype(dtype).name]
+    for name, got, want in zip(("logits", *start._fields), jax.tree.leaves(results[0]), jax.tree.leaves(results[1])):
+        got, want = np.asarray(got, np.float32), np.asarray(want, np.float32)
+        if not np.isfinite(got).all():
+            return f"{name} not finite"
+        error = float(np.abs(got - want).max() / max(float(np.abs(want).max()), 1e-30))
+        if not error <= tolerance:
+            return f"{name} differ from XLA's by {error:.3g} of their scale (tolerance {tolerance:g})"
+    return None
+
+
+def verdict_key(config: ModelConfig, dtype, candidate: Kernels) -> str:
+    """The combination a verdict holds for."""
+    shape = ",".join(f"{k}={v}" for k, v in sorted(config._asdict().items()))
+    return "|".join((jax.devices()[0].device_kind, jax.__version__, shape, jnp.dtype(dtype).name, candidate.value))
+
+
+def verdicts_path() -> FsPath | None:
+    """The verdicts file beside the persistent compilation cache, or None without one."""
+    directory = jax.config.jax_compilation_cache_dir or os.environ.get("JAX_COMPILATION_CACHE_DIR")
+    return FsPath(directory) / VERDICTS_FILE if directory else None
+
+
+def cached_check(params: dict, config: ModelConfig, dtype, candidate: Kernels, *, forward=forward_fn,
+                 device: jax.Device | None = None) -> str | None:
+    """`check_decode`'s verdict, run once per `verdict_key` (kept in `verdicts_path()`)."""
+    key = verdict_key(config, dtype, candidate)
+    path = verdicts_path()
+    stored = dict(_MEMORY)
+    if path is not None and path.exists():
+        stored.update(json.loads(path.read_text()))
+    if key not in stored:
+        stored[key] = check_decode(params, config, dtype, candidate, forward=forward, device=device)
+        _MEMORY[key] = stored[key]
+        if path is not None:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_suffix(f".{os.getpid()}.tmp")
+            tmp.write_text(json.dumps(stored, indent=1, sort_keys=True))
+            tmp.replace(path)
+    return stored[key]
