@@ -1,8 +1,11 @@
 """``rwkv7-serve`` (also ``python -m rwkv7_apps.serve``): the OpenAI-compatible HTTP server.
 
-Loads the model, starts uvicorn at once (``/health`` answers 503 until ready), then (with
-``--precompile``) runs the scheduler's ``precompile`` (every bucket and the prefill shapes
-of its policy), starts the scheduler thread and reports ready.
+Loads the model, starts uvicorn at once (``/health`` answers 503 until ready), then (unless
+``--no-precompile``) runs the scheduler's ``precompile`` (every executable a request can
+reach: the buckets and resizes, the policy's prefill shapes, the logprob paths; a persistent
+compilation cache makes the next start fast), logs how long it took, starts the scheduler
+thread and reports ready: no request then waits on a compile (``/metrics`` counts every
+compile, ``rwkv7_compiles_total``).
 SIGTERM/SIGINT drain the server (``--shutdown-grace``, exit 0); a scheduler that fails ends
 the process with exit status 1 (shutdown.py). ``RWKV7_REPLICA_FAULT`` (tests only, see
 rwkv7_apps/engine_guard.py) injects a fault into the engine, as replica 0.
@@ -14,6 +17,7 @@ import logging
 import os
 import sys
 import threading
+import time
 
 from rwkv7_core.tokenizer import tokenizer_for
 
@@ -43,6 +47,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="on SIGTERM/SIGINT, how long requests in flight may run on before they end with an error")
     h.add_argument("--log-level", default="warning", choices=("debug", "info", "warning", "error"))
     add_engine_options(p)
+    p.set_defaults(precompile=True)
+    p.add_argument("--no-precompile", dest="precompile", action="store_false",
+                   help="report ready before compiling anything (quick development starts; the first "
+                        "requests of each new shape then wait for its compile)")
     p.add_argument("--seed", type=int, default=None, metavar="S",
                    help="seed of the generator that draws seeds for requests without one (default: random)")
     add_sampling_options(p, "the request body")
@@ -120,15 +128,19 @@ def main(argv: list[str] | None = None) -> int:
                              api_key=args.api_key, max_body_bytes=args.max_body_bytes)
 
     def warm_up() -> None:
+        log = logging.getLogger("rwkv7_serve")
         try:
             if sched.config.precompile:
+                start = time.perf_counter()
                 sched.precompile()
+                log.warning("precompiled in %.1f s (%d executables; --no-precompile skips this)",
+                            time.perf_counter() - start, sum(n for n, _ in sched.stats.compiles_by_kind().values()))
         except Exception as e:  # cannot serve: the server stops (exit status 1)
             service.fail(f"compiling failed: {type(e).__name__}: {e}")
             return
         service.start()
         ready.set()
-        logging.getLogger("rwkv7_serve").warning("ready: http://%s:%d/v1 (model %s)", args.host, args.port, name)
+        log.warning("ready: http://%s:%d/v1 (model %s)", args.host, args.port, name)
 
     server = DrainingServer(uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
                                            timeout_graceful_shutdown=5), service, args.shutdown_grace)
