@@ -18,6 +18,7 @@ import os
 import sys
 import threading
 import time
+import urllib.request
 
 from rwkv7_core.tokenizer import tokenizer_for
 
@@ -139,8 +140,25 @@ def main(argv: list[str] | None = None) -> int:
             service.fail(f"compiling failed: {type(e).__name__}: {e}")
             return
         service.start()
+        if sched.config.precompile:
+            rehearse()
         ready.set()
         log.warning("ready: http://%s:%d/v1 (model %s)", args.host, args.port, name)
+
+    def rehearse() -> None:
+        """One request through the scheduler and one over HTTP (/v1/models) before ready, so
+        their first-call set-up (~10-100 ms on CPU) is not a client's first TTFT."""
+        service.rehearse([1, 2, 3])
+        deadline = time.monotonic() + 10
+        while not server.started and time.monotonic() < deadline:
+            time.sleep(0.05)
+        host = "127.0.0.1" if args.host in ("0.0.0.0", "::", "") else args.host
+        request = urllib.request.Request(f"http://{host}:{args.port}/v1/models",
+                                         headers={"Authorization": f"Bearer {args.api_key}"} if args.api_key else {})
+        try:
+            urllib.request.urlopen(request, timeout=10).close()
+        except OSError as e:  # only a rehearsal: serving goes on without it
+            logging.getLogger("rwkv7_serve").debug("HTTP warm-up request failed: %s", e)
 
     server = DrainingServer(uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
                                            timeout_graceful_shutdown=5), service, args.shutdown_grace)
