@@ -4,7 +4,7 @@ workload run in-process through the scheduler (the HTTP layer's own cost).
     python benchmarks/http_serving.py                      # tiny model, concurrency 1, 8, 32, 128
     python benchmarks/http_serving.py --model 0.1b --requests 128 --tag cpu_0.1b
     python benchmarks/http_serving.py --smoke              # a few requests, < 1 minute
-    python benchmarks/http_serving.py --cold-start --concurrency 1,8 --max-batch 32 --tag cold_cpu_tiny
+    python benchmarks/http_serving.py --cold-start --concurrency 1,8 --max-batch 16 --output-len 8 32
 
 The workload (``rwkv7_apps.serving_bench.make_workload``): seeded greedy requests, token-id
 prompts of log-uniform length in --prompt-len, output lengths uniform in --output-len (no
