@@ -208,9 +208,9 @@ class JaxEngine:
         row whose bfloat16 shifts were widened to float32 loads too)."""
         *state, logits = host_row
         dtypes = (self.model.dtype, jnp.float32, self.model.dtype)
-        with self.model.on_device():
-            return (State(*(jnp.asarray(a, dt) for a, dt in zip(state, dtypes))),
-                    None if logits is None else jnp.asarray(logits))
+        with self.model.on_device():  # cast on the host: device_put compiles nothing (jnp.asarray would)
+            return (State(*(jax.device_put(np.asarray(a, dt)) for a, dt in zip(state, dtypes))),
+                    None if logits is None else jax.device_put(np.asarray(logits, np.float32)))
 
     # -- Capability.VARLEN_PREFILL and Capability.MIXED_STEP -------------------------------
     def compile_varlen(self, token_rows: int) -> float:
