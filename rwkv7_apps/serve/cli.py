@@ -97,6 +97,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from ..engine_guard import EngineGuard, Fault
     from .generation import Limits
+    from .service import ServiceClosed
     from .shutdown import DrainingServer
 
     parser = build_parser()
@@ -141,7 +142,10 @@ def main(argv: list[str] | None = None) -> int:
             return
         service.start()
         if sched.config.precompile:
-            rehearse()
+            try:
+                rehearse()
+            except ServiceClosed:  # draining or failed meanwhile: never ready
+                return
         ready.set()
         log.warning("ready: http://%s:%d/v1 (model %s)", args.host, args.port, name)
 
