@@ -97,7 +97,8 @@ def test_lm_eval_loglikelihoods_equal_the_official_package(tmp_path, monkeypatch
         results = simple_evaluate(
             model="local-completions",
             model_args=f"base_url={server.url}/v1/completions,model=m,num_concurrent=4,max_retries=1",
-            tasks=[TASK], task_manager=TaskManager(include_path=str(tmp_path)), log_samples=True)
+            tasks=[TASK], task_manager=TaskManager(include_path=str(tmp_path), include_defaults=False),
+            log_samples=True)
     samples = results["samples"][TASK]
     assert len(samples) == len(docs)
     stop_items = 0

@@ -30,7 +30,8 @@ def test_guidellm_streamed_chat_load_has_no_errors(tmp_path):
                          "--served-model-name", "m"], tmp_path) as server:
         run = subprocess.run(
             [sys.executable, "-m", "guidellm", "run", "--backend", f"kind=openai_http,target={server.url},model=m",
-             "--profile", f"kind=concurrent,streams={CONCURRENCY}", "--constraint", f"kind=max_requests,count={REQUESTS}",
+             "--profile", f"kind=concurrent,streams={CONCURRENCY}",
+             "--constraint", f"kind=max_requests,count={REQUESTS}",
              "--data", f"kind=json_file,path={data}", "--output", f"kind=json,path={report}",
              "--disable-console-interactive"],
             capture_output=True, text=True, timeout=600, cwd=tmp_path,
