@@ -4,6 +4,7 @@ workload run in-process through the scheduler (the HTTP layer's own cost).
     python benchmarks/http_serving.py                      # tiny model, concurrency 1, 8, 32, 128
     python benchmarks/http_serving.py --model 0.1b --requests 128 --tag cpu_0.1b
     python benchmarks/http_serving.py --smoke              # a few requests, < 1 minute
+    python benchmarks/http_serving.py --cold-start --concurrency 1,8 --max-batch 16 --output-len 8 32
 
 The workload (``rwkv7_apps.serving_bench.make_workload``): seeded greedy requests, token-id
 prompts of log-uniform length in --prompt-len, output lengths uniform in --output-len (no
@@ -11,8 +12,8 @@ stop token, so every request runs its full length). For each concurrency C, max(
 C) requests are sent by C clients that each send their next request when the previous one
 ends (vLLM's ``--max-concurrency`` style), streamed, with the official openai client.
 
-1. HTTP: a real ``rwkv7-serve`` subprocess (``--precompile``, so nothing compiles while
-   measured; one warm-up round first). Per request: TTFT (send -> first token chunk),
+1. HTTP: a real ``rwkv7-serve`` subprocess (it precompiles by default, so nothing compiles
+   while measured; one warm-up round first). Per request: TTFT (send -> first token chunk),
    inter-token gaps (between token chunks), end-to-end latency.
 2. In-process: the same engine and scheduler options in this process, the same requests
    at the same concurrency, fed to ``Scheduler.run`` by its callbacks; TTFT from ``add``.
@@ -21,6 +22,12 @@ Per concurrency: request throughput (req/s), output tok/s, TTFT / ITL / latency 
 and CPU milliseconds per output token (HTTP: the server process and the client separately;
 in-process: this process), for both; the overhead of HTTP is the difference in mean
 latency per request and the ratio of output rates. Writes http_serving_<tag>.json and .md under --out.
+
+``--cold-start``: compile stalls instead. For the default server and one started with
+``--no-precompile``, each from a fresh, empty compilation cache: the seconds until /health
+says ready, then the same workloads twice with no warm-up (pass 1 straight after ready,
+pass 2 after it), TTFT p99 of each pass and their ratio, and /metrics' compile count at
+ready and after each pass. Writes http_serving_cold_<tag>.json and .md.
 ``gpu_check_section(out_dir, budget_s)`` is the short run benchmarks/gpu_check.py calls.
 """
 from __future__ import annotations
@@ -65,13 +72,15 @@ def summarize(records: list[dict], wall_s: float) -> dict:
 
 
 # ----------------------------------------------------------------------------- HTTP side
-def start_server(args, port: int, extra: list[str] = ()) -> subprocess.Popen:
-    """A healthy rwkv7-serve subprocess of ``args``' model and options, plus ``extra`` options."""
+def start_server(args, port: int, extra=(), env: dict | None = None) -> subprocess.Popen:
+    """A healthy rwkv7-serve subprocess of ``args``' model and options, plus ``extra`` options
+    (a sequence of strings) and ``env`` variables."""
     cmd = [sys.executable, "-m", "rwkv7_apps.serve", "--random-model", args.model, "--port", str(port),
-           "--backend", args.backend, "--max-batch", str(args.max_batch), "--precompile",
-           "--max-waiting", "100000", "--max-prompt-tokens", str(args.prompt_len[1]), *extra]
+           "--backend", args.backend, "--max-batch", str(args.max_batch), *extra,
+           "--max-waiting", "100000", "--max-prompt-tokens", str(args.prompt_len[1])]
     root = str(Path(__file__).resolve().parents[1])  # the server runs this checkout's packages
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep))
+    env = dict(os.environ, **(env or {}),
+               PYTHONPATH=os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep))
     log = tempfile.TemporaryFile()  # never a pipe nobody drains
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
     import urllib.request
@@ -155,6 +164,57 @@ def run_http_levels(args, workloads: dict[int, list]) -> dict:
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+
+
+def compiles_so_far(port: int) -> int:
+    """The server's compile count (the sum of /metrics' rwkv7_compiles_total)."""
+    import re
+    import urllib.request
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30) as r:
+        text = r.read().decode()
+    return int(sum(float(v) for v in re.findall(r"^rwkv7_compiles_total\{[^}]*\} (\S+)$", text, re.M)))
+
+
+def run_cold(args) -> dict:
+    """``--cold-start`` (module docstring): per server mode, ready seconds and two passes."""
+    levels = sorted(set(args.concurrency))
+    workloads = {c: make_workload(max(args.requests, c), tuple(args.prompt_len), tuple(args.output_len),
+                                  _vocab(args.model), seed=c) for c in levels}
+    modes = {}
+    for mode, extra in (("precompile (default)", ()), ("--no-precompile", ("--no-precompile",))):
+        with tempfile.TemporaryDirectory() as cache:
+            port, start = _free_port(), time.perf_counter()
+            proc = start_server(args, port, extra, env={"JAX_COMPILATION_CACHE_DIR": cache})
+            ready_s, compiles = time.perf_counter() - start, [compiles_so_far(port)]
+            url, passes = f"http://127.0.0.1:{port}/v1", []
+            try:
+                for _ in range(2):
+                    passes.append({c: asyncio.run(http_level(url, f"random-{args.model}", reqs, c))
+                                   for c, reqs in workloads.items()})
+                    compiles.append(compiles_so_far(port))
+            finally:
+                proc.terminate()
+                proc.wait(timeout=30)
+        modes[mode] = {"ready_s": ready_s, "compiles": compiles, "passes": passes,
+                       "ttft_p99_ratio": {c: passes[0][c]["ttft_ms"]["p99"] / passes[1][c]["ttft_ms"]["p99"]
+                                          for c in levels}}
+    return modes
+
+
+def cold_markdown(results: dict) -> str:
+    a = results["args"]
+    lines = [f"# Cold start: compile stalls ({results['tag']})", "",
+             f"Model `{a['model']}` ({a['backend']}), max_batch {a['max_batch']}, {a['requests']} requests a level, "
+             f"prompts {a['prompt_len']} tokens, outputs {a['output_len']}, streamed; each server from an empty "
+             f"compilation cache, no warm-up; {results['environment']['machine']}.", "",
+             "| server | ready after s | compiles at ready / after pass 1 / after pass 2 | C "
+             "| TTFT p99 pass 1 / pass 2 ms | ratio |", "|---|---|---|---|---|---|"]
+    for mode, m in results["cold"].items():
+        for c, ratio in m["ttft_p99_ratio"].items():
+            p1, p2 = (m["passes"][i][c]["ttft_ms"]["p99"] for i in (0, 1))
+            lines.append(f"| {mode} | {m['ready_s']:.0f} | {' / '.join(map(str, m['compiles']))} | {c} "
+                         f"| {p1:.0f} / {p2:.0f} | {ratio:.2f} |")
+    return "\n".join(lines) + "\n"
 
 
 # ----------------------------------------------------------------------------- in-process side
@@ -246,19 +306,21 @@ def _cpu(row: dict) -> str:
     return f"server {server} + client {cpu['client']:.2f}"
 
 
-def run(args) -> dict:
+def _environment() -> dict:
     import jax
+    return {"machine": f"{platform.machine()} {os.cpu_count()} CPUs, jax {jax.__version__} "
+                       f"({jax.default_backend()}), load average {os.getloadavg()[0]:.1f} at the end",
+            "python": platform.python_version()}
 
+
+def run(args) -> dict:
     levels = sorted(set(args.concurrency))
     workloads = {c: make_workload(max(args.requests, c), tuple(args.prompt_len), tuple(args.output_len),
                                   _vocab(args.model), seed=c) for c in levels}
     http = run_http_levels(args, workloads)
     local = run_inprocess_levels(args, workloads)
     results = {"tag": args.tag, "args": {k: v for k, v in vars(args).items() if k != "out"},
-               "environment": {"machine": f"{platform.machine()} {os.cpu_count()} CPUs, jax {jax.__version__} "
-                                          f"({jax.default_backend()}), load average {os.getloadavg()[0]:.1f} at the end",
-                               "python": platform.python_version()},
-               "http": http, "inprocess": local, "overhead": overhead(http, local)}
+               "environment": _environment(), "http": http, "inprocess": local, "overhead": overhead(http, local)}
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / f"http_serving_{args.tag}.json").write_text(json.dumps(results, indent=1))
@@ -284,6 +346,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--tag", default="cpu_tiny")
     p.add_argument("--out", default=str(RESULTS))
     p.add_argument("--smoke", action="store_true", help="concurrency 1,4; 8 requests; short outputs")
+    p.add_argument("--cold-start", action="store_true",
+                   help="compile stalls: two passes from an empty compilation cache, with and without precompile")
     return p
 
 
@@ -293,6 +357,15 @@ def main(argv=None) -> dict:
         args.concurrency, args.requests, args.max_batch = [1, 4], 8, 4
         args.prompt_len, args.output_len = [4, 32], [4, 8]
         args.tag = args.tag if args.tag != "cpu_tiny" else "smoke"
+    if args.cold_start:
+        results = {"tag": args.tag, "args": {k: v for k, v in vars(args).items() if k != "out"},
+                   "cold": run_cold(args), "environment": _environment()}
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / f"http_serving_cold_{args.tag}.json").write_text(json.dumps(results, indent=1))
+        (out / f"http_serving_cold_{args.tag}.md").write_text(cold_markdown(results))
+        print(cold_markdown(results))
+        return results
     results = run(args)
     print(markdown(results))
     return results

@@ -47,7 +47,7 @@ def add_engine_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prefix-cache-mb", type=float, default=0.0, metavar="N",
                    help="host memory for cached prompt-prefix states (0 = off)")
     p.add_argument("--precompile", action="store_true",
-                   help="compile every bucket and the prefill shapes the policy uses before the first step")
+                   help="compile every bucket, the prefill shapes the policy uses and the logprob paths before the first step")
     p.add_argument("--prefill", default="auto", choices=("auto", "serial", "varlen", "mixed"),
                    help="prefill policy (default auto: one prompt per call when one waits, flattened "
                         "prompts when several do; see docs/batch-job.md)")

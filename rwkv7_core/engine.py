@@ -172,6 +172,10 @@ class Logprobs(Protocol):
         """Score a prompt (int [T], T >= 2) from a fresh state: N = T-1 rows, row t for token
         t+1 under the logits after tokens[:t+1]. Touches no slot (like ``prefill``)."""
 
+    def compile_logprobs(self, buckets: Sequence[int]) -> dict[str, float]:
+        """Compile ahead of time what ``step_logprobs`` (each of ``buckets``), ``row_logprobs``
+        and ``prompt_logprobs`` run; {what: seconds} (0.0 for what was compiled already)."""
+
 
 class ReportsCompiles(Protocol):
     """``Capability.REPORTS_COMPILES``: compile events, however a call triggered them (lazily

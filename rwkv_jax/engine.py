@@ -15,7 +15,7 @@ by the first resize between them); per prompt piece length the prefill: a prompt
 tokens runs as pieces of the allowed lengths ``prefill_pieces`` (default 1, 2, 4, ..., 256),
 largest first, so any T needs at most len(prefill_pieces) prefill executables; per flat
 size the varlen prefill and per (bucket, flat size) the mixed step
-(Capability.VARLEN_PREFILL, MIXED_STEP); for Capability.LOGPROBS, compiled on first use: per
+(Capability.VARLEN_PREFILL, MIXED_STEP); for Capability.LOGPROBS (by compile_logprobs, else on first use): per
 bucket the step that also scores the drawn tokens, the first-token scoring, and per piece
 length the full-output prompt scoring (the plain step stays as lean as before).
 """
@@ -167,6 +167,15 @@ class JaxEngine:
         return np.asarray(drawn)
 
     # -- Capability.LOGPROBS ---------------------------------------------------------------
+    def compile_logprobs(self, buckets: Sequence[int]) -> dict[str, float]:
+        """Compile (and run once) the scoring step of each bucket, the first-token scoring and
+        the prompt scoring of every piece length; {"kind:shape": seconds}."""
+        keys = ([("step_logprobs", b) for b in buckets] + [("row_logprobs", 1), ("fresh_row", 1)]
+                + [("score_piece", T) for T in self.prefill_pieces])
+        new = self._compile_and_run(keys)
+        return {f"{kind}:{shape}": self.compile_seconds[(kind, shape)] if (kind, shape) in new else 0.0
+                for kind, shape in keys}
+
     def step_logprobs(self, tokens: np.ndarray, positions: np.ndarray) -> tuple[np.ndarray, TokenLogprobs]:
         drawn, scored, self.slots = self._run("step_logprobs", self.bucket, self.model.params, self.slots,
                                               np.asarray(tokens, np.int32), np.asarray(positions, np.int32))
@@ -174,7 +183,7 @@ class JaxEngine:
         return np.asarray(drawn), TokenLogprobs(*jax.device_get(tuple(scored)))
 
     def row_logprobs(self, row, token: int) -> TokenLogprobs:
-        scored = self._run("row_logprobs", 1, row[1][None], np.array([token], np.int32))
+        scored = self._run("row_logprobs", 1, row[1], np.array([token], np.int32))
         return TokenLogprobs(*jax.device_get(tuple(scored)))
 
     def prompt_logprobs(self, tokens: np.ndarray) -> TokenLogprobs:
@@ -182,7 +191,7 @@ class JaxEngine:
         executables); only the scores come back, [T-1] rows."""
         tokens = check_prompt(tokens, "prompt_logprobs", min_tokens=2).astype(np.int32)
         following = np.append(tokens[1:], np.int32(0))  # the last position predicts nothing
-        state, parts, offset = self.model.init_state(1), [], 0
+        state, parts, offset = self._run("fresh_row", 1), [], 0
         for piece in self.piece_lengths(tokens.size):
             scored, state = self._run(
                 "score_piece", piece, self.model.params, tokens[offset:offset + piece], following[offset:offset + piece], state)
@@ -199,9 +208,9 @@ class JaxEngine:
         row whose bfloat16 shifts were widened to float32 loads too)."""
         *state, logits = host_row
         dtypes = (self.model.dtype, jnp.float32, self.model.dtype)
-        with self.model.on_device():
-            return (State(*(jnp.asarray(a, dt) for a, dt in zip(state, dtypes))),
-                    None if logits is None else jnp.asarray(logits))
+        with self.model.on_device():  # cast on the host: device_put compiles nothing (jnp.asarray would)
+            return (State(*(jax.device_put(np.asarray(a, dt)) for a, dt in zip(state, dtypes))),
+                    None if logits is None else jax.device_put(np.asarray(logits, np.float32)))
 
     # -- Capability.VARLEN_PREFILL and Capability.MIXED_STEP -------------------------------
     def compile_varlen(self, token_rows: int) -> float:

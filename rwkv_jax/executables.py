@@ -20,7 +20,6 @@ from rwkv7_core.sampling import SamplingRows, sampling_rows
 from . import slot_fns
 from .forward import forward_fn
 from .paths import select_path
-from .sampling import token_logprobs
 from .state import init_state
 from .varlen_engine import mixed_step_fn, varlen_prefill_fn
 
@@ -120,7 +119,7 @@ EXECUTABLES: dict[str, Executable] = {
                               lambda model, T: (_i32(T), _i32(T), _state(model, 1)), _on_path(lambda T: (1, T))),
     # shape = 1: a prefilled row's first token and its score; a fresh and a copied row
     "sample": Executable(jax.jit(slot_fns.sample_one), _sample_args, with_params=False),
-    "row_logprobs": Executable(jax.jit(token_logprobs), lambda model, _: (_logits(model, 1), _i32(1)),
+    "row_logprobs": Executable(jax.jit(slot_fns.row_logprobs), lambda model, _: (_logits(model), _i32(1)),
                                with_params=False),
     "fresh_row": Executable(jax.jit(init_state, static_argnames=("config", "batch_size", "dtype")),
                             lambda model, _: (),

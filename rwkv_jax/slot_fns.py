@@ -46,6 +46,11 @@ def sample_one(logits, rows: SamplingRows, banned, position):
     return sample_rows(logits[None], jnp.zeros_like(banned, jnp.float32), rows, banned, position)[0]
 
 
+def row_logprobs(logits, token):
+    """TokenLogprobs (N=1) of token int32 [1] under a row's logits float32 [V]."""
+    return token_logprobs(logits[None], token)
+
+
 def empty_slots(*, config, dtype, bucket: int) -> Slots:
     """Slots of ``bucket`` zero rows (zero states, counts, sampling rows; nothing banned)."""
     V = config.vocab_size

@@ -114,6 +114,9 @@ class TorchEngine:
         return drawn.cpu().numpy(), token_logprobs(logits, drawn) if with_logprobs else None
 
     # -- Capability.LOGPROBS ---------------------------------------------------------------
+    def compile_logprobs(self, buckets: Sequence[int]) -> dict[str, float]:
+        return {}
+
     @torch.inference_mode()
     def step_logprobs(self, tokens: np.ndarray, positions: np.ndarray) -> tuple[np.ndarray, TokenLogprobs]:
         return self._step(tokens, positions, with_logprobs=True)

@@ -133,8 +133,9 @@ class Scheduler:
         return self._books.unstarted()
 
     def precompile(self) -> None:
-        """Compile every bucket and the prefill shapes of the policy (once; ``run`` does it
-        first when ``config.precompile``)."""
+        """Compile every executable a run can call (``StepLoop.precompile``: the buckets, the
+        policy's prefill shapes, the logprob paths); once; ``run`` does it first when
+        ``config.precompile``."""
         self._loop.precompile()
 
     def run(self, on_token: Callable[[str, int], None] | None = None,

@@ -58,13 +58,16 @@ class StepLoop:
         self._on_token = self._on_finish = self._on_logprobs = None
 
     def precompile(self) -> None:
-        """Compile every bucket and the prefill shapes of the policy (once; ``run`` does it
-        first when ``config.precompile``)."""
+        """Compile every executable a run can call: every bucket (and the resizes between
+        them), the prefill shapes of the policy and, for an engine with Capability.LOGPROBS,
+        the scoring paths (once; ``run`` does it first when ``config.precompile``)."""
         self._ensure_compiled(self.config.buckets)
         if self._prefill_compiled:
             return
         start = time.perf_counter()
         seconds = self._prefill.precompile(self.config.buckets)
+        if Capability.LOGPROBS in self.engine.capabilities:
+            seconds.update(self.engine.compile_logprobs(self.config.buckets))
         if Capability.REPORTS_COMPILES not in self.engine.capabilities:
             for what, s in seconds.items():
                 self.stats.record_compile(CompileEvent(start, what, s))

@@ -46,8 +46,18 @@ class RequestRecord(NamedTuple):
 
 class CompileEvent(NamedTuple):
     time: float      # perf_counter when the compile started
-    what: str        # the executable, e.g. "step:8", "prefill:64", "bucket 8"
-    seconds: float
+    what: str        # the executable, e.g. "step:8", "prefill:64", "bucket 8"; "step:8 first run":
+    seconds: float   # its first run's one-off set-up (Capability.REPORTS_COMPILES)
+
+    @property
+    def kind(self) -> str:
+        """The executable's kind: "step" of "step:8", "bucket" of "bucket 8"."""
+        return self.what.split(":", 1)[0].split(" ", 1)[0]
+
+    @property
+    def first_run(self) -> bool:
+        """A first run's set-up, not a compile."""
+        return self.what.endswith(" first run")
 
 
 class BucketSwitch(NamedTuple):
@@ -144,6 +154,16 @@ class Stats:
             self.compiles.append(event)
             self.compile_seconds += event.seconds
         self._thread.compiled = self.compiled_in_this_thread() + event.seconds
+
+    def compiles_by_kind(self) -> dict[str, tuple[int, float]]:
+        """{executable kind: (compiles, seconds)}; first runs add their seconds, not a compile."""
+        with self._lock:
+            events = list(self.compiles)
+        out: dict[str, tuple[int, float]] = {}
+        for e in events:
+            n, seconds = out.get(e.kind, (0, 0.0))
+            out[e.kind] = (n + (not e.first_run), seconds + e.seconds)
+        return out
 
     def compiled_in_this_thread(self) -> float:
         """Compile seconds recorded by this thread so far."""

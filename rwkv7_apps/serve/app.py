@@ -131,6 +131,16 @@ def create_app(ctx: Context, metrics: ServerMetrics, ready, api_key: str | None 
         metrics.count_http(request.url.path, 200)
         return {"count": len(tokens), "max_model_len": ctx.limits.max_prompt_tokens, "tokens": tokens}
 
+    @app.get("/tokenizer_info", dependencies=[Depends(authorized)])
+    async def tokenizer_info(request: Request):
+        """vLLM's shape (lm-eval's remote tokenizer reads it, then uses /tokenize): the stop
+        token 0 has no text, so no eos/bos string."""
+        if ctx.tokenizer is None:
+            raise APIError(400, f"text needs the World vocabulary; this model has {ctx.vocab_size} tokens")
+        metrics.count_http(request.url.path, 200)
+        return {"tokenizer_class": type(ctx.tokenizer).__name__, "eos_token": None, "bos_token": None,
+                "pad_token": None, "model_max_length": ctx.limits.max_prompt_tokens}
+
     @app.post("/detokenize", dependencies=[Depends(authorized)])
     async def detokenize(body: DetokenizeRequest, request: Request):
         text = generation.detokenize(ctx, body)

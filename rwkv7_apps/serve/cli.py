@@ -1,8 +1,11 @@
 """``rwkv7-serve`` (also ``python -m rwkv7_apps.serve``): the OpenAI-compatible HTTP server.
 
-Loads the model, starts uvicorn at once (``/health`` answers 503 until ready), then (with
-``--precompile``) runs the scheduler's ``precompile`` (every bucket and the prefill shapes
-of its policy), starts the scheduler thread and reports ready.
+Loads the model, starts uvicorn at once (``/health`` answers 503 until ready), then (unless
+``--no-precompile``) runs the scheduler's ``precompile`` (every executable a request can
+reach: the buckets and resizes, the policy's prefill shapes, the logprob paths; a persistent
+compilation cache makes the next start fast), logs how long it took, starts the scheduler
+thread and reports ready: no request then waits on a compile (``/metrics`` counts every
+compile, ``rwkv7_compiles_total``).
 SIGTERM/SIGINT drain the server (``--shutdown-grace``, exit 0); a scheduler that fails ends
 the process with exit status 1 (shutdown.py). ``--data-parallel N`` / ``--ray`` serve on a
 replica set (rwkv7_apps/scheduler_setup.py); ``--state NAME=FILE`` registers named initial
@@ -16,6 +19,8 @@ import logging
 import os
 import sys
 import threading
+import time
+import urllib.request
 
 from ..engines import random_model_path
 from ..options import add_engine_options, add_model_options, add_sampling_options, check_engine_args, \
@@ -58,6 +63,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="run the --data-parallel replicas as Ray actors on this cluster ('local': start one here); "
                         "needs the [ray] extra")
     add_engine_options(p)
+    p.set_defaults(precompile=True)
+    p.add_argument("--no-precompile", dest="precompile", action="store_false",
+                   help="report ready before compiling anything (quick development starts; the first "
+                        "requests of each new shape then wait for its compile)")
     p.add_argument("--seed", type=int, default=None, metavar="S",
                    help="seed of the generator that draws seeds for requests without one (default: random)")
     add_sampling_options(p, "the request body")
@@ -117,6 +126,7 @@ def main(argv: list[str] | None = None) -> int:
     from ..scheduler_setup import build_scheduler
     from .generation import Limits
     from .response_store import ResponseStore
+    from .service import ServiceClosed
     from .shutdown import DrainingServer
 
     parser = build_parser()
@@ -142,15 +152,39 @@ def main(argv: list[str] | None = None) -> int:
                              responses=ResponseStore(args.response_store_count, int(args.response_store_mb * 2**20)))
 
     def warm_up() -> None:
+        log = logging.getLogger("rwkv7_serve")
         try:
             if sched.config.precompile:
+                start = time.perf_counter()
                 sched.precompile()
+                log.warning("precompiled in %.1f s (%d executables; --no-precompile skips this)",
+                            time.perf_counter() - start, sum(n for n, _ in sched.stats.compiles_by_kind().values()))
         except Exception as e:  # cannot serve: the server stops (exit status 1)
             service.fail(f"compiling failed: {type(e).__name__}: {e}")
             return
         service.start()
+        if sched.config.precompile:
+            try:
+                rehearse()
+            except ServiceClosed:  # draining or failed meanwhile: never ready
+                return
         ready.set()
-        logging.getLogger("rwkv7_serve").warning("ready: http://%s:%d/v1 (model %s)", args.host, args.port, name)
+        log.warning("ready: http://%s:%d/v1 (model %s)", args.host, args.port, name)
+
+    def rehearse() -> None:
+        """One request through the scheduler and one over HTTP (/v1/models) before ready, so
+        their first-call set-up (~10-100 ms on CPU) is not a client's first TTFT."""
+        service.rehearse([1, 2, 3])
+        deadline = time.monotonic() + 10
+        while not server.started and time.monotonic() < deadline:
+            time.sleep(0.05)
+        host = "127.0.0.1" if args.host in ("0.0.0.0", "::", "") else args.host
+        request = urllib.request.Request(f"http://{host}:{args.port}/v1/models",
+                                         headers={"Authorization": f"Bearer {args.api_key}"} if args.api_key else {})
+        try:
+            urllib.request.urlopen(request, timeout=10).close()
+        except OSError as e:  # only a rehearsal: serving goes on without it
+            logging.getLogger("rwkv7_serve").debug("HTTP warm-up request failed: %s", e)
 
     server = DrainingServer(uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
                                            timeout_graceful_shutdown=5), service, args.shutdown_grace)

@@ -5,7 +5,8 @@ finish reason, prompt and generated tokens, TTFT (from submission) and inter-tok
 histograms; HTTP requests by endpoint (the served routes, every other path as "other", so
 no client can grow the label set) and status. Read from the scheduler at scrape time:
 requests waiting / in prefill / ready / running, each replica's decode bucket, prefix-cache
-hits and misses.
+hits and misses, and compiles and compile seconds by executable kind ("step", "prefill",
+"score_piece", ...; the precompile at start and any on the request path: a stall shows here).
 """
 from __future__ import annotations
 
@@ -17,8 +18,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
-ENDPOINTS = frozenset({"/v1/completions", "/v1/chat/completions", "/v1/responses", "/v1/models", "/health", "/metrics",
-                       "/tokenize", "/detokenize"})
+ENDPOINTS = frozenset({"/v1/completions", "/v1/chat/completions", "/v1/responses", "/v1/models", "/health",
+                       "/metrics", "/tokenize", "/detokenize", "/tokenizer_info"})
 
 
 class ServerMetrics:
@@ -99,3 +100,13 @@ class _SchedulerCollector:
         c.add_metric(["hit"], stats.prefix_hits)
         c.add_metric(["miss"], stats.prefix_misses)
         yield c
+        compiles = stats.compiles_by_kind()
+        c = CounterMetricFamily("rwkv7_compiles", "Executables compiled (at start and on the request path) "
+                                "by kind", labels=["kind"])
+        s = CounterMetricFamily("rwkv7_compile_seconds", "Seconds spent compiling (and in first runs' "
+                                "set-up) by executable kind", labels=["kind"])
+        for kind, (n, seconds) in sorted(compiles.items()):
+            c.add_metric([kind], n)
+            s.add_metric([kind], seconds)
+        yield c
+        yield s

@@ -24,7 +24,7 @@ import time
 from dataclasses import dataclass
 from typing import NamedTuple, Sequence
 
-from rwkv7_core.sampling import TokenLogprobs
+from rwkv7_core.sampling import SamplingParams, TokenLogprobs
 from scheduler import Request, RequestOutput
 from scheduler.interface import SchedulerInterface
 
@@ -117,6 +117,17 @@ class Service:
 
     async def score(self, tokens: Sequence[int]) -> TokenLogprobs:
         return await asyncio.to_thread(self.scheduler.score, tokens)
+
+    def rehearse(self, prompt: Sequence[int]) -> None:
+        """Run one 2-token request of ``prompt`` through the scheduler thread and wait for it
+        (from any thread but an event loop's; counted like any request): the one-off set-up of
+        a first call (threads, lazy paths) lands here instead of on a client's first request."""
+        async def one() -> None:
+            queue: asyncio.Queue = asyncio.Queue()
+            self.submit([Request(self.new_id("warm-up"), list(prompt), SamplingParams(max_tokens=2))], False, queue)
+            while not isinstance((await queue.get())[1], RequestOutput):
+                pass
+        asyncio.run(one())
 
     def in_flight(self) -> int:
         """Requests submitted and not yet final."""

@@ -54,14 +54,19 @@ class Server:
 
 
 @contextlib.contextmanager
-def running_server(args: list[str], tmp_path: Path, timeout: float = 300):
-    """Start ``python -m rwkv7_apps.serve ARGS --port P`` and yield a Server once healthy."""
+def running_server(args: list[str], tmp_path: Path, timeout: float = 300, precompile: bool = False,
+                   env: dict | None = None):
+    """Start ``python -m rwkv7_apps.serve ARGS --port P`` and yield a Server once healthy.
+    Without ``precompile`` the server gets ``--no-precompile`` (its default precompile of every
+    bucket, prefill piece and logprob path adds ~10-30 s a start on a 2-core machine; the tests
+    of that path, test_serve_precompile.py, ask for it); ``env``: extra environment."""
     port = free_port()
     log = tmp_path / "server.log"
     cache = tmp_path / "cache"
-    env = dict(os.environ, XDG_CACHE_HOME=str(cache), JAX_PLATFORMS="cpu", OMP_NUM_THREADS="1")
+    env = dict(os.environ, XDG_CACHE_HOME=str(cache), JAX_PLATFORMS="cpu", OMP_NUM_THREADS="1", **(env or {}))
+    args = [*map(str, args), "--port", str(port)] + ([] if precompile else ["--no-precompile"])
     with open(log, "wb") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "rwkv7_apps.serve", *map(str, args), "--port", str(port)],
+        proc = subprocess.Popen([sys.executable, "-m", "rwkv7_apps.serve", *args],
                                 stdout=out, stderr=subprocess.STDOUT, env=env)
     server = Server(proc, port, log, cache)
     try:
