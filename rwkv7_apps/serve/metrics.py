@@ -5,7 +5,7 @@ finish reason, prompt and generated tokens, TTFT (from submission) and inter-tok
 histograms; HTTP requests by endpoint (the served routes, every other path as "other", so
 no client can grow the label set) and status. Read from the scheduler at scrape time:
 requests waiting / in prefill / ready / running, each replica's decode bucket, prefix-cache
-hits and misses.
+hits, the prompt tokens they served, prompt tokens prefilled and finished states kept (turn cache).
 """
 from __future__ import annotations
 
@@ -99,3 +99,9 @@ class _SchedulerCollector:
         c.add_metric(["hit"], stats.prefix_hits)
         c.add_metric(["miss"], stats.prefix_misses)
         yield c
+        yield CounterMetricFamily("rwkv7_prefix_cache_hit_tokens", "Prompt tokens served by the prefix cache",
+                                  value=stats.prefix_hit_tokens)
+        yield CounterMetricFamily("rwkv7_prefill_tokens", "Prompt tokens run through the model (prefix-cache "
+                                  "hits excluded)", value=stats.prefill_tokens)
+        yield CounterMetricFamily("rwkv7_turn_states", "Finished requests' final states kept in the prefix cache",
+                                  value=stats.turn_states)
