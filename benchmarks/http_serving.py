@@ -65,10 +65,11 @@ def summarize(records: list[dict], wall_s: float) -> dict:
 
 
 # ----------------------------------------------------------------------------- HTTP side
-def start_server(args, port: int) -> subprocess.Popen:
+def start_server(args, port: int, extra: list[str] = ()) -> subprocess.Popen:
+    """rwkv7-serve on args.model (random weights) with ``extra`` options, once healthy."""
     cmd = [sys.executable, "-m", "rwkv7_apps.serve", "--random-model", args.model, "--port", str(port),
            "--backend", args.backend, "--max-batch", str(args.max_batch), "--precompile",
-           "--max-waiting", "100000", "--max-prompt-tokens", str(args.prompt_len[1])]
+           "--max-waiting", "100000", "--max-prompt-tokens", str(args.prompt_len[1]), *extra]
     root = str(Path(__file__).resolve().parents[1])  # the server runs this checkout's packages
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep))
     log = tempfile.TemporaryFile()  # never a pipe nobody drains

@@ -6,6 +6,7 @@ first. The radix index agrees with a brute-force search."""
 import numpy as np
 
 from scheduler import Request, SamplingParams, Scheduler, SchedulerConfig, generate
+from scheduler.prefix_disk import DiskPrefixStore
 from scheduler.token_radix import TokenRadix
 from tests.support.scheduler_engines import FakeEngine
 
@@ -122,3 +123,20 @@ def test_final_states_age_out_by_bytes_least_recently_used_first():
     hits = [_run(scheduler, [Request(f"again{i}", h + [2], _greedy(1))])[0].cached_tokens
             for i, h in enumerate(histories)]
     assert hits == [len(histories[0]) - 1, 0, len(histories[2]) - 1]
+
+
+def test_final_states_spill_to_the_disk_tier_and_never_load_for_another_model(tmp_path):
+    rng = np.random.default_rng()
+    prompt = rng.integers(1, V, 10).tolist()
+
+    def scheduler(fingerprint):
+        return Scheduler(FakeEngine(V), SchedulerConfig(max_batch=1, prefix_cache_bytes=0),  # disk tier only
+                         prefix_store=DiskPrefixStore(tmp_path, 1 << 20, fingerprint))
+
+    first = _run(scheduler("model-a"), [Request("t1", prompt, _greedy(6))])[0]
+    nxt = Request("t2", prompt + first.tokens + [3, 4], _greedy(5))
+    other = _run(scheduler("model-b"), [nxt])[0]           # another model's files: never used
+    assert other.cached_tokens == 0
+    again = _run(scheduler("model-a"), [nxt])[0]            # a fresh scheduler of the same model
+    assert again.cached_tokens == len(prompt) + len(first.tokens) - 1
+    assert again.tokens == other.tokens == generate(FakeEngine(V), [nxt])[0].tokens
