@@ -15,8 +15,11 @@ Per turn index (1..T), over the conversations: prompt tokens, prefill tokens com
 (prompt minus ``usage.prompt_tokens_details.cached_tokens``), new tokens (the prompt minus
 the previous turn's prompt and the reply ids it carries: what a perfect cache leaves to
 prefill), TTFT (request sent -> first token chunk, streamed). Summary per side: the turn-T
-/ turn-1 mean TTFT ratio, the prefix-cache hit rate (server /metrics) and the share of turns
-after the first that hit; and whether every reply is identical with and without the cache.
+/ turn-1 mean TTFT ratio, over all conversations and over the steady state (the conversations
+after the first --concurrency: the first ones start together, so their turn 1 meets no
+decoding batch and the others' does), the prefix-cache hit rate (server /metrics) and the
+share of turns after the first that hit; and whether every reply is identical with and
+without the cache.
 Writes multi_turn_<tag>.json and .md under --out.
 """
 from __future__ import annotations
@@ -162,17 +165,26 @@ def run_side(args, conversations, tok, cache_mb: float) -> dict:
         proc.terminate()
         proc.wait(timeout=30)
     rows = per_turn(results)
-    first, last = rows[0]["ttft_ms_mean"], rows[-1]["ttft_ms_mean"]
     later = [t for conv in results for t in conv[1:]]
+    steady = results[args.concurrency:]
     return {"prefix_cache_mb": cache_mb, "wall_s": wall, "turns": rows,
-            "ttft_last_over_first": last / first if first and last else None,
+            "ttft_last_over_first": _ratio(rows),
+            "ttft_last_over_first_steady": _ratio(per_turn(steady)) if steady else None,
             "hit_rate_lookups": hits / (hits + misses) if hits + misses else None,
             "hit_share_after_turn_1": float(np.mean([t["cached_tokens"] > 0 for t in later])) if later else None,
             "prefill_tokens_computed": int(sum(t["prompt_tokens"] - t["cached_tokens"] for c in results for t in c)),
             "prompt_tokens": int(sum(t["prompt_tokens"] for c in results for t in c)),
             "finish_reasons": {r: sum(t["finish_reason"] == r for c in results for t in c)
                                for r in ("stop", "length")},
+            "records": [[{k: t[k] for k in ("prompt_tokens", "cached_tokens", "completion_tokens", "reply_ids",
+                                            "finish_reason", "ttft")} for t in conv] for conv in results],
             "replies": [[t["content"] for t in conv] for conv in results]}
+
+
+def _ratio(rows: list[dict]) -> float | None:
+    """Mean TTFT of the last turn over the first's."""
+    first, last = rows[0]["ttft_ms_mean"], rows[-1]["ttft_ms_mean"]
+    return last / first if first and last else None
 
 
 def markdown(result: dict) -> str:
@@ -190,7 +202,9 @@ def markdown(result: dict) -> str:
     lines.append("")
     for side in ("on", "off"):
         s = result[side]
-        lines.append(f"- cache {side}: TTFT turn {a['turns']} / turn 1 = {s['ttft_last_over_first']:.2f}x, "
+        steady = s["ttft_last_over_first_steady"]
+        lines.append(f"- cache {side}: TTFT turn {a['turns']} / turn 1 = {s['ttft_last_over_first']:.2f}x "
+                     f"(steady state: {'n/a' if steady is None else f'{steady:.2f}x'}), "
                      f"prefill tokens computed {s['prefill_tokens_computed']} of {s['prompt_tokens']}, "
                      f"lookup hit rate {s['hit_rate_lookups'] if s['hit_rate_lookups'] is None else round(s['hit_rate_lookups'], 3)}, "
                      f"turns after the first that hit {s['hit_share_after_turn_1']:.3f}, wall {s['wall_s']:.1f} s, "
@@ -225,7 +239,8 @@ def main(argv=None) -> int:
               "machine": f"{platform.machine()} {platform.processor() or ''}".strip()}
     for side, mb in (("on", args.prefix_cache_mb), ("off", 0.0)):
         result[side] = run_side(args, conversations, tok, mb)
-        print(f"cache {side}: {json.dumps({k: v for k, v in result[side].items() if k != 'replies'})}", flush=True)
+        shown = {k: v for k, v in result[side].items() if k not in ("replies", "records")}
+        print(f"cache {side}: {json.dumps(shown)}", flush=True)
     result["identical"] = result["on"]["replies"] == result["off"]["replies"]
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
