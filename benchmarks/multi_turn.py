@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import hashlib
 import json
 import platform
 import re
@@ -242,6 +243,9 @@ def main(argv=None) -> int:
         shown = {k: v for k, v in result[side].items() if k not in ("replies", "records")}
         print(f"cache {side}: {json.dumps(shown)}", flush=True)
     result["identical"] = result["on"]["replies"] == result["off"]["replies"]
+    for side in ("on", "off"):  # the texts of random weights: only their digest is kept
+        replies = result[side].pop("replies")
+        result[side]["replies_sha256"] = hashlib.sha256(json.dumps(replies).encode()).hexdigest()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / f"multi_turn_{tag}.json").write_text(json.dumps(result, indent=1))

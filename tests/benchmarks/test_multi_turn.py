@@ -23,7 +23,7 @@ def test_multi_turn_smoke_prefills_only_the_new_tokens_with_the_same_replies(tmp
     assert result.returncode == 0, result.stderr[-3000:]
     results = json.loads((tmp_path / "multi_turn_smoke.json").read_text())
     on, off = results["on"], results["off"]
-    assert results["identical"] and len(on["replies"]) == 2 and all(len(c) == 3 for c in on["replies"])
+    assert results["identical"] and len(on["records"]) == 2 and all(len(c) == 3 for c in on["records"])
     for turn_on, turn_off in zip(on["turns"][1:], off["turns"][1:]):
         # after turn 1 the cache serves the whole history but the reply's last (never fed) token
         assert turn_on["new_tokens"] <= turn_on["computed_tokens"] <= turn_on["new_tokens"] + 1
