@@ -45,7 +45,10 @@ def add_engine_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--buckets", type=int_list, default=None, metavar="1,2,4,...",
                    help="decode batch sizes to compile (default: powers of two up to --max-batch)")
     p.add_argument("--prefix-cache-mb", type=float, default=0.0, metavar="N",
-                   help="host memory for cached prompt-prefix states (0 = off)")
+                   help="host memory for cached prompt-prefix states (0 = off); with it, each finished "
+                        "request's final state is kept too, so a chat's next turn prefills only its new tokens")
+    p.add_argument("--no-turn-cache", dest="turn_cache", action="store_false",
+                   help="keep only prompt-prefix states, not finished requests' final states")
     p.add_argument("--precompile", action="store_true",
                    help="compile every bucket, the prefill shapes the policy uses and the logprob paths before the first step")
     p.add_argument("--prefill", default="auto", choices=("auto", "serial", "varlen", "mixed"),
@@ -97,7 +100,8 @@ def scheduler_config(args: argparse.Namespace):
     max_batch = args.max_batch if args.max_batch is not None else (
         max(args.buckets) if args.buckets else DEFAULT_MAX_BATCH)
     return SchedulerConfig(max_batch=max_batch, buckets=args.buckets,
-                           prefix_cache_bytes=int(args.prefix_cache_mb * 2**20), precompile=args.precompile,
+                           prefix_cache_bytes=int(args.prefix_cache_mb * 2**20), turn_cache=args.turn_cache,
+                           precompile=args.precompile,
                            prefill_policy=args.prefill, chunk=args.chunk, max_tokens_limit=args.max_tokens_limit)
 
 

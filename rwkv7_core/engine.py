@@ -126,7 +126,8 @@ class Engine(Protocol):
         not finite. Only the drawn tokens are fetched to the host."""
 
     def to_host(self, row: Row) -> HostRow:
-        """Copy a row (state and logits, if any) to numpy arrays."""
+        """Copy a row to numpy arrays: the state's leaves, then the logits (None when the row
+        has none, as a row from ``extract``)."""
 
     def from_host(self, host_row: HostRow) -> Row:
         """Inverse of ``to_host``."""

@@ -55,7 +55,7 @@ class Entry:
                              generated_tokens=len(self.tokens), arrival_time=self.arrival,
                              first_token_time=self.first_token_time, finish_time=self.times[self.state],
                              final_state=self.final_state, stop_token=self.stop_token,
-                             stop_logprobs=self.stop_logprobs)
+                             stop_logprobs=self.stop_logprobs, cached_tokens=self.cached_tokens)
 
 
 class Books:

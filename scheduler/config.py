@@ -23,8 +23,11 @@ class SchedulerConfig(NamedTuple):
     """max_batch: most live rows; buckets: decode batch sizes (default powers of two up to
     max_batch, max_batch itself included); prefix_cache_bytes: host prefix-state cache bound
     (0 = off); prefix_block: besides whole prompts, the state at the last multiple of this many
-    tokens is cached, so prompts sharing a system prompt hit; precompile: compile every bucket,
-    the prefill shapes of the policy and the logprob paths before the first step; prefill_policy: a PrefillPolicy (or its value; ``validated``
+    tokens is cached, so prompts sharing a system prompt hit; turn_cache: with a prefix cache,
+    also keep each finished request's final state, keyed by the prompt plus the tokens that
+    state has consumed, so the next prompt extending it (a chat's next turn) prefills only what
+    is new; precompile: compile every bucket, the prefill shapes of the policy and the logprob
+    paths before the first step; prefill_policy: a PrefillPolicy (or its value; ``validated``
     makes it the member); chunk: prompt tokens per varlen call or mixed step; stats_records:
     how many of the most recent per-step / per-request / per-prefill records ``Stats`` keeps
     (its totals and percentiles cover every request whatever this is); max_tokens_limit: the
@@ -33,6 +36,7 @@ class SchedulerConfig(NamedTuple):
     buckets: Sequence[int] | None = None
     prefix_cache_bytes: int = 0
     prefix_block: int = 64
+    turn_cache: bool = True
     precompile: bool = False
     prefill_policy: PrefillPolicy | str = PrefillPolicy.AUTO
     chunk: int = 256

@@ -76,7 +76,7 @@ class Scheduler:
         prefix = (PrefixCache(self.config.prefix_cache_bytes, prefix_store)
                   if self.config.prefix_cache_bytes or prefix_store is not None else None)
         self._prefill = Prefill(engine, self._policy, self.config.chunk, self.stats, prefix,
-                                self.config.prefix_block)
+                                self.config.prefix_block, self.config.turn_cache)
         self._loop = StepLoop(engine, self.config, tokenizer, self.stats, self._books, self._prefill, self.results,
                               self.prefill_lock)
         self.logprobs_unsupported: str | None = None

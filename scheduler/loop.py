@@ -17,6 +17,7 @@ prompt chunks inside the decode step.
 """
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from typing import Callable
@@ -34,6 +35,8 @@ from .prefill import PiecesFailed, Prefill, PrefillReport
 from .request import RequestOutput, RequestState
 from .slots import SlotTable
 from .stats import BucketSwitch, CompileEvent, RequestRecord, Stats
+
+log = logging.getLogger(__name__)
 
 
 class StepLoop:
@@ -170,7 +173,7 @@ class StepLoop:
             self.stats.record_prefill(record)
         if report.call is not None:
             self.stats.record_prefill_call(report.call)
-        self.stats.record_prefix_lookups(report.hits, report.misses, report.removed)
+        self.stats.record_prefix_lookups(report.hits, report.misses, report.removed, report.hit_tokens)
         for done in report.done:
             entry = done.entry
             entry.row, entry.first_token, entry.first_token_time = done.row, done.first_token, done.first_token_time
@@ -276,10 +279,26 @@ class StepLoop:
                 entry.final_state = self._final_state(entry, pending=bool(entry.tokens) and entry.stop_token is None)
             except Exception as e:
                 entry.error, reason = f"reading the final state failed: {type(e).__name__}: {e}", "error"
+        if reason in ("length", "stop") and entry.slot >= 0 and self._prefill.keeps_turns:
+            self._keep_turn_state(entry)
         if entry.slot >= 0:
             self._slots.remove(entry)
         entry.row = None
         self._books.finish(entry, reason)
+
+    def _keep_turn_state(self, entry: Entry) -> None:
+        """Cache the slot's state under the prompt plus the tokens it consumed: every emitted
+        token but the last, which was drawn and not fed, unless a stop token (never fed) ended
+        the request. A failure to read it is only a missed cache entry."""
+        consumed = entry.tokens if entry.stop_token is not None else entry.tokens[:-1]
+        if not consumed:  # the prompt's own state: prefill cached it
+            return
+        try:
+            self._prefill.keep_final(entry, consumed, self.engine.to_host(self.engine.extract(entry.slot)))
+        except Exception as e:  # noqa: BLE001 - the request itself is done and fine
+            log.warning("turn cache: could not keep %s's final state: %s: %s", entry.id, type(e).__name__, e)
+            return
+        self.stats.record_turn_state()
 
     def _final_state(self, entry: Entry, pending: bool):
         """Host row after the prompt and every emitted token: the slot's (or, before the batch,

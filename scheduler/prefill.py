@@ -25,7 +25,10 @@ that of an earlier queued prompt still computing its boundary state waits for it
 A request with an initial state runs
 from it (``Engine.from_host``); its cache keys live in that state's namespace. A prompt
 that drew a non-finite first token from a cached prefix drops that entry (memory and disk)
-and runs again without the cache; an unreadable disk entry is removed at lookup.
+and runs again without the cache; an unreadable disk entry is removed at lookup. With
+``turn_cache`` the step loop also keeps each finished request's final state (``keep_final``),
+keyed by the prompt plus the tokens it consumed: such a state has no logits, so a prompt
+equal to its key looks up one token shorter (the logits come from running that token).
 Calls are bounded, so whoever drives them can stop between two (``abandon``): a stop signal
 is honoured within one call however long the prompt.
 """
@@ -79,6 +82,12 @@ def check_engine_supports(engine, policy: PrefillPolicy) -> None:
                          f"{type(engine).__name__} does not declare it")
 
 
+def _lacks_logits(host_row) -> bool:
+    """Whether a host row has no logits (engines put them last, None for a row taken from
+    the decode batch: ``Engine.extract``)."""
+    return bool(host_row) and host_row[-1] is None
+
+
 def _namespace(entry) -> str:
     """The prefix-cache namespace of an entry: its initial state's key ("" = zeros)."""
     return "" if entry.initial is None else entry.initial.key
@@ -98,14 +107,15 @@ class Prefilled(NamedTuple):
 class PrefillReport(NamedTuple):
     """What one call (or one add) produced: the prompts it finished or failed, the kind of
     engine call that succeeded ("serial", "varlen", "mixed"; None if none did), one
-    PrefillRecord per piece run, the prefix-cache lookups made and the cache entries removed
-    (unreadable, or non-finite in use)."""
+    PrefillRecord per piece run, the prefix-cache lookups made, the cache entries removed
+    (unreadable, or non-finite in use) and the prompt tokens the hits served."""
     done: list[Prefilled]
     call: str | None
     pieces: list[PrefillRecord]
     hits: int
     misses: int
     removed: int = 0
+    hit_tokens: int = 0
 
 
 class PiecesFailed(Exception):
@@ -137,11 +147,11 @@ class Prefill:
     """
 
     def __init__(self, engine, policy: PrefillPolicy, chunk: int, clock, prefix_cache=None,
-                 prefix_block: int = 64):
+                 prefix_block: int = 64, turn_cache: bool = False):
         if policy is PrefillPolicy.AUTO and Capability.VARLEN_PREFILL not in engine.capabilities:
             policy = PrefillPolicy.SERIAL
         self.engine, self.policy, self.clock, self.cache = engine, policy, clock, prefix_cache
-        self.prefix_block = prefix_block
+        self.prefix_block, self.turn_cache = prefix_block, turn_cache
         serial = policy is PrefillPolicy.SERIAL
         self.budget = None if serial else chunk
         self.max_pieces = 1 if serial else MAX_PIECES
@@ -149,10 +159,20 @@ class Prefill:
         self.queue: deque[_Progress] = deque()
         self._done: list[Prefilled] = []
         self._pieces: list[PrefillRecord] = []
-        self._lookups = [0, 0, 0]  # hits, misses, entries removed
+        self._lookups = [0, 0, 0, 0]  # hits, misses, entries removed, tokens hit
 
     def __len__(self) -> int:
         return len(self.queue)
+
+    @property
+    def keeps_turns(self) -> bool:
+        """Whether finished requests' final states go into the prefix cache (``keep_final``)."""
+        return self.cache is not None and self.turn_cache
+
+    def keep_final(self, entry, consumed: Sequence[int], host_row) -> None:
+        """Cache ``host_row`` (a finished request's state, no logits) under the prompt plus
+        ``consumed``: exactly the generated tokens that state has run through."""
+        self.cache.put(list(entry.prompt) + list(consumed), host_row, _namespace(entry))
 
     def wants_more(self) -> bool:
         """Whether another prompt should join the queue: SERIAL takes one at a time, the
@@ -227,7 +247,7 @@ class Prefill:
 
     def _report(self, call: str | None) -> PrefillReport:
         report = PrefillReport(self._done, call, self._pieces, *self._lookups)
-        self._done, self._pieces, self._lookups = [], [], [0, 0, 0]
+        self._done, self._pieces, self._lookups = [], [], [0, 0, 0, 0]
         return report
 
     # -- planning ------------------------------------------------------------------------
@@ -235,8 +255,11 @@ class Prefill:
         entry = progress.entry
         progress.looked_up = True
         progress.done, host = self.cache.longest_prefix(entry.prompt, _namespace(entry))
+        if progress.done == len(entry.prompt) and _lacks_logits(host):  # a finished request's state
+            progress.done, host = self.cache.longest_prefix(entry.prompt[:-1], _namespace(entry))
         self._lookups[0 if progress.done else 1] += 1
         self._lookups[2] += self.cache.take_removed()
+        self._lookups[3] += progress.done
         if progress.done:
             progress.row = self.engine.from_host(host)
         progress.cached = progress.done

@@ -9,6 +9,7 @@ from typing import Sequence
 from rwkv7_core.engine import HostRow, host_row_bytes
 
 from .prefix_disk import DiskPrefixStore
+from .token_radix import TokenRadix
 
 
 class PrefixCache:
@@ -16,7 +17,8 @@ class PrefixCache:
 
     The namespace names the state the tokens ran from ("" = zeros; else an
     ``InitialState.key``). ``longest_prefix(tokens, namespace)`` finds the longest cached key
-    of that namespace that is a prefix of ``tokens`` (it may equal ``tokens``). Least recently
+    of that namespace that is a prefix of ``tokens`` (it may equal ``tokens``; a radix tree per
+    namespace finds it in one walk over ``tokens``, scheduler/token_radix.py). Least recently
     used entries are evicted past ``max_bytes``; an entry larger than ``max_bytes`` is not
     kept in memory. With ``disk``, every entry is also written there (so it survives the
     process), lookups the memory misses go on to the disk, and disk hits come back into
@@ -30,7 +32,7 @@ class PrefixCache:
         self.bytes = 0
         self.disk = disk
         self._entries: OrderedDict[tuple[str, tuple[int, ...]], tuple[HostRow, int]] = OrderedDict()
-        self._lengths: dict[tuple[str, int], int] = {}  # (namespace, key length) -> number of keys
+        self._keys: dict[str, TokenRadix] = {}  # namespace -> its keys in memory
         self._lock = threading.Lock()
         self._removed = 0
 
@@ -76,13 +78,12 @@ class PrefixCache:
 
     def _memory_prefix(self, key: tuple[int, ...], namespace: str) -> tuple[int, HostRow | None]:
         with self._lock:
-            lengths = sorted((n for ns, n in self._lengths if ns == namespace and n <= len(key)), reverse=True)
-            for n in lengths:
-                hit = self._entries.get((namespace, key[:n]))
-                if hit is not None:
-                    self._entries.move_to_end((namespace, key[:n]))
-                    return n, hit[0]
-        return 0, None
+            keys = self._keys.get(namespace)
+            n = 0 if keys is None else keys.longest_prefix(key)
+            if not n:
+                return 0, None
+            self._entries.move_to_end((namespace, key[:n]))
+            return n, self._entries[(namespace, key[:n])][0]
 
     def _remember(self, namespace: str, key: tuple[int, ...], row: HostRow) -> bool:
         """Keep an entry in memory (LRU); False when it was there already."""
@@ -94,7 +95,7 @@ class PrefixCache:
             if size > self.max_bytes:
                 return True
             self._entries[(namespace, key)] = (row, size)
-            self._lengths[(namespace, len(key))] = self._lengths.get((namespace, len(key)), 0) + 1
+            self._keys.setdefault(namespace, TokenRadix()).add(key)
             self.bytes += size
             while self.bytes > self.max_bytes:
                 (ns, old), (_, old_size) = self._entries.popitem(last=False)
@@ -104,6 +105,7 @@ class PrefixCache:
     def _forget(self, namespace: str, key: tuple[int, ...], size: int) -> None:
         """Account an entry taken out of ``_entries`` (caller holds the lock)."""
         self.bytes -= size
-        self._lengths[(namespace, len(key))] -= 1
-        if not self._lengths[(namespace, len(key))]:
-            del self._lengths[(namespace, len(key))]
+        keys = self._keys[namespace]
+        keys.remove(key)
+        if not len(keys):
+            del self._keys[namespace]

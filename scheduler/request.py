@@ -86,6 +86,7 @@ class RequestOutput:
     final_state: HostRow | None = None  # with Request.return_state, when finished "length" / "stop"
     stop_token: int | None = None       # the stop token that ended it (drawn, not in tokens)
     stop_logprobs: TokenLogprobs | None = None  # its TokenLogprobs (N=1), with params.logprobs
+    cached_tokens: int = 0              # prompt tokens served by the prefix cache (not prefilled)
 
     @property
     def ttft(self) -> float | None:

@@ -90,6 +90,8 @@ class Stats:
         self.inter_token = LogHistogram()
         self.step_seconds = LogHistogram()
         self.prefix_hits = self.prefix_misses = self.prefix_removed = 0
+        self.prefix_hit_tokens = 0   # prompt tokens served by the prefix cache
+        self.turn_states = 0         # finished requests' final states kept in the prefix cache
         self.decode_steps = self.decode_tokens = 0
         self.decode_seconds = 0.0
         self.prefill_tokens = 0
@@ -137,13 +139,20 @@ class Stats:
         with self._lock:
             self.prefill_calls[kind] = self.prefill_calls.get(kind, 0) + 1
 
-    def record_prefix_lookups(self, hits: int, misses: int, removed: int = 0) -> None:
-        """Prefix-cache lookups that found a cached prefix (``hits``) or none (``misses``),
-        and entries ``removed`` (unreadable on disk, or non-finite in use)."""
+    def record_prefix_lookups(self, hits: int, misses: int, removed: int = 0, hit_tokens: int = 0) -> None:
+        """Prefix-cache lookups that found a cached prefix (``hits``, serving ``hit_tokens``
+        prompt tokens in all) or none (``misses``), and entries ``removed`` (unreadable on
+        disk, or non-finite in use)."""
         with self._lock:
             self.prefix_hits += hits
             self.prefix_misses += misses
             self.prefix_removed += removed
+            self.prefix_hit_tokens += hit_tokens
+
+    def record_turn_state(self) -> None:
+        """A finished request's final state went into the prefix cache (``turn_cache``)."""
+        with self._lock:
+            self.turn_states += 1
 
     def record_switch(self, switch: BucketSwitch) -> None:
         self.switches.append(switch)
@@ -212,7 +221,8 @@ class Stats:
             getattr(out, name).extend(by_time(lambda p: getattr(p, name), lambda r: r.time))
         out.requests.extend(by_time(lambda p: p.requests, lambda r: r.finish_time))
         out.compiles = by_time(lambda p: p.compiles, lambda e: e.time)
-        for name in ("prefix_hits", "prefix_misses", "prefix_removed", "decode_steps", "decode_tokens",
+        for name in ("prefix_hits", "prefix_misses", "prefix_removed", "prefix_hit_tokens", "turn_states",
+                     "decode_steps", "decode_tokens",
                      "decode_seconds", "prefill_tokens", "prefill_seconds", "compile_seconds", "prompt_tokens",
                      "generated_tokens"):
             setattr(out, name, sum(getattr(p, name) for p in parts))
@@ -276,5 +286,6 @@ class Stats:
             "recent": {"steps": rows(self.steps), "requests": rows(self.requests),
                        "prefills": rows(self.prefills), "switches": rows(self.switches)},
             "prefix_cache": {"hits": self.prefix_hits, "misses": self.prefix_misses,
-                             "removed": self.prefix_removed, "hit_rate": self.prefix_hit_rate},
+                             "removed": self.prefix_removed, "hit_rate": self.prefix_hit_rate,
+                             "hit_tokens": self.prefix_hit_tokens, "turn_states": self.turn_states},
         }

@@ -48,6 +48,7 @@ class Context:
     limits: Limits
     seeds: np.random.Generator  # draws the seeds of requests that give none
     states: dict = field(default_factory=dict)  # named initial states: {name: rwkv7_apps.states.NamedState}
+    replies: chat.ReplyTokens = field(default_factory=chat.ReplyTokens)  # generated ids of chat replies
 
 
 @dataclass
@@ -60,6 +61,7 @@ class Choice:
     scores: list[TokenLogprobs] = field(default_factory=list)
     output: RequestOutput | None = None
     sent_role: bool = False
+    content: str = ""          # the text sent so far
     logprobs_offset: int = 0   # text_offset of its next completion logprobs entry
 
 
@@ -91,8 +93,8 @@ def build_job(ctx: Context, body, kind: str, chat_tokens: list[int] | None = Non
             raise APIError(400, f"chat needs the World vocabulary; this model has {ctx.vocab_size} tokens "
                                 "(use /v1/completions with token-id prompts)", "messages")
         if chat_tokens is None:
-            text = chat.render([(m.role, m.text()) for m in body.messages])
-            prompts, texts = [ctx.tokenizer.encode(text)], [text]
+            messages = [(m.role, m.text()) for m in body.messages]
+            prompts, texts = [chat.encode(ctx.tokenizer, messages, ctx.replies)], [chat.render(messages)]
         else:
             prompts, texts = [chat_tokens], [None]
         logprobs = (body.top_logprobs or 0) if body.logprobs else None
@@ -158,7 +160,7 @@ def tokenize(ctx: Context, body) -> list[int]:
         if ctx.tokenizer is None:
             raise APIError(400, f"messages need the World vocabulary; this model has {ctx.vocab_size} tokens",
                            "messages")
-        return ctx.tokenizer.encode(chat.render([(m.role, m.text()) for m in body.messages]))
+        return chat.encode(ctx.tokenizer, [(m.role, m.text()) for m in body.messages], ctx.replies)
     return _tokens(ctx, body.prompt, "prompt")
 
 
@@ -281,12 +283,28 @@ async def events(ctx: Context, job: Job, queue: asyncio.Queue
                 choice.tokens.append(event.id)
                 if event.logprobs is not None:
                     choice.scores.append(event.logprobs)
-                batch.append((choice, choice.text.push(token_bytes(ctx, event.id)), False, event))
+                delta = choice.text.push(token_bytes(ctx, event.id))
+                choice.content += delta
+                batch.append((choice, delta, False, event))
             else:
                 choice.output = event
                 pending.discard(rid)
-                batch.append((choice, choice.text.finish(), True, None))
+                delta = choice.text.finish()
+                choice.content += delta
+                if job.kind == "chat":
+                    _remember_reply(ctx, job, choice)
+                batch.append((choice, delta, True, None))
         yield batch
+
+
+def _remember_reply(ctx: Context, job: Job, choice: Choice) -> None:
+    """Keep a finished chat reply's generated ids (``chat.ReplyTokens``), so the next turn
+    that sends it back continues from exactly what the model saw."""
+    if choice.output.finish_reason not in ("length", "stop"):
+        return
+    ids = chat.reply_ids(ctx.tokenizer, choice.tokens, choice.content, choice.text.stopped)
+    if ids is not None:
+        ctx.replies.remember(job.prompts[choice.prompt_index], choice.content, ids)
 
 
 def token_bytes(ctx: Context, token: int) -> bytes:
@@ -371,9 +389,13 @@ def chat_logprobs(ctx: Context, job: Job, tokens, scores) -> dict:
 
 
 def usage(job: Job) -> dict:
+    """Token counts; ``prompt_tokens_details.cached_tokens``: prompt tokens the prefix cache
+    served (each prompt counted once, however many choices share it)."""
     prompt = sum(len(p) for p in job.prompts)
     completion = sum(len(c.tokens) for c in job.choices)
-    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+    cached = {c.prompt_index: c.output.cached_tokens for c in job.choices if c.output is not None}
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
+            "prompt_tokens_details": {"cached_tokens": sum(cached.values())}}
 
 
 def response(ctx: Context, job: Job, texts: dict[int, str], prompt_scores: list) -> dict:

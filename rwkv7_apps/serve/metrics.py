@@ -5,7 +5,8 @@ finish reason, prompt and generated tokens, TTFT (from submission) and inter-tok
 histograms; HTTP requests by endpoint (the served routes, every other path as "other", so
 no client can grow the label set) and status. Read from the scheduler at scrape time:
 requests waiting / in prefill / ready / running, each replica's decode bucket, prefix-cache
-hits and misses, and compiles and compile seconds by executable kind ("step", "prefill",
+hits and misses, the prompt tokens they served, prompt tokens prefilled and finished states kept
+(turn cache), and compiles and compile seconds by executable kind ("step", "prefill",
 "score_piece", ...; the precompile at start and any on the request path: a stall shows here).
 """
 from __future__ import annotations
@@ -100,6 +101,12 @@ class _SchedulerCollector:
         c.add_metric(["hit"], stats.prefix_hits)
         c.add_metric(["miss"], stats.prefix_misses)
         yield c
+        yield CounterMetricFamily("rwkv7_prefix_cache_hit_tokens", "Prompt tokens served by the prefix cache",
+                                  value=stats.prefix_hit_tokens)
+        yield CounterMetricFamily("rwkv7_prefill_tokens", "Prompt tokens run through the model (prefix-cache "
+                                  "hits excluded)", value=stats.prefill_tokens)
+        yield CounterMetricFamily("rwkv7_turn_states", "Finished requests' final states kept in the prefix cache",
+                                  value=stats.turn_states)
         compiles = stats.compiles_by_kind()
         c = CounterMetricFamily("rwkv7_compiles", "Executables compiled (at start and on the request path) "
                                 "by kind", labels=["kind"])

@@ -9,7 +9,7 @@ import pytest
 
 from rwkv7_core.engine import Capability
 from rwkv7_core.state_files import from_host_row, load_state, save_state, to_host_row
-from scheduler import Request, SamplingParams, SchedulerConfig, generate
+from scheduler import Request, SamplingParams, Scheduler, SchedulerConfig, generate
 from scheduler.request import InitialState
 
 V = 512
@@ -66,3 +66,27 @@ def test_two_turns_from_a_state_file_equal_one_go(engine, tmp_path):
         expected = generate(engine, one_go, SchedulerConfig(max_batch=4))
         assert [o.tokens for o in continued] == [o.tokens for o in expected] * 2, policy
         assert all(len(o.tokens) == 10 for o in expected)
+
+
+def test_next_turn_from_the_turn_cache_equals_one_go(engine):
+    """A scheduler with a prefix cache keeps each finished request's state (``turn_cache``):
+    the next turn (prompt + output + new tokens) prefills only the new part, and draws
+    exactly what a cold prefill of the whole prompt draws."""
+    rng = np.random.default_rng()
+    p1s = [rng.integers(1, V, int(n)).tolist() for n in rng.integers(3, 30, 2)]
+    free = generate(engine, [Request(f"f{i}", p, _greedy(12)) for i, p in enumerate(p1s)], SchedulerConfig(max_batch=2))
+    turn1 = [Request("length", p1s[0], _greedy(12)), Request("stop_token", p1s[1], _greedy(12, [free[1].tokens[5]]))]
+    scheduler = Scheduler(engine, SchedulerConfig(max_batch=2, prefix_cache_bytes=64 << 20, prefix_block=8))
+    for r in turn1:
+        scheduler.add(r)
+    scheduler.run()
+    firsts = [scheduler.results.pop(r.id) for r in turn1]
+    turn2 = [Request(r.id + "-2", list(r.prompt_tokens) + out.tokens + rng.integers(1, V, 7).tolist(), _greedy(10))
+             for r, out in zip(turn1, firsts)]
+    for r in turn2:
+        scheduler.add(r)
+    scheduler.run()
+    seconds = [scheduler.results.pop(r.id) for r in turn2]
+    assert [o.cached_tokens for o in seconds] == [len(p1s[0]) + 11, len(p1s[1]) + 5]
+    cold = generate(engine, turn2, SchedulerConfig(max_batch=2))
+    assert [o.tokens for o in seconds] == [o.tokens for o in cold]

@@ -24,7 +24,8 @@ def _random_run(rng, t0=1000.0):
     stats.record_switch(BucketSwitch(t0 + 0.6, 8, 4, 3, 0.001))
     for i in range(10):
         stats.record_prefill(PrefillRecord(t0 + 0.01 * i, str(i), int(rng.integers(1, 50)), 0.005))
-    stats.prefix_hits, stats.prefix_misses = 3, 7
+    stats.record_prefix_lookups(3, 7, hit_tokens=40)
+    stats.record_turn_state()
     counts, ttfts = RunCounts(), []
     for i in range(10):
         record = {"finish_reason": "length", "prompt_tokens": int(rng.integers(1, 50)),
@@ -67,7 +68,8 @@ def test_metrics_fields_and_values(tmp_path):
     assert [e["what"] for e in m["compile_events"]] == ["step:8", "prefill:16"]
     assert np.isclose(m["compile_events"][0]["time"], 0.1) and np.isclose(m["compile_seconds"], 0.5)
     assert m["bucket_switches"][0]["to_bucket"] == 4
-    assert m["prefix_cache"] == {"hits": 3, "misses": 7, "removed": 0, "hit_rate": 0.3}
+    assert m["prefix_cache"] == {"hits": 3, "misses": 7, "removed": 0, "hit_tokens": 40, "turn_states": 1,
+                                 "hit_rate": 0.3}
     assert m["decode_steps"] == 50 and m["wall_time_s"] == wall
     table = summary_table(m)
     assert "10 / 1" in table and "30.0%" in table

@@ -6,7 +6,7 @@ import pytest
 
 openai = pytest.importorskip("openai")
 
-from rwkv7_apps.serve.chat import render  # noqa: E402
+from rwkv7_apps.serve.chat import encode, render  # noqa: E402
 from rwkv7_core.tokenizer import WorldTokenizer  # noqa: E402
 from tests.rwkv7_apps.serve_harness import running_server  # noqa: E402
 
@@ -45,7 +45,7 @@ def test_chat_renders_the_world_format_and_streams_the_same_text(client):
     whole = client.chat.completions.create(model=MODEL, messages=messages, temperature=0, max_tokens=10)
     prompt = "System: You are terse.\n\nUser: Hi there\n\nAssistant: Hello!\nWhat now?\n\nUser: Tell me\n\nAssistant:"
     assert render([(m["role"], m["content"]) for m in messages]) == prompt
-    assert whole.usage.prompt_tokens == len(WorldTokenizer().encode(prompt))
+    assert whole.usage.prompt_tokens == len(encode(WorldTokenizer(), [(m["role"], m["content"]) for m in messages]))
     choice = whole.choices[0]
     assert choice.message.role == "assistant" and choice.finish_reason in ("stop", "length")
     stream = client.chat.completions.create(model=MODEL, messages=messages, temperature=0, max_tokens=10,

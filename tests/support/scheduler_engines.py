@@ -136,10 +136,10 @@ class FakeEngine:
                            np.asarray(positions))
 
     def to_host(self, row):
-        return tuple(np.array(a) for a in row)
+        return tuple(None if a is None else np.array(a) for a in row)
 
     def from_host(self, host_row):
-        return tuple(np.array(a) for a in host_row)
+        return tuple(None if a is None else np.array(a) for a in host_row)
 
 
 def reference_decode(engine: FakeEngine, prompt: Sequence[int], params, max_tokens: int | None = None):
