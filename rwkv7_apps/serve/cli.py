@@ -29,6 +29,7 @@ from ..states import register_states, state_option
 from .response_store import DEFAULT_MAX_COUNT, DEFAULT_MAX_MB
 
 EXIT_BAD_ARGS = 2
+SERVER_PREFIX_CACHE_MB = 1024.0
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -63,7 +64,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="run the --data-parallel replicas as Ray actors on this cluster ('local': start one here); "
                         "needs the [ray] extra")
     add_engine_options(p)
-    p.set_defaults(precompile=True)
+    # a server holds conversations: compile before ready, and keep finished turns' states (a
+    # chat's next turn prefills only its new message) unless told otherwise
+    p.set_defaults(precompile=True, prefix_cache_mb=SERVER_PREFIX_CACHE_MB)
     p.add_argument("--no-precompile", dest="precompile", action="store_false",
                    help="report ready before compiling anything (quick development starts; the first "
                         "requests of each new shape then wait for its compile)")
