@@ -28,6 +28,10 @@ dtypes (x dtype = the model dtype unless stated):
   recurrence. The fused decode ops return `out` (and channel_mix its result) as a
   ``SplitSum`` (unreduced split-K partials) that their shift_mix takes as `delta` and that
   ``h + out`` sums.
+- Quantized models (``rwkv7_core.quantization``) pass a ``pallas_kernels.quantized.QuantizedWeight``
+  for the large projections (always [out, in], the channel-mix value [C, F] too); the XLA ops
+  take it (``matmul_f32`` dequantizes inside the product), the Pallas ones not yet
+  (``rwkv_jax.kernels.QUANTIZED_KERNELS``).
 - ``state_views(state) -> SlicedState | InPlaceState``: how the layer loop hands each layer its
   state (``rwkv_jax.state_views``): per-layer slices, or whole leaves updated in place.
 """
