@@ -256,8 +256,9 @@ def _schedulers(parser, args, model_path: Path) -> SchedulerInterface:
     except ValueError as e:
         parser.error(str(e))
     try:
-        engines = ([load_engine(args.backend, model_path, args.dtype, args.kernels)] if len(devices) == 1
-                   else load_engines(args.backend, model_path, args.dtype, args.kernels, devices))
+        engines = ([load_engine(args.backend, model_path, args.dtype, args.kernels, quantization=args.quantization)]
+                   if len(devices) == 1 else
+                   load_engines(args.backend, model_path, args.dtype, args.kernels, devices, args.quantization))
     except (OSError, ValueError) as e:
         parser.exit(EXIT_BAD_ARGS, f"rwkv7-generate: error: cannot load model {model_path}: {e}\n")
     tokenizer = tokenizer_for(engines[0].vocab_size, model_path)
@@ -287,7 +288,7 @@ def _prefix_store(args, model_path: Path, engine):
         return None
     from scheduler.prefix_disk import DiskPrefixStore
 
-    fingerprint = model_fingerprint(model_path, args.backend, engine, args.dtype, cache_dir())
+    fingerprint = model_fingerprint(model_path, args.backend, engine, args.dtype, cache_dir(), args.quantization)
     return DiskPrefixStore(args.prefix_cache_dir, int(args.prefix_cache_disk_mb * 2**20), fingerprint)
 
 

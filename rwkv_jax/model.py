@@ -81,14 +81,15 @@ def load(path: str | os.PathLike, dtype: str = "float32", kernels: str | Kernels
     default device). quantization: none | int8 | fp8 weight-only quantization of the large
     projections (``rwkv7_core.quantization``; group_size: int8 input channels per scale,
     default ``DEFAULT_GROUP_SIZE``); a checkpoint saved quantized loads only with its own
-    scheme. Quantized weights run on the xla kernels only for now.
+    scheme. Quantized weights run on the xla kernels only for now (``auto`` picks them).
     """
     if dtype not in DTYPES:
         raise ValueError(f"dtype {dtype!r} not supported; choose one of {sorted(DTYPES)}")
     device = local_device(device)
+    if spec_for(quantization, group_size) is not None and kernels == Kernels.AUTO:
+        kernels = Kernels.XLA  # the kernels that take quantized weights (QUANTIZED_KERNELS)
     kernels = resolve(kernels)
     ops_for(Path.B1T1, kernels)  # fail now, not at the first call, if the kernels are missing
-    spec_for(quantization, group_size)  # an unknown scheme fails before the file is read
     tensors, config = read_checkpoint(path)
     quant = resolve_spec(quantization, group_size, stored_spec(tensors.metadata), str(path))
     if quant is not None and kernels not in QUANTIZED_KERNELS:

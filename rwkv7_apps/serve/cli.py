@@ -96,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=args.log_level.upper(), format="rwkv7-serve: %(message)s")
     model_path = args.model or random_model_path(args.random_model)
     try:
-        engine = load_engine(args.backend, model_path, args.dtype, args.kernels)
+        engine = load_engine(args.backend, model_path, args.dtype, args.kernels, quantization=args.quantization)
     except (OSError, ValueError) as e:
         parser.exit(EXIT_BAD_ARGS, f"rwkv7-serve: error: cannot load model {model_path}: {e}\n")
     try:
