@@ -42,7 +42,7 @@ BYTES = {"pred": 1, "f8e4m3fn": 1, "s8": 1, "u8": 1, "bf16": 2, "f16": 2, "s16":
          "u32": 4, "f64": 8, "s64": 8, "u64": 8}
 THUNK = re.compile(r"^\s*(\d+): (k\w+)\s+\[[^\]]*\]\s*(\S+)?(?: grid: \[(\d+), (\d+), (\d+)\] threads: "
                    r"\[(\d+), (\d+), (\d+)\])?")
-ARRAY = re.compile(r"\b(pred|f8e4m3fn|[subf]\d+)\[([\d,]*)\]")
+ARRAY = re.compile(r"\b(pred|bf16|f8e4m3fn|[subf]\d+)\[([\d,]*)\]")
 COPY_KINDS = ("kCopy", "kMemcpy")
 NON_LAUNCH = ("kSequential", "kCommandBuffer", "kWhile", "kConditional", "kDynamicSliceFusion")
 
@@ -73,16 +73,18 @@ def hlo_bytes(dump: str, per_layer: tuple = (), n_layer: int = 1) -> dict:
     entry computation (state leaves per layer, see array_bytes; the embedding table counts
     nothing: a lookup reads B rows)."""
     text = open(_one(dump, "*gpu_after_optimizations.txt")).read()
-    entry = text[text.index("\nENTRY "):]
+    entry = text[text.index("\nENTRY ") + 1:]
     head, body = entry.split("\n", 1)
     sizes = {name: 0 if name.startswith("params__emb__") else array_bytes(t, per_layer, n_layer)
-             for name, t in re.findall(r"(\w[\w.\-]*): ((?:pred|f8e4m3fn|[subf]\d+)\[[\d,]*\])", head)}
+             for name, t in re.findall(r"(\w[\w.\-]*): ((?:pred|bf16|f8e4m3fn|[subf]\d+)\[[\d,]*\])", head)}
     out = {}
     for line in body.split("\n"):
         m = re.match(r"\s*(?:ROOT )?%([\w.\-]+) = (.*?) ([\w\-]+)\((.*)", line)
         if not m:
             continue
-        name, result, _, rest = m.groups()
+        name, result, kind, rest = m.groups()
+        if kind == "parameter" and name in sizes:  # sized from the header (the embedding: nothing)
+            continue
         sizes[name] = array_bytes(result.split("{")[0] if not result.startswith("(") else result,
                                   per_layer, n_layer)
         operands = re.findall(r"%([\w.\-]+)", rest.split("), ")[0])
