@@ -5,7 +5,9 @@ B = 1, 8, 32, prefill tok/s at T = 512, the machine's measured read bandwidth an
 rate, roofline fractions, per-call dispatch overhead on the tiny model, and compile
 time per bucket for the tiny and 0.1b shapes. Prints a table and writes
 benchmarks/results/cpu_model_bench.json. Run: `python benchmarks/cpu_model_bench.py`
-(a few minutes on 2 cores; `--quick` shortens every measurement).
+(a few minutes on 2 cores; `--quick` shortens every measurement; `--quantization int8`
+(repeatable) adds float32-activation JAX rows with quantized weights, e.g.
+``jax_xla_float32_int8_B1``; benchmarks/quant_speed.py is the interleaved A/B of those).
 """
 from __future__ import annotations
 
@@ -168,7 +170,7 @@ def prefill_flops_per_token(config) -> int:
 
 
 # ----------------------------------------------------------------------------- main
-def run(seconds: float) -> dict:
+def run(seconds: float, quantizations=()) -> dict:
     out: dict = {"machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
                              "jax": jax.__version__, "seconds_per_measurement": seconds,
                              "load_average_at_start": os.getloadavg()}}
@@ -187,14 +189,17 @@ def run(seconds: float) -> dict:
         write_random_checkpoint(st_path, config, seed=0)
         write_random_checkpoint(pth_path, config, seed=0)
         decode, prefill = {}, {}
-        for dtype in ("float32", "bfloat16"):
-            engine = JaxEngine(rwkv_jax.load(st_path, dtype=dtype))
-            times = compile_forwards(engine, buckets if dtype == "float32" else [(1, 1)])
-            if dtype == "float32":
-                out["compile_seconds"]["0.1b"] = {f"{b}x{t}": s for (b, t), s in times.items()}
-                prefill["jax_xla_float32"] = jax_prefill(engine, PREFILL_T, seconds)
-            for B in (DECODE_BATCHES if dtype == "float32" else (1,)):
-                decode[f"jax_xla_{dtype}_B{B}"] = jax_decode(engine, B, seconds)
+        for dtype, quant in [("float32", "none"), ("bfloat16", "none")] + [("float32", q) for q in quantizations]:
+            engine = JaxEngine(rwkv_jax.load(st_path, dtype=dtype, quantization=quant))
+            name = f"jax_xla_{dtype}" + ("" if quant == "none" else f"_{quant}")
+            full = dtype == "float32"
+            times = compile_forwards(engine, buckets if full else [(1, 1)])
+            if full:
+                out["compile_seconds"]["0.1b" + ("" if quant == "none" else f"_{quant}")] = {
+                    f"{b}x{t}": s for (b, t), s in times.items()}
+                prefill[name] = jax_prefill(engine, PREFILL_T, seconds)
+            for B in (DECODE_BATCHES if full else (1,)):
+                decode[f"{name}_B{B}"] = jax_decode(engine, B, seconds)
             del engine
         official = official_model(pth_path)
         threads = official_thread_probe(official, seconds)
@@ -225,8 +230,9 @@ def analyse(out: dict, config) -> dict:
            "flops_per_token": flops_per_token, "matmul_gflops_used": mm}
     for key, tps in d.items():
         if key.endswith("_B1"):
-            itemsize = 2 if "bfloat16" in key else 4
-            res[f"{key}_fraction_of_bandwidth_roofline"] = tps * weight_bytes_per_token(config, itemsize) / (bw * 1e9)
+            if not any(f"_{q}_" in key for q in ("int8", "fp8")):  # quantized bytes: benchmarks/quant_speed.py
+                itemsize = 2 if "bfloat16" in key else 4
+                res[f"{key}_fraction_of_bandwidth_roofline"] = tps * weight_bytes_per_token(config, itemsize) / (bw * 1e9)
         else:
             res[f"{key}_fraction_of_matmul_rate"] = tps * flops_per_token / (mm * 1e9)
     res["goal_jax_b1_vs_official (>=0.9)"] = d["jax_xla_float32_B1"] / d["official_float32_B1"]
@@ -263,8 +269,10 @@ def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="0.3 s per measurement instead of 2 s")
     ap.add_argument("--output", type=Path, default=RESULTS)
+    ap.add_argument("--quantization", action="append", default=[], choices=("int8", "fp8"),
+                    help="also time the JAX float32 model with these quantized weights (repeatable)")
     args = ap.parse_args(argv)
-    out = run(0.3 if args.quick else 2.0)
+    out = run(0.3 if args.quick else 2.0, args.quantization)
     print_table(out)
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text(json.dumps(out, indent=1) + "\n")

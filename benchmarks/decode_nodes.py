@@ -38,11 +38,11 @@ import jax.numpy as jnp  # noqa: E402
 
 DEFAULT_TARGET = "h200"  # bundled with the package: rwkv_jax/gpu_targets/h200.txtpb
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
-BYTES = {"pred": 1, "s8": 1, "u8": 1, "bf16": 2, "f16": 2, "s16": 2, "u16": 2, "f32": 4, "s32": 4,
+BYTES = {"pred": 1, "f8e4m3fn": 1, "s8": 1, "u8": 1, "bf16": 2, "f16": 2, "s16": 2, "u16": 2, "f32": 4, "s32": 4,
          "u32": 4, "f64": 8, "s64": 8, "u64": 8}
 THUNK = re.compile(r"^\s*(\d+): (k\w+)\s+\[[^\]]*\]\s*(\S+)?(?: grid: \[(\d+), (\d+), (\d+)\] threads: "
                    r"\[(\d+), (\d+), (\d+)\])?")
-ARRAY = re.compile(r"\b(pred|[subf]\d+)\[([\d,]*)\]")
+ARRAY = re.compile(r"\b(pred|bf16|f8e4m3fn|[subf]\d+)\[([\d,]*)\]")
 COPY_KINDS = ("kCopy", "kMemcpy")
 NON_LAUNCH = ("kSequential", "kCommandBuffer", "kWhile", "kConditional", "kDynamicSliceFusion")
 
@@ -73,16 +73,18 @@ def hlo_bytes(dump: str, per_layer: tuple = (), n_layer: int = 1) -> dict:
     entry computation (state leaves per layer, see array_bytes; the embedding table counts
     nothing: a lookup reads B rows)."""
     text = open(_one(dump, "*gpu_after_optimizations.txt")).read()
-    entry = text[text.index("\nENTRY "):]
+    entry = text[text.index("\nENTRY ") + 1:]
     head, body = entry.split("\n", 1)
     sizes = {name: 0 if name.startswith("params__emb__") else array_bytes(t, per_layer, n_layer)
-             for name, t in re.findall(r"(\w[\w.\-]*): ((?:pred|[subf]\d+)\[[\d,]*\])", head)}
+             for name, t in re.findall(r"(\w[\w.\-]*): ((?:pred|bf16|f8e4m3fn|[subf]\d+)\[[\d,]*\])", head)}
     out = {}
     for line in body.split("\n"):
         m = re.match(r"\s*(?:ROOT )?%([\w.\-]+) = (.*?) ([\w\-]+)\((.*)", line)
         if not m:
             continue
-        name, result, _, rest = m.groups()
+        name, result, kind, rest = m.groups()
+        if kind == "parameter" and name in sizes:  # sized from the header (the embedding: nothing)
+            continue
         sizes[name] = array_bytes(result.split("{")[0] if not result.startswith("(") else result,
                                   per_layer, n_layer)
         operands = re.findall(r"%([\w.\-]+)", rest.split("), ")[0])
@@ -207,14 +209,15 @@ def markdown(rows: list) -> str:
     return "\n".join(lines) + "\n"
 
 
-def compile_step(config, dtype, kernels: str, B: int, dump: str, target) -> float:
-    """Deviceless compile of the forward decode step (B sequences, T = 1); returns seconds."""
+def compile_step(config, dtype, kernels: str, B: int, dump: str, target, quant=None) -> float:
+    """Deviceless compile of the forward decode step (B sequences, T = 1), with weights
+    quantized by `quant` (a rwkv7_core.quantization.QuantSpec or None); returns seconds."""
     from rwkv_jax.forward import forward_fn
     from rwkv_jax.paths import select_path
     from rwkv_jax.random_params import params_struct
     from rwkv_jax.state import init_state
     from rwkv_jax.deviceless import dump_options, on_target, placed
-    params = params_struct(config, dtype)
+    params = params_struct(config, dtype, quant)
     state = jax.eval_shape(lambda: init_state(config, B, dtype))
     tokens = jax.ShapeDtypeStruct((B, 1), jnp.int32)
     static = dict(config=config, path=select_path(B, 1), kernels=kernels)
@@ -234,6 +237,9 @@ def main(argv=None) -> None:
     ap.add_argument("--batch", default="1", help="comma list of batch sizes (T = 1)")
     ap.add_argument("--target", default=DEFAULT_TARGET,
                     help="bundled GPU target (rwkv_jax/gpu_targets) or a GpuTargetConfig .txtpb file")
+    ap.add_argument("--quantization", default="none", choices=("none", "int8", "fp8"),
+                    help="quantized weights (kernels that take them: xla)")
+    ap.add_argument("--group-size", type=int, default=None, help="int8 group size (default: the library's)")
     ap.add_argument("--ptxas", action="store_true", help="ptxas -v every Pallas entry (regs, spills)")
     ap.add_argument("--keep-dumps", help="keep the XLA dumps under this folder")
     ap.add_argument("--json", help="append the rows to this JSON file (a list)")
@@ -245,8 +251,10 @@ def main(argv=None) -> None:
         return
     from rwkv7_core.config import named_config
     from rwkv_jax import deviceless
+    from rwkv7_core.quantization import spec_for
     config = named_config(a.config)
     target = deviceless.load_target(a.target)
+    quant = spec_for(a.quantization, a.group_size)
 
     def save(row):  # after every row: a long sweep cut short keeps what it measured
         if a.json:
@@ -257,7 +265,7 @@ def main(argv=None) -> None:
         for B in map(int, a.batch.split(",")):
             dump = tempfile.mkdtemp(prefix=f"nodes_{a.config}_{kernels}_B{B}_", dir=a.keep_dumps)
             try:
-                seconds = compile_step(config, DTYPES[a.dtype], kernels, B, dump, target)
+                seconds = compile_step(config, DTYPES[a.dtype], kernels, B, dump, target, quant)
             except Exception as e:  # a shape that does not compile is a result too
                 print(f"{a.config} {a.dtype} {kernels} B={B} FAILED: {type(e).__name__}: {str(e)[:300]}", flush=True)
                 save({"label": a.label, "config": a.config, "dtype": a.dtype, "kernels": kernels, "B": B,
@@ -266,7 +274,8 @@ def main(argv=None) -> None:
             from rwkv7_core.state import state_shapes
             records = thunks(dump, tuple(state_shapes(config, B).values()), config.n_layer)
             row = {"label": a.label, "config": a.config, "dtype": a.dtype, "kernels": kernels, "B": B,
-                   "n_layer": config.n_layer, "compile_s": round(seconds, 1), **summarize(records, config.n_layer),
+                   **({"quantization": quant.describe()} if quant else {}), "n_layer": config.n_layer,
+                   "compile_s": round(seconds, 1), **summarize(records, config.n_layer),
                    "launches": [{k: r[k] for k in ("name", "programs", "bytes") if k in r}
                                 for r in records if r["name"].startswith("rwkv7")]}
             if a.ptxas:
@@ -275,6 +284,7 @@ def main(argv=None) -> None:
                   f"({row['nodes_per_layer']:.1f}/layer)  kernels {row['kernel_launches']:4d} "
                   f"(pallas {sum(row['pallas_launches'].values())}, xla {row['xla_kernels']})  "
                   f"copies {row['copies']:4d} ({row['copy_bytes'] / 1e6:.2f} MB)  "
+                  f"kernel bytes {row['kernel_bytes'] / 1e6:.1f} MB  "
                   f"compile {seconds:.1f}s  {row['pallas_launches']}", flush=True)
             if a.ptxas:
                 spills = {k: v for k, v in row["ptxas"].items() if v.get("spill_stores") or "error" in v}

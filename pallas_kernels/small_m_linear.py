@@ -17,6 +17,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu_triton
 
 from .common import next_pow2, pow2_divisor, require, triton_params
+from .quantized import QuantizedWeight, quantized_matmul_f32
 
 MAX_M = 16             # the largest row count this kernel serves (callers fall back to XLA above)
 MAX_BLOCK_N = 64       # output columns per program (a power of two dividing N is used)
@@ -28,7 +29,10 @@ TARGET_PROGRAMS = 1024  # aim for this many programs (>= ~8 per SM on an H200) w
 
 def matmul_f32(x, w, w_in_axis: int = 1):
     """x [M, K] @ w -> [M, N] float32 (operands in x.dtype); w is [N, K] (w_in_axis=1) or
-    [K, N] (w_in_axis=0)."""
+    [K, N] (w_in_axis=0), or a ``QuantizedWeight`` (always [N, K]; dequantized in the product)."""
+    if isinstance(w, QuantizedWeight):
+        return quantized_matmul_f32(x, w)
+
     def dot(x):
         return jax.lax.dot_general(x, w.astype(x.dtype), (((1,), (w_in_axis,)), ((), ())),
                                    preferred_element_type=jnp.float32)

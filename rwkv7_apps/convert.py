@@ -4,6 +4,9 @@ The source is anything ``--model`` takes (``.pth``, our ``.safetensors``, a Hugg
 directory); ``--to hf`` writes an HF ``RWKV7ForCausalLM`` directory (fla's layout, with the
 World vocabulary file for 65536-token models), ``--to safetensors`` / ``--to pth`` a file in
 the official layout. Tensors keep their dtype unless ``--dtype`` casts them.
+``--quantization int8|fp8`` (``--to safetensors`` only) writes a quantized checkpoint: the large
+projections as q plus float32 scales, the scheme in the file's metadata (``rwkv7_core.quantization``);
+load it with the same ``--quantization``.
 """
 from __future__ import annotations
 
@@ -15,6 +18,7 @@ import numpy as np
 
 from rwkv7_core.checkpoint import SUPPORTED_DTYPES, CheckpointError, read_checkpoint, write_checkpoint
 from rwkv7_core.hf_checkpoint import VOCAB_FILE, write_hf_dir
+from rwkv7_core.quantization import SCHEMES, metadata, quantize_tensors, spec_for, stored_spec
 from rwkv7_core.tokenizer import WORLD_VOCAB_SIZE, world_vocab_file
 
 EXIT_BAD_INPUT = 2
@@ -29,6 +33,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dtype", choices=sorted(SUPPORTED_DTYPES), help="cast every tensor (default: keep)")
     p.add_argument("--max-shard-mb", type=float, default=4096,
                    help="--to hf: shards of at most this size (default 4096; a shard is built in memory)")
+    p.add_argument("--quantization", choices=SCHEMES, default="none",
+                   help="--to safetensors: quantize the large projections (default none)")
+    p.add_argument("--group-size", type=int, default=None,
+                   help="int8 input channels per scale (default: rwkv7_core.quantization.DEFAULT_GROUP_SIZE)")
     return p
 
 
@@ -38,8 +46,12 @@ def main(argv: list[str] | None = None) -> int:
     suffix = {"safetensors": ".safetensors", "pth": ".pth"}.get(args.to)
     if suffix and Path(args.out).suffix != suffix:
         parser.error(f"--to {args.to}: --out must end in {suffix}")
+    if args.quantization != "none" and args.to != "safetensors":
+        parser.error("--quantization needs --to safetensors (the scheme travels in its metadata)")
     try:
         tensors, config = read_checkpoint(args.source)
+        if stored_spec(tensors.metadata, args.source) is not None:
+            raise CheckpointError(f"{args.source!r} is already quantized; convert its float checkpoint")
         dtype = args.dtype or next(n for n, d in SUPPORTED_DTYPES.items() if np.dtype(d) == tensors.dtype("emb.weight"))
         if args.to == "hf":
             source_vocab = Path(args.source) / VOCAB_FILE
@@ -49,11 +61,17 @@ def main(argv: list[str] | None = None) -> int:
             write_hf_dir(args.out, tensors, config, dtype, shard, vocab)
         else:
             target = SUPPORTED_DTYPES[dtype]
-            write_checkpoint(args.out, {k: tensors[k].astype(target) for k in tensors})
+            cast = {k: tensors[k].astype(target) for k in tensors}
+            quant = spec_for(args.quantization, args.group_size)
+            if quant is None:
+                write_checkpoint(args.out, cast)
+            else:
+                write_checkpoint(args.out, quantize_tensors(cast, quant), metadata(quant))
     except (CheckpointError, OSError) as e:
         print(f"rwkv7-convert: error: {e}", file=sys.stderr)
         return EXIT_BAD_INPUT
-    print(f"wrote {args.out} ({args.to}, {dtype}): {config}")
+    quantized = "" if args.quantization == "none" else f", {args.quantization} projections"
+    print(f"wrote {args.out} ({args.to}, {dtype}{quantized}): {config}")
     return 0
 
 

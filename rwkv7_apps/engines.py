@@ -64,15 +64,16 @@ def kernel_choices(backend: str) -> list[str]:
 
 
 def load_engine(backend: str, path: str | os.PathLike, dtype: str = "float32", kernels: str = "auto",
-                device=None):
-    """The backend's engine for a checkpoint; ValueError for a bad backend, dtype or kernels
-    (each backend's ``load`` checks its own kernels and resolves ``auto``). device: jax, an
-    index into ``jax.local_devices()``; torch, a device string ("cuda:1", "cpu"); None =
-    the backend's default."""
-    return load_engines(backend, path, dtype, kernels, [device])[0]
+                device=None, quantization: str = "none"):
+    """The backend's engine for a checkpoint; ValueError for a bad backend, dtype, kernels or
+    quantization (each backend's ``load`` checks its own kernels and resolves ``auto``). device:
+    jax, an index into ``jax.local_devices()``; torch, a device string ("cuda:1", "cpu"); None =
+    the backend's default. quantization: none | int8 | fp8 (``rwkv7_core.quantization``)."""
+    return load_engines(backend, path, dtype, kernels, [device], quantization)[0]
 
 
-def load_engines(backend: str, path: str | os.PathLike, dtype: str, kernels: str, devices: list) -> list:
+def load_engines(backend: str, path: str | os.PathLike, dtype: str, kernels: str, devices: list,
+                 quantization: str = "none") -> list:
     """One engine per entry of ``devices`` (see ``load_engine``; ``replica_devices`` gives
     them). JAX reads the checkpoint once and puts a copy of the weights on each device."""
     if backend == "jax":
@@ -80,7 +81,7 @@ def load_engines(backend: str, path: str | os.PathLike, dtype: str, kernels: str
         from rwkv_jax.engine import JaxEngine
 
         rwkv_jax.enable_compilation_cache(compile_cache_dir())  # reruns and resumed runs skip compiling
-        first = rwkv_jax.load(path, dtype=dtype, kernels=kernels, device=devices[0])
+        first = rwkv_jax.load(path, dtype=dtype, kernels=kernels, device=devices[0], quantization=quantization)
         models = [first] + [rwkv_jax.Model(first.params, first.config, first.dtype, first.kernels,
                                            rwkv_jax.local_device(d)) for d in devices[1:]]
         return [JaxEngine(m) for m in models]
@@ -88,7 +89,8 @@ def load_engines(backend: str, path: str | os.PathLike, dtype: str, kernels: str
         try:
             import rwkv_torch_ref
             from rwkv_torch_ref.engine import TorchEngine
-            return [TorchEngine(rwkv_torch_ref.load(path, dtype=dtype, kernels=kernels, device=d)) for d in devices]
+            return [TorchEngine(rwkv_torch_ref.load(path, dtype=dtype, kernels=kernels, device=d,
+                                                    quantization=quantization)) for d in devices]
         except ModuleNotFoundError as e:
             raise ValueError(f"--backend torch needs {e.name}: pip install 'rwkv7-engine[torch]'") from None
     raise ValueError(f"unknown backend {backend!r}; choose one of {BACKENDS}")

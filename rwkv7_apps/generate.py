@@ -258,7 +258,7 @@ def _prefix_store(args, model_path: Path, engine):
         return None
     from scheduler.prefix_disk import DiskPrefixStore
 
-    fingerprint = model_fingerprint(model_path, args.backend, engine, args.dtype, cache_dir())
+    fingerprint = model_fingerprint(model_path, args.backend, engine, args.dtype, cache_dir(), args.quantization)
     return DiskPrefixStore(args.prefix_cache_dir, int(args.prefix_cache_disk_mb * 2**20), fingerprint)
 
 

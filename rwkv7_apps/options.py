@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from rwkv7_core.quantization import SCHEMES
 from rwkv7_core.sampling import MAX_TOKENS_LIMIT
 
 from .engines import BACKENDS, kernel_choices, random_model_names
@@ -40,6 +41,9 @@ def add_engine_options(p: argparse.ArgumentParser) -> None:
                    help="jax: auto|xla|pallas|pallas-fused|pallas-interpret|pallas-fused-interpret; torch: auto|torch|triton "
                         "(auto = the fastest available on this machine; checked by the backend)")
     p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
+    p.add_argument("--quantization", default="none", choices=SCHEMES,
+                   help="weight-only quantization of the large projections (int8: groups of 128 input "
+                        "channels; fp8: e4m3, one scale per row; see docs/quantization.md); jax: xla kernels only")
     p.add_argument("--max-batch", type=int, default=None,
                    help="most sequences decoded together (default 256, or the largest of --buckets)")
     p.add_argument("--buckets", type=int_list, default=None, metavar="1,2,4,...",

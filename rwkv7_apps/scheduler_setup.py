@@ -41,8 +41,9 @@ def build_scheduler(parser: argparse.ArgumentParser, args, model_path: Path,
     except ValueError as e:
         parser.error(str(e))
     try:
-        engines = ([load_engine(args.backend, model_path, args.dtype, args.kernels)] if len(devices) == 1
-                   else load_engines(args.backend, model_path, args.dtype, args.kernels, devices))
+        engines = ([load_engine(args.backend, model_path, args.dtype, args.kernels, quantization=args.quantization)]
+                   if len(devices) == 1 else
+                   load_engines(args.backend, model_path, args.dtype, args.kernels, devices, args.quantization))
     except (OSError, ValueError) as e:
         fail(f"cannot load model {model_path}: {e}")
     tokenizer = tokenizer_for(engines[0].vocab_size, model_path)

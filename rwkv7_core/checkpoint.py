@@ -23,6 +23,7 @@ import ml_dtypes
 import numpy as np
 
 from .config import ModelConfig, expected_shapes
+from .quantization import check_quantized, quantized_key, scale_key, stored_spec
 from .tensor_files import (FLOATS, SUPPORTED_DTYPES, CheckpointError, LazyTensors, Tensors, mapped_entries,
                            read_safetensors, safetensors_entries, write_safetensors)
 
@@ -56,12 +57,14 @@ def infer_config(tensors: Tensors) -> ModelConfig:
 
 def validate(tensors: Tensors) -> ModelConfig:
     """Check keys, shapes and dtypes against the inferred config (from shapes; no tensor
-    is read); return that config.
+    is read); return that config. A quantized checkpoint (its metadata names the scheme,
+    ``rwkv7_core.quantization``) holds its projections as q plus scales.
 
     Raises CheckpointError naming the first missing/unexpected key or the key whose
     shape disagrees (with expected and actual shapes).
     """
     lazy = LazyTensors.of(tensors)
+    spec = stored_spec(lazy.metadata, lazy.source)
     config = infer_config(lazy)
     if config.n_head * config.head_size != config.n_embd:
         raise CheckpointError(
@@ -72,13 +75,16 @@ def validate(tensors: Tensors) -> ModelConfig:
     if missing:
         raise CheckpointError(f"missing key {missing[0]!r} (expected shape {want[missing[0]]})"
                               + (f" and {len(missing) - 1} more" if len(missing) > 1 else ""))
-    unexpected = sorted(k for k in lazy if k not in want)
+    scales = {scale_key(k) for k in want if spec and quantized_key(k)}
+    unexpected = sorted(k for k in lazy if k not in want and k not in scales)
     if unexpected:
         raise CheckpointError(f"unexpected key {unexpected[0]!r} with shape {lazy.shape(unexpected[0])}")
     for key, shape in want.items():
         if lazy.shape(key) != shape:
             raise CheckpointError(f"key {key!r}: expected shape {shape}, got {lazy.shape(key)}")
-        if lazy.dtype(key) not in FLOATS:
+        if spec and quantized_key(key):
+            check_quantized(lazy, spec, key, shape, lazy.source)
+        elif lazy.dtype(key) not in FLOATS:
             raise CheckpointError(f"key {key!r}: unsupported dtype {lazy.dtype(key)} "
                                   f"(expected one of {', '.join(SUPPORTED_DTYPES)})")
     return config
@@ -105,7 +111,8 @@ def read_tensors(path: str | os.PathLike, what: str = "checkpoint") -> LazyTenso
     if not path.is_file():
         raise CheckpointError(f"{what} {str(path)!r} does not exist or is not a file")
     if path.suffix == ".safetensors":
-        return LazyTensors(safetensors_entries(path)[0], str(path))
+        entries, metadata = safetensors_entries(path)
+        return LazyTensors(entries, str(path), metadata)
     if path.suffix in (".pth", ".pt"):
         return LazyTensors(mapped_entries(_read_pth(path)), str(path))
     raise CheckpointError(f"{what} {str(path)!r}: unknown extension {path.suffix!r} "
@@ -189,12 +196,15 @@ def code_global(path: Path) -> str | None:
 
 
 # ----------------------------------------------------------------------------- writing
-def write_checkpoint(path: str | os.PathLike, tensors: Tensors) -> None:
-    """Write tensors as ``.pth`` (needs torch) or ``.safetensors`` (numpy only)."""
+def write_checkpoint(path: str | os.PathLike, tensors: Tensors, metadata: dict[str, str] | None = None) -> None:
+    """Write tensors as ``.pth`` (needs torch) or ``.safetensors`` (numpy only; with the string
+    ``metadata``, e.g. a quantized checkpoint's scheme, which a ``.pth`` cannot carry)."""
     path = Path(path)
     if path.suffix == ".safetensors":
-        write_safetensors(path, tensors)
+        write_safetensors(path, tensors, metadata)
     elif path.suffix in (".pth", ".pt"):
+        if metadata:
+            raise ValueError(f"cannot write {str(path)!r}: a .pth file cannot carry metadata (use .safetensors)")
         import torch
 
         def to_torch(a: np.ndarray) -> "torch.Tensor":

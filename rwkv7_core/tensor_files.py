@@ -2,12 +2,15 @@
 and ``LazyTensors``, the read-on-access mapping every checkpoint reader returns.
 
 The library parses and bounds the header (a nested, cut or garbage header is one clear
-error) and reads bfloat16 as ``ml_dtypes.bfloat16``.
+error) and reads bfloat16 as ``ml_dtypes.bfloat16``; float8_e4m3fn tensors (quantized
+checkpoints), which its numpy reader lacks, are read from the byte range its header gives.
 """
 from __future__ import annotations
 
 import ctypes
+import json
 import os
+import struct
 import sys
 from contextlib import contextmanager
 from functools import partial
@@ -37,10 +40,10 @@ class Entry(NamedTuple):
 class LazyTensors(Mapping):
     """key -> np.ndarray, each read by its ``Entry`` on access and not kept; ``shape`` and
     ``dtype`` need no read. A float tensor holding NaN or inf raises CheckpointError naming
-    the key and ``source``."""
+    the key and ``source``. ``metadata``: the file's string metadata (safetensors), else {}."""
 
-    def __init__(self, entries: dict[str, Entry], source: str):
-        self.entries, self.source = entries, source
+    def __init__(self, entries: dict[str, Entry], source: str, metadata: Mapping[str, str] | None = None):
+        self.entries, self.source, self.metadata = entries, source, dict(metadata or {})
 
     @classmethod
     def of(cls, arrays: Mapping[str, np.ndarray], source: str = "checkpoint") -> "LazyTensors":
@@ -104,7 +107,8 @@ def release_pages(view: np.ndarray) -> None:
 
 _ST_DTYPES = {"F64": np.float64, "F32": np.float32, "F16": np.float16, "BF16": ml_dtypes.bfloat16,
               "I64": np.int64, "I32": np.int32, "I16": np.int16, "I8": np.int8, "U8": np.uint8,
-              "BOOL": np.bool_}
+              "BOOL": np.bool_, "F8_E4M3": ml_dtypes.float8_e4m3fn}
+RAW_DTYPES = ("F8_E4M3",)  # read from the header's byte range (the library's numpy reader lacks them)
 
 
 def safetensors_entries(path: str | os.PathLike) -> tuple[dict[str, Entry], dict[str, str]]:
@@ -119,13 +123,25 @@ def safetensors_entries(path: str | os.PathLike) -> tuple[dict[str, Entry], dict
             if dtype is None:
                 raise CheckpointError(f"{str(path)!r}, key {key!r}: unsupported safetensors dtype "
                                       f"{view.get_dtype()}")
-            entries[key] = Entry(tuple(view.get_shape()), np.dtype(dtype), partial(_read_one, str(path), key))
+            read = _read_raw if view.get_dtype() in RAW_DTYPES else _read_one
+            entries[key] = Entry(tuple(view.get_shape()), np.dtype(dtype), partial(read, str(path), key))
         return entries, dict(f.metadata() or {})
 
 
 def _read_one(path: str, key: str) -> np.ndarray:
     with _opened(path) as f:  # opened per tensor: pages of the map never pile up in memory
         return f.get_tensor(key)
+
+
+def _read_raw(path: str, key: str) -> np.ndarray:
+    """One tensor read from the byte range the (already validated) header gives for it."""
+    with open(path, "rb") as f:
+        (size,) = struct.unpack("<Q", f.read(8))
+        info = json.loads(f.read(size))[key]
+        start, end = info["data_offsets"]
+        f.seek(8 + size + start)
+        data = f.read(end - start)
+    return np.frombuffer(data, _ST_DTYPES[info["dtype"]]).reshape(info["shape"]).copy()
 
 
 @contextmanager
@@ -145,8 +161,7 @@ def read_safetensors(path: str | os.PathLike) -> tuple[Tensors, dict[str, str]]:
     whole (writable copies); for small files (states, cache entries). CheckpointError in one
     line when it is malformed; OSError when it cannot be opened."""
     entries, metadata = safetensors_entries(path)
-    with _opened(path) as f:
-        return {key: f.get_tensor(key) for key in entries}, metadata
+    return {key: entry.read() for key, entry in entries.items()}, metadata
 
 def write_safetensors(path: str | os.PathLike, tensors: Mapping[str, np.ndarray],
                       metadata: dict[str, str] | None = None) -> None:

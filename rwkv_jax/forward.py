@@ -26,24 +26,27 @@ import jax
 from flax import nnx
 
 from rwkv7_core.config import ModelConfig
+from rwkv7_core.quantization import QuantSpec
 
 from .kernels import Kernels, ops_for
 from .layouts import DenseRows, FlatRows, StepRows
+from .modules import RWKV7, quant_spec_of
 from .paths import Path
 from .state import State
 from .varlen import Segments
 
 
 @functools.lru_cache(maxsize=None)
-def _skeleton(config: ModelConfig):
-    """(graphdef, abstract state) of an RWKV7 of this config; no arrays are allocated."""
-    from .modules import RWKV7
-    return nnx.split(nnx.eval_shape(lambda: RWKV7(config)))
+def _skeleton(config: ModelConfig, quant: QuantSpec | None):
+    """(graphdef, abstract state) of an RWKV7 of this config and quantization; no arrays are
+    allocated."""
+    return nnx.split(nnx.eval_shape(lambda: RWKV7(config, quant=quant)))
 
 
 def bind(params: dict, config: ModelConfig):
-    """An RWKV7 module whose weights are `params` (a pure dict, possibly of tracers)."""
-    graphdef, abstract = _skeleton(config)
+    """An RWKV7 module whose weights are `params` (a pure dict, possibly of tracers; quantized
+    or not, as its structure says)."""
+    graphdef, abstract = _skeleton(config, quant_spec_of(params))
     state = jax.tree.map(lambda x: x, abstract)  # fresh Variables to fill in
     nnx.replace_by_pure_dict(state, params)
     return nnx.merge(graphdef, state)

@@ -6,7 +6,10 @@ skeleton). Every matrix but one is stored ``[out, in]`` (the low-rank ``w1 a1 v1
 through ``Ops.linear``; the channel-mix value weight is stored ``[F, C]`` (one contiguous
 row per hidden unit, for the sparse channel-mix, see ``Ops.channel_mix``); per-channel
 vectors that feed float32 math (LayerNorm, decay, ``a``, ``kk``, GroupNorm) are kept
-float32. Each layer owns its own arrays (see ``forward.py`` on unrolled layers).
+float32. Each layer owns its own arrays (see ``forward.py`` on unrolled layers). With a
+quantization spec (``rwkv7_core.quantization``) the large projections are ``QuantizedParam``s
+(q and float32 scales, all [out, in], the channel-mix value too: ``pallas_kernels.quantized``),
+which ``[...]`` reads as a ``QuantizedWeight``.
 
 The layer code runs on flat rows [M, C]; a ``rwkv_jax.layouts`` layout says how the rows
 belong to sequences (token shift, wkv recurrence, which rows give logits).
@@ -14,11 +17,14 @@ belong to sequences (token shift, wkv recurrence, which rows give logits).
 from __future__ import annotations
 
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
+from pallas_kernels.quantized import QuantizedWeight
 from pallas_kernels.shift_mix import layer_norm
 from pallas_kernels.time_mix import TimeMixWeights
 from rwkv7_core.config import ModelConfig
+from rwkv7_core.quantization import STORAGE_DTYPES, QuantSpec, quantize, quantized_key, scale_key, scale_shape
 
 from .layouts import Layout
 from .ops import Ops
@@ -27,12 +33,40 @@ F32 = jnp.float32
 TIME_MIX_VECS = ("w0", "a0", "v0", "k_k", "k_a", "ln_x.weight", "ln_x.bias")
 
 
+class QuantizedParam(nnx.Module):
+    """A quantized matrix: q (int8 | float8_e4m3fn) and its float32 scales (see
+    ``pallas_kernels.quantized``); ``[...]`` gives the ``QuantizedWeight``."""
+
+    def __init__(self, q, scale):
+        self.q, self.scale = nnx.Param(q), nnx.Param(scale)
+
+    def __getitem__(self, index) -> QuantizedWeight:
+        return QuantizedWeight(self.q[index], self.scale[index])
+
+
 class Tensors:
     """Checkpoint tensors (numpy or jax arrays) -> jax arrays in a target dtype; None builds
-    zeros of each shape."""
+    zeros of each shape. With `quant`, ``matrix`` gives the quantized projections as
+    QuantizedParams, quantized here from float tensors or taken as stored (a quantized
+    checkpoint, already validated)."""
 
-    def __init__(self, tensors: dict | None, dtype):
-        self.tensors, self.dtype = tensors, dtype
+    def __init__(self, tensors: dict | None, dtype, quant: QuantSpec | None = None):
+        self.tensors, self.dtype, self.quant = tensors, dtype, quant
+
+    def matrix(self, key: str, shape: tuple[int, int], transpose: bool = False):
+        """A projection weight of `shape` ([out, in], or [in, out] with transpose); quantized,
+        always the checkpoint's [out, in]."""
+        if self.quant is None or not quantized_key(key):
+            return self.get(key, shape, transpose=transpose)
+        source = shape[::-1] if transpose else shape
+        if self.tensors is None:
+            q = np.zeros(source, STORAGE_DTYPES[self.quant.scheme])
+            scale = np.zeros(scale_shape(self.quant, source), np.float32)
+        elif scale_key(key) in self.tensors:
+            q, scale = self.tensors[key], self.tensors[scale_key(key)]
+        else:
+            q, scale = quantize(np.asarray(self.tensors[key]), self.quant, key)
+        return QuantizedParam(jnp.asarray(q), jnp.asarray(scale))
 
     def get(self, key: str, shape: tuple[int, ...], dtype=None, transpose: bool = False) -> nnx.Param:
         dtype = dtype or self.dtype
@@ -61,7 +95,7 @@ class TimeMix(nnx.Module):
         self.vecs = t.rows([p + n for n in TIME_MIX_VECS], C, F32)  # TimeMixWeights.vecs order
         self.r_k = t.get(p + "r_k", (H, N), F32)
         for name in ("receptance", "key", "value", "output"):
-            setattr(self, name, t.get(p + name + ".weight", (C, C)))
+            setattr(self, name, t.matrix(p + name + ".weight", (C, C)))
         widths = {"w": config.d_decay, "a": config.d_aaa, "v": config.d_mv, "g": config.d_gate}
         for n, d in widths.items():  # stored [out, in]
             setattr(self, n + "1", t.get(p + n + "1", (d, C), transpose=True))
@@ -85,8 +119,8 @@ class ChannelMix(nnx.Module):
         C, F = config.n_embd, config.dim_ffn
         p = f"blocks.{layer_id}.ffn."
         self.mix = t.rows([p + "x_k"], C)
-        self.key = t.get(p + "key.weight", (F, C))
-        self.value = t.get(p + "value.weight", (F, C), transpose=True)  # [F, C]: see Ops
+        self.key = t.matrix(p + "key.weight", (F, C))
+        self.value = t.matrix(p + "value.weight", (F, C), transpose=True)  # [F, C]: see Ops
 
     def __call__(self, xk, *, ops: Ops):
         """xk [M, C] -> [M, C]; the value weight is held [F, C] (one row per hidden unit)."""
@@ -120,12 +154,12 @@ class Block(nnx.Module):
 class RWKV7(nnx.Module):
     """The whole model: embedding + LN0, the blocks, LN_out and the head."""
 
-    def __init__(self, config: ModelConfig, tensors: dict | None = None, dtype=F32):
-        t = Tensors(tensors, dtype)
+    def __init__(self, config: ModelConfig, tensors: dict | None = None, dtype=F32, quant: QuantSpec | None = None):
+        t = Tensors(tensors, dtype, quant)
         C, V = config.n_embd, config.vocab_size
         self.emb = t.get("emb.weight", (V, C))
         self.ln = t.rows(["blocks.0.ln0.weight", "blocks.0.ln0.bias", "ln_out.weight", "ln_out.bias"], C, F32)
-        self.head = t.get("head.weight", (V, C))
+        self.head = t.matrix("head.weight", (V, C))
         self.blocks = nnx.List([Block(config, layer, t) for layer in range(config.n_layer)])
 
     def __call__(self, tokens, state, *, ops: Ops, rows: Layout):
@@ -140,3 +174,14 @@ class RWKV7(nnx.Module):
         h = rows.outputs(h + delta)
         logits = ops.linear(layer_norm(h, lnout_w, lnout_b), self.head[...]).astype(F32)
         return logits, states.result()
+
+
+def quant_spec_of(params: dict) -> QuantSpec | None:
+    """The QuantSpec a pure param dict of RWKV7 was built with (from its head's structure,
+    dtype and scale shape; works on tracers), None when unquantized."""
+    head = params["head"]
+    if not isinstance(head, dict):
+        return None
+    scheme = next(name for name, dtype in STORAGE_DTYPES.items() if head["q"].dtype == dtype)
+    width = head["q"].shape[1]
+    return QuantSpec(scheme, width // head["scale"].shape[1] if scheme == "int8" else 0)

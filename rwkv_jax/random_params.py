@@ -14,6 +14,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from rwkv7_core.config import ModelConfig, expected_shapes
+from rwkv7_core.quantization import QuantSpec
 from rwkv7_core.random_weights import init_spec, random_tensors as host_random_tensors
 
 from .kernels import Kernels
@@ -21,9 +22,10 @@ from .model import DTYPES, Model
 from .modules import RWKV7
 
 
-def params_struct(config: ModelConfig, dtype) -> dict:
-    """The params pytree of an RWKV7 of this config as ShapeDtypeStructs (nothing allocated)."""
-    return jax.eval_shape(lambda: nnx.to_pure_dict(nnx.split(RWKV7(config, None, dtype))[1]))
+def params_struct(config: ModelConfig, dtype, quant: QuantSpec | None = None) -> dict:
+    """The params pytree of an RWKV7 of this config (weights quantized by `quant`, see
+    rwkv7_core.quantization) as ShapeDtypeStructs (nothing allocated)."""
+    return jax.eval_shape(lambda: nnx.to_pure_dict(nnx.split(RWKV7(config, None, dtype, quant))[1]))
 
 
 @functools.partial(jax.jit, static_argnames=("shape", "kind", "a", "b"))

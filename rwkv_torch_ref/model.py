@@ -23,6 +23,7 @@ import torch.nn.functional as F
 from rwkv7_core.checkpoint import read_checkpoint
 from rwkv7_core.config import ModelConfig
 from rwkv7_core.constants import LN_EPS
+from rwkv7_core.quantization import QuantSpec, dequantize, quantize, quantized_key, resolve_spec, scale_key, spec_for, stored_spec
 from rwkv7_core.state import check_tokens
 
 from .state import State, check_state, wkv_dtype, zeros_state
@@ -81,12 +82,12 @@ class RWKV7:
     """A loaded model. ``config`` (ModelConfig), ``dtype`` (torch dtype), ``kernels``."""
 
     def __init__(self, tensors: dict[str, np.ndarray], config: ModelConfig, dtype: torch.dtype,
-                 kernels: Kernels, device: torch.device):
+                 kernels: Kernels, device: torch.device, quant: QuantSpec | None = None):
         self.config, self.dtype, self.kernels, self.device = config, dtype, kernels, device
-        self.acc_dtype = wkv_dtype(dtype)
+        self.acc_dtype, self.quant = wkv_dtype(dtype), quant
 
         def t(key: str, acc: bool = False) -> torch.Tensor:
-            a = tensors[key]
+            a = weight(tensors, key, quant)
             if a.dtype == ml_dtypes.bfloat16:  # numpy->torch has no bfloat16: widen first
                 a = a.astype(np.float32)
             x = torch.from_numpy(np.array(a))
@@ -195,17 +196,32 @@ class RWKV7:
         return torch.from_numpy(arr).to(device=self.device)
 
 
+def weight(tensors, key: str, quant: QuantSpec | None) -> np.ndarray:
+    """Checkpoint tensor `key`; with `quant`, a quantized projection is the float32
+    dequantization of its q and scales (stored, or quantized here from the float weight)."""
+    if quant is None or not quantized_key(key):
+        return tensors[key]
+    if scale_key(key) in tensors:
+        return dequantize(tensors[key], tensors[scale_key(key)])
+    return dequantize(*quantize(tensors[key], quant, key))
+
+
 def load(path: str | os.PathLike, dtype: str = "float32", kernels: str | Kernels = "torch",
-         device: str | torch.device | None = None) -> RWKV7:
+         device: str | torch.device | None = None, quantization: str = "none",
+         group_size: int | None = None) -> RWKV7:
     """Load a checkpoint (.pth, .safetensors or a Hugging Face model directory) as an RWKV7 model.
 
     dtype: float64 | float32 | bfloat16 | float16. kernels: torch | triton | auto (Triton on
     CUDA, torch on the CPU; Triton needs float32/bfloat16/float16 and runs on CUDA, or on
     CPU under TRITON_INTERPRET=1, which is set here when the kernels are first imported on a
     CPU-only run). device defaults to CUDA when available for Triton and auto, else CPU.
+    quantization: none | int8 | fp8 (group_size: int8 input channels per scale), as in
+    ``rwkv_jax.load``: the quantized projections hold their dequantized values (the same
+    numbers the JAX model multiplies by).
     """
     if dtype not in DTYPES:
         raise ValueError(f"dtype {dtype!r} not in {list(DTYPES)}")
+    spec_for(quantization, group_size)
     try:
         kind = Kernels(kernels)
     except ValueError:
@@ -222,4 +238,5 @@ def load(path: str | os.PathLike, dtype: str = "float32", kernels: str | Kernels
         if device.type == "cpu":
             os.environ.setdefault("TRITON_INTERPRET", "1")
     tensors, config = read_checkpoint(path)
-    return RWKV7(tensors, config, DTYPES[dtype], kind, device)
+    quant = resolve_spec(quantization, group_size, stored_spec(tensors.metadata), str(path))
+    return RWKV7(tensors, config, DTYPES[dtype], kind, device, quant)

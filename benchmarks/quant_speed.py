@@ -1,0 +1,104 @@
+"""CPU decode speed of quantized weights vs float32, interleaved in one run (JAX xla, 0.1b shape).
+
+One random 0.1b checkpoint loaded as float32, int8 (default groups) and fp8 (float32
+activations). Each round times the compiled decode step (state donated and carried) of every
+model at B = 1, 8, 32, the models' order rotating per round so machine load hits them alike;
+the median tok/s per (model, B) over the rounds is reported, with the bytes of weights a step
+reads (all parameters but the embedding, a gather of B rows) and the int8 / float32 ratio (the
+issue's goal: >= 2x at B = 1). Writes benchmarks/results/quant_speed_cpu.json and .md.
+
+Run: ``python benchmarks/quant_speed.py`` (~5 min on 2 cores; --seconds, --rounds to change).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import rwkv_jax
+from rwkv_jax.engine import JaxEngine
+from rwkv7_core.config import named_config
+from rwkv7_core.random_weights import write_random_checkpoint
+
+RESULTS = Path(__file__).resolve().parent / "results" / "quant_speed_cpu.json"
+BATCHES = (1, 8, 32)
+SCHEMES = ("none", "int8", "fp8")
+
+
+def step_bytes(params: dict) -> int:
+    """Bytes of the weights one decode step reads: every parameter but the embedding table."""
+    return sum(x.nbytes for key, x in jax.tree.leaves_with_path(params)
+               if getattr(key[0], "key", None) != "emb")
+
+
+def decode_tok_s(engine: JaxEngine, B: int, seconds: float) -> float:
+    m, exe = engine.model, engine.executables.get(("forward", (B, 1, False)))
+    tokens = jnp.asarray(np.random.default_rng(B).integers(0, m.config.vocab_size, (B, 1)), jnp.int32)
+    state = m.init_state(B)
+    logits, state = exe(m.params, tokens, state)
+    logits.block_until_ready()
+    calls, start = 0, time.perf_counter()
+    while calls < 3 or time.perf_counter() - start < seconds:
+        logits, state = exe(m.params, tokens, state)
+        logits.block_until_ready()
+        calls += 1
+    return B * calls / (time.perf_counter() - start)
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--config", default="0.1b")
+    ap.add_argument("--seconds", type=float, default=3.0, help="per (model, B) per round")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--output", type=Path, default=RESULTS)
+    args = ap.parse_args(argv)
+    config = named_config(args.config)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "m.safetensors"
+        write_random_checkpoint(path, config, seed=0)
+        engines = {s: JaxEngine(rwkv_jax.load(path, quantization=s)) for s in SCHEMES}
+    for engine in engines.values():
+        for B in BATCHES:
+            engine.executables.get(("forward", (B, 1, False)))
+    runs = {s: {B: [] for B in BATCHES} for s in SCHEMES}
+    for r in range(args.rounds):
+        order = SCHEMES[r % len(SCHEMES):] + SCHEMES[:r % len(SCHEMES)]
+        for B in BATCHES:
+            for s in order:
+                runs[s][B].append(decode_tok_s(engines[s], B, args.seconds))
+        print(f"round {r + 1}: " + ", ".join(f"{s} B{B} {runs[s][B][-1]:.1f}" for s in SCHEMES for B in BATCHES),
+              flush=True)
+    med = {s: {B: statistics.median(v) for B, v in runs[s].items()} for s in SCHEMES}
+    out = {"config": args.config, "cpus": os.cpu_count(), "jax": jax.__version__, "rounds": args.rounds,
+           "seconds_per_measurement": args.seconds, "load_average_at_end": os.getloadavg(),
+           "step_weight_bytes": {s: step_bytes(e.model.params) for s, e in engines.items()},
+           "decode_tok_s_median": med, "decode_tok_s_runs": runs,
+           "ratio_vs_float32": {s: {B: med[s][B] / med["none"][B] for B in BATCHES} for s in SCHEMES if s != "none"}}
+    out["goal_int8_b1_vs_float32 (>=2)"] = out["ratio_vs_float32"]["int8"][1]
+    args.output.parent.mkdir(parents=True, exist_ok=True)
+    args.output.write_text(json.dumps(out, indent=1) + "\n")
+    lines = [f"Decode tok/s, {args.config} shape, JAX xla on {os.cpu_count()} CPUs, median of {args.rounds} "
+             f"interleaved rounds (float32 activations).", "",
+             "| weights | step weight bytes | " + " | ".join(f"B={B} tok/s (x float32)" for B in BATCHES) + " |",
+             "|---|---|" + "---|" * len(BATCHES)]
+    for s in SCHEMES:
+        cells = [f"{med[s][B]:.1f}" + ("" if s == "none" else f" ({out['ratio_vs_float32'][s][B]:.2f}x)")
+                 for B in BATCHES]
+        lines.append(f"| {'float32' if s == 'none' else s} | {out['step_weight_bytes'][s] / 1e6:.0f} MB | "
+                     + " | ".join(cells) + " |")
+    text = "\n".join(lines) + "\n"
+    args.output.with_suffix(".md").write_text(text)
+    print(text)
+    print(f"wrote {args.output} and {args.output.with_suffix('.md')}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,179 @@
+"""Weight-only quantization of the large projections, numpy only (one definition for both
+frameworks).
+
+Schemes (``SCHEMES``):
+- ``none``: weights as loaded.
+- ``int8``: symmetric int8, one float32 scale per output channel and group of ``group_size``
+  consecutive input channels: scale = max|w| / 127 over the group, q = round(w / scale).
+- ``fp8``: float8_e4m3fn, one float32 scale per output channel: scale = max|w| / 448 over the
+  row, q = e4m3(w / scale) (round to nearest).
+
+A weight ``w [out, in]`` quantizes to ``(q [out, in], scale float32 [out, in / G])``
+(G = group_size for int8, G = in for fp8) and dequantizes as ``q * scale`` repeated over each
+group. Quantized: the time-mix receptance/key/value/output, the channel-mix key/value and the
+head (``quantized_key``); the embedding (a gather of B rows per step), the LoRA matrices,
+LayerNorm and mixing vectors stay as they are. A quantized checkpoint stores q under the
+weight's key, its scale under ``scale_key(key)``, and the scheme and group size in the
+safetensors metadata (``metadata`` / ``stored_spec``).
+"""
+from __future__ import annotations
+
+import re
+from typing import Mapping, NamedTuple
+
+import ml_dtypes
+import numpy as np
+
+from .tensor_files import CheckpointError
+
+SCHEMES = ("none", "int8", "fp8")
+DEFAULT_GROUP_SIZE = 128  # int8 groups; chosen by benchmarks/quant_accuracy.py (docs/quantization.md)
+STORAGE_DTYPES = {"int8": np.dtype(np.int8), "fp8": np.dtype(ml_dtypes.float8_e4m3fn)}
+QMAX = {"int8": 127.0, "fp8": float(ml_dtypes.finfo(ml_dtypes.float8_e4m3fn).max)}  # 448
+METADATA_SCHEME, METADATA_GROUP = "rwkv7_quantization", "rwkv7_quantization_group_size"
+SCALE_SUFFIX = "_scale"
+_QUANTIZED = re.compile(r"head\.weight|blocks\.\d+\.(att\.(receptance|key|value|output)|ffn\.(key|value))\.weight")
+
+
+class QuantizationError(CheckpointError):
+    """A quantization request or a quantized checkpoint that cannot be used (one line, naming
+    the tensor where there is one)."""
+
+
+class QuantSpec(NamedTuple):
+    """A scheme (``int8`` | ``fp8``) and the int8 group size (fp8: one scale per row, G = 0)."""
+
+    scheme: str
+    group_size: int = 0
+
+    def group(self, width: int) -> int:
+        """Input channels per scale for a weight of `width` input channels."""
+        return self.group_size if self.scheme == "int8" else width
+
+    def describe(self) -> str:
+        return f"int8 (groups of {self.group_size})" if self.scheme == "int8" else self.scheme
+
+
+def spec_for(scheme: str, group_size: int | None = None) -> QuantSpec | None:
+    """The QuantSpec of a scheme name (None for ``none``); QuantizationError for an unknown
+    scheme or a group size that is not a positive multiple of 16."""
+    if scheme not in SCHEMES:
+        raise QuantizationError(f"unknown quantization {scheme!r}; choose one of {', '.join(SCHEMES)}")
+    if scheme == "none":
+        return None
+    if scheme == "fp8":
+        return QuantSpec("fp8")
+    group = DEFAULT_GROUP_SIZE if group_size is None else group_size
+    if not isinstance(group, int) or group < 16 or group % 16:
+        raise QuantizationError(f"quantization group size {group!r}: expected a positive multiple of 16")
+    return QuantSpec("int8", group)
+
+
+def quantized_key(key: str) -> bool:
+    """Whether the checkpoint tensor `key` is one of the quantized projections."""
+    return _QUANTIZED.fullmatch(key) is not None
+
+
+def scale_key(key: str) -> str:
+    """The checkpoint key of a quantized weight's scales."""
+    return key + SCALE_SUFFIX
+
+
+def scale_shape(spec: QuantSpec, shape: tuple[int, int]) -> tuple[int, int]:
+    """Scale shape [out, in / G] of a quantized weight of shape [out, in]."""
+    out, width = shape
+    return out, width // spec.group(width)
+
+
+def check_width(spec: QuantSpec, key: str, shape: tuple[int, ...]) -> None:
+    """QuantizationError naming `key` unless it is a matrix whose width the group divides."""
+    if len(shape) != 2:
+        raise QuantizationError(f"key {key!r}: cannot quantize a tensor of shape {tuple(shape)} (expected [out, in])")
+    if shape[1] % spec.group(shape[1]):
+        raise QuantizationError(f"key {key!r}: quantization group size {spec.group_size} does not divide "
+                                f"its width {shape[1]} (shape {tuple(shape)})")
+
+
+def quantize(w: np.ndarray, spec: QuantSpec, key: str = "weight") -> tuple[np.ndarray, np.ndarray]:
+    """w [out, in] (any float dtype) -> (q [out, in] int8 | float8_e4m3fn, scale float32 [out, in / G])."""
+    check_width(spec, key, w.shape)
+    out, width = w.shape
+    g = spec.group(width)
+    groups = np.asarray(w, np.float32).reshape(out, width // g, g)
+    absmax = np.abs(groups).max(axis=-1)
+    scale = np.where(absmax > 0, absmax / QMAX[spec.scheme], 1.0).astype(np.float32)
+    scaled = groups / scale[..., None]
+    if spec.scheme == "int8":
+        q = np.clip(np.rint(scaled), -127, 127).astype(np.int8)
+    else:
+        q = np.clip(scaled, -QMAX["fp8"], QMAX["fp8"]).astype(ml_dtypes.float8_e4m3fn)
+    return q.reshape(out, width), scale
+
+
+def dequantize(q: np.ndarray, scale: np.ndarray) -> np.ndarray:
+    """(q [out, in], scale [out, in / G]) -> float32 [out, in]: each group of q times its scale."""
+    out, width = q.shape
+    groups = scale.shape[1]
+    return (q.astype(np.float32).reshape(out, groups, width // groups) * scale[..., None]).reshape(out, width)
+
+
+def metadata(spec: QuantSpec) -> dict[str, str]:
+    """The safetensors metadata recording `spec`."""
+    return {METADATA_SCHEME: spec.scheme, METADATA_GROUP: str(spec.group_size)}
+
+
+def stored_spec(meta: Mapping[str, str], source: str = "checkpoint") -> QuantSpec | None:
+    """The QuantSpec a checkpoint's metadata records (None for a plain checkpoint)."""
+    scheme = meta.get(METADATA_SCHEME)
+    if scheme is None:
+        return None
+    if scheme not in STORAGE_DTYPES:
+        raise QuantizationError(f"{source!r}: metadata {METADATA_SCHEME}={scheme!r} is not a quantization "
+                                f"scheme ({', '.join(STORAGE_DTYPES)})")
+    try:
+        group = int(meta.get(METADATA_GROUP, "0"))
+    except ValueError:
+        raise QuantizationError(f"{source!r}: metadata {METADATA_GROUP}={meta[METADATA_GROUP]!r} is not an integer") from None
+    return spec_for(scheme, group) if scheme == "int8" else QuantSpec("fp8")
+
+
+def resolve_spec(requested: str, group_size: int | None, stored: QuantSpec | None,
+                 source: str = "checkpoint") -> QuantSpec | None:
+    """The QuantSpec to load with: the requested one for a plain checkpoint; a quantized
+    checkpoint loads only with its own scheme (and group size, when one is given)."""
+    spec = spec_for(requested, group_size)
+    if stored is None:
+        return spec
+    if spec is None or spec.scheme != stored.scheme or (group_size is not None and spec != stored):
+        asked = "none" if spec is None else spec.describe()
+        raise QuantizationError(f"{source!r} holds {stored.describe()} weights but quantization {asked} was "
+                                f"requested; load it with quantization={stored.scheme!r}")
+    return stored
+
+
+def check_quantized(tensors, spec: QuantSpec, key: str, shape: tuple[int, int], source: str = "checkpoint") -> None:
+    """QuantizationError naming the tensor unless a quantized checkpoint holds `key` as q of
+    `shape` in the scheme's dtype and its scales of the matching shape. `tensors` has
+    ``shape(key)`` / ``dtype(key)`` (LazyTensors)."""
+    if tensors.dtype(key) != STORAGE_DTYPES[spec.scheme]:
+        raise QuantizationError(f"{source!r}, key {key!r}: dtype {tensors.dtype(key)} in a {spec.scheme} "
+                                f"checkpoint (expected {STORAGE_DTYPES[spec.scheme]})")
+    check_width(spec, key, shape)
+    skey, want = scale_key(key), scale_shape(spec, shape)
+    if skey not in tensors:
+        raise QuantizationError(f"{source!r}, key {key!r}: its scales {skey!r} are missing")
+    if tuple(tensors.shape(skey)) != want or tensors.dtype(skey) != np.float32:
+        raise QuantizationError(f"{source!r}, key {skey!r}: expected float32 scales of shape {want}, got "
+                                f"{tensors.dtype(skey)} {tuple(tensors.shape(skey))}")
+
+
+def quantize_tensors(tensors: Mapping[str, np.ndarray], spec: QuantSpec) -> dict[str, np.ndarray]:
+    """A whole checkpoint with its quantized projections as q and scales (the layout of a
+    quantized checkpoint); other tensors unchanged."""
+    out = {}
+    for key in tensors:
+        if quantized_key(key):
+            out[key], out[scale_key(key)] = quantize(tensors[key], spec, key)
+        else:
+            out[key] = tensors[key]
+    return out

@@ -1,0 +1,68 @@
+"""rwkv7_core.quantization: the numpy quantize/dequantize math and the spec checks."""
+import ml_dtypes
+import numpy as np
+import pytest
+
+from rwkv7_core.quantization import (QuantizationError, QuantSpec, dequantize, quantize, quantized_key,
+                                     resolve_spec, spec_for)
+
+
+def _weight(rng, shape=(48, 256)):
+    w = rng.standard_t(3, size=shape).astype(np.float32) * 0.05
+    w[:, 7] *= 40  # an outlier input channel
+    return w
+
+
+@pytest.mark.parametrize("group", [64, 128])
+def test_int8_error_within_half_a_step_of_its_group(group):
+    w = _weight(np.random.default_rng(group))
+    q, scale = quantize(w, spec_for("int8", group))
+    assert q.dtype == np.int8 and scale.shape == (48, 256 // group) and scale.dtype == np.float32
+    assert np.abs(q.astype(int)).max() == 127 and q.min() >= -127
+    step = np.repeat(scale, group, axis=1)
+    err = np.abs(dequantize(q, scale) - w)
+    assert (err <= step / 2 * (1 + 1e-6)).all()
+    # every group's largest entry is exact to float32 rounding
+    groups = np.abs(w).reshape(48, -1, group).max(-1)
+    np.testing.assert_allclose(scale * 127, groups, rtol=1e-6)
+
+
+def test_fp8_per_row_scale_and_relative_error():
+    w = _weight(np.random.default_rng(3))
+    q, scale = quantize(w, spec_for("fp8"))
+    assert q.dtype == ml_dtypes.float8_e4m3fn and scale.shape == (48, 1)
+    np.testing.assert_allclose(np.abs(q.astype(np.float32)).max(1), 448.0)
+    err = np.abs(dequantize(q, scale) - w)
+    bound = np.maximum(np.abs(w) * 2.0 ** -4, scale * 2.0 ** -10)  # 3 mantissa bits; subnormal step 2^-9
+    assert (err <= bound * (1 + 1e-6)).all()
+
+
+def test_zero_rows_stay_zero():
+    w = np.zeros((16, 64), np.float32)
+    for spec in (spec_for("int8", 32), spec_for("fp8")):
+        q, scale = quantize(w, spec)
+        assert np.isfinite(scale).all() and (dequantize(q, scale) == 0).all()
+
+
+def test_which_keys_are_quantized():
+    assert quantized_key("head.weight") and quantized_key("blocks.3.att.output.weight")
+    assert quantized_key("blocks.0.ffn.value.weight") and quantized_key("blocks.11.att.receptance.weight")
+    for key in ("emb.weight", "blocks.0.att.w1", "blocks.0.ln1.weight", "blocks.0.ffn.x_k", "blocks.0.att.x_r"):
+        assert not quantized_key(key)
+
+
+def test_bad_requests_name_the_problem():
+    with pytest.raises(QuantizationError, match="unknown quantization 'int4'"):
+        spec_for("int4")
+    with pytest.raises(QuantizationError, match="group size 24"):
+        spec_for("int8", 24)
+    with pytest.raises(QuantizationError, match=r"key 'head.weight': quantization group size 96 does not divide its width 128"):
+        quantize(np.ones((4, 128), np.float32), spec_for("int8", 96), "head.weight")
+    stored = QuantSpec("int8", 64)
+    with pytest.raises(QuantizationError, match="holds int8 \\(groups of 64\\) weights but quantization fp8"):
+        resolve_spec("fp8", None, stored, "m.safetensors")
+    with pytest.raises(QuantizationError, match="quantization none was requested"):
+        resolve_spec("none", None, stored, "m.safetensors")
+    with pytest.raises(QuantizationError, match="groups of 128"):
+        resolve_spec("int8", 128, stored, "m.safetensors")
+    assert resolve_spec("int8", None, stored) == stored and resolve_spec("none", None, None) is None

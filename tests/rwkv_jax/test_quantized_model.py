@@ -1,0 +1,86 @@
+"""Quantized weights (int8, fp8) in the JAX model: parity with the quantized torch reference,
+save -> load of a quantized checkpoint, and the load-time errors."""
+import jax
+import numpy as np
+import pytest
+
+import rwkv_jax
+import rwkv_torch_ref
+from rwkv7_core.checkpoint import read_checkpoint, write_checkpoint
+from rwkv7_core.quantization import QuantizationError, metadata, quantize_tensors, scale_key, spec_for
+
+SCHEMES = {"int8": 64, "fp8": None}
+
+
+def _safetensors(ckpt):
+    return ckpt.with_suffix(".safetensors")
+
+
+@pytest.fixture(scope="module")
+def quantized_files(tiny_ckpt, tmp_path_factory):
+    """{scheme: a quantized .safetensors of the tiny checkpoint}."""
+    tensors, _ = read_checkpoint(_safetensors(tiny_ckpt))
+    d = tmp_path_factory.mktemp("quantized")
+    out = {}
+    for scheme, group in SCHEMES.items():
+        spec = spec_for(scheme, group)
+        out[scheme] = d / f"{scheme}.safetensors"
+        write_checkpoint(out[scheme], quantize_tensors(tensors, spec), metadata(spec))
+    return out
+
+
+@pytest.mark.parametrize("scheme", SCHEMES)
+def test_quantized_jax_matches_quantized_torch(tiny_ckpt, scheme):
+    path, group = _safetensors(tiny_ckpt), SCHEMES[scheme]
+    m = rwkv_jax.load(path, quantization=scheme, group_size=group)
+    ref = rwkv_torch_ref.load(path, quantization=scheme, group_size=group)
+    plain = rwkv_torch_ref.load(path)
+    # int8: 36 rows, more than CPU_ROW_PRODUCTS (one dequantized product); fp8: 12 rows, the
+    # per-row products a decode step runs (int8's: test_cli_quantization)
+    B, T = (3, 12) if scheme == "int8" else (2, 6)
+    tokens = np.random.default_rng(len(scheme)).integers(0, m.config.vocab_size, (B, T))
+    seq, _ = m.forward(tokens, m.init_state(B), full_output=True)
+    want, _ = ref.forward(tokens, ref.init_state(B), full_output=True)
+    np.testing.assert_allclose(np.asarray(seq), want.numpy(), atol=1e-4, rtol=0)
+    float_logits, _ = plain.forward(tokens, plain.init_state(B), full_output=True)
+    assert np.abs(np.asarray(seq) - float_logits.numpy()).max() > 1e-3  # the weights really are quantized
+
+
+@pytest.mark.parametrize("scheme", SCHEMES)
+def test_saved_quantized_checkpoint_loads_bit_identical(tiny_ckpt, quantized_files, scheme):
+    at_load = rwkv_jax.load(_safetensors(tiny_ckpt), quantization=scheme, group_size=SCHEMES[scheme])
+    saved = rwkv_jax.load(quantized_files[scheme], quantization=scheme)
+    a, b = jax.tree.leaves_with_path(at_load.params), jax.tree.leaves_with_path(saved.params)
+    assert [k for k, _ in a] == [k for k, _ in b]
+    for (key, x), (_, y) in zip(a, b):
+        assert x.dtype == y.dtype and x.shape == y.shape, key
+        assert np.asarray(x).tobytes() == np.asarray(y).tobytes(), key
+    from_file = rwkv_torch_ref.load(quantized_files[scheme], quantization=scheme)
+    quantized_here = rwkv_torch_ref.load(_safetensors(tiny_ckpt), quantization=scheme, group_size=SCHEMES[scheme])
+    assert all(a.equal(b) for a, b in zip(from_file.layers[1], quantized_here.layers[1]) if hasattr(a, "equal"))
+    assert from_file.head.equal(quantized_here.head)
+
+
+def test_quantized_checkpoint_errors_name_the_tensor(tiny_ckpt, quantized_files, tmp_path):
+    path = quantized_files["int8"]
+    with pytest.raises(QuantizationError, match="holds int8 \\(groups of 64\\) weights but quantization fp8"):
+        rwkv_jax.load(path, quantization="fp8")
+    with pytest.raises(QuantizationError, match="quantization none was requested"):
+        rwkv_torch_ref.load(path)
+    with pytest.raises(QuantizationError, match="unknown quantization 'int3'"):
+        rwkv_jax.load(_safetensors(tiny_ckpt), quantization="int3")
+    with pytest.raises(QuantizationError, match="group size 96 does not divide its width 128"):
+        rwkv_jax.load(_safetensors(tiny_ckpt), quantization="int8", group_size=96)
+    tensors, _ = read_checkpoint(path)
+    missing = {k: tensors[k] for k in tensors if k != scale_key("blocks.1.ffn.key.weight")}
+    write_checkpoint(tmp_path / "m.safetensors", missing, metadata(spec_for("int8", 64)))
+    with pytest.raises(QuantizationError, match="key 'blocks.1.ffn.key.weight': its scales 'blocks.1.ffn.key.weight_scale' are missing"):
+        rwkv_jax.load(tmp_path / "m.safetensors", quantization="int8")
+    write_checkpoint(tmp_path / "f.safetensors", dict(tensors), metadata(spec_for("fp8")))
+    with pytest.raises(QuantizationError, match="key 'blocks.0.att.receptance.weight': dtype int8 in a fp8 checkpoint"):
+        rwkv_jax.load(tmp_path / "f.safetensors", quantization="fp8")
+
+
+def test_pallas_kernels_refuse_quantized_weights(tiny_ckpt):
+    with pytest.raises(ValueError, match="quantization int8 is not supported with kernels pallas-fused-interpret yet"):
+        rwkv_jax.load(_safetensors(tiny_ckpt), quantization="int8", kernels="pallas-fused-interpret")
