@@ -8,12 +8,13 @@ import json
 import numpy as np
 
 import rwkv7_apps.generate as cli
+import rwkv7_apps.scheduler_setup as setup
 from scheduler import Request, SamplingParams, Scheduler, generate
 from tests.support.scheduler_engines import FakeEngine
 
 
 def test_input_is_streamed_through_a_window(tiny_ckpt, tmp_path, monkeypatch):
-    monkeypatch.setattr(cli, "load_engine", lambda *args, **kwargs: FakeEngine(vocab_size=64, seed=3))
+    monkeypatch.setattr(setup, "load_engine", lambda *args, **kwargs: FakeEngine(vocab_size=64, seed=3))
     pending, peak = {"added": 0}, []
     real_add = Scheduler.add
 
@@ -45,7 +46,7 @@ def test_input_is_streamed_through_a_window(tiny_ckpt, tmp_path, monkeypatch):
 def test_signal_handlers_are_restored_after_a_run(tiny_ckpt, tmp_path, monkeypatch):
     import signal
 
-    monkeypatch.setattr(cli, "load_engine", lambda *args, **kwargs: FakeEngine(vocab_size=64))
+    monkeypatch.setattr(setup, "load_engine", lambda *args, **kwargs: FakeEngine(vocab_size=64))
     before = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
     inp = tmp_path / "in.jsonl"
     inp.write_text(json.dumps({"id": 1, "tokens": [3, 4]}) + "\n")
