@@ -36,7 +36,7 @@ class Constraint:
                 raise ValueError(f"the JSON schema is not valid JSON: {e}") from None
         if not isinstance(schema, (dict, bool)):
             raise ValueError(f"a JSON schema must be an object, got {type(schema).__name__}")
-        return cls("json_schema", json.dumps(schema, sort_keys=True))
+        return cls("json_schema", json.dumps(schema))
 
     @classmethod
     def json_object(cls) -> "Constraint":

@@ -20,6 +20,7 @@ from collections import OrderedDict
 import numpy as np
 
 from rwkv7_core.constants import END_OF_TEXT
+from rwkv7_core.engine import Capability
 from rwkv7_core.token_mask import mask_words
 
 from .constraint import Constraint
@@ -78,7 +79,6 @@ class Grammars:
 
         self._tokenizer = llguidance.LLTokenizer(llguidance.TokenizerWrapper(Wrapped()), n_vocab=vocab_size,
                                                  eos_token=END_OF_TEXT)
-        self._executor = llguidance.LLExecutor()
         self._cache: OrderedDict[Constraint, object] = OrderedDict()
         self._lock = threading.Lock()
 
@@ -117,15 +117,49 @@ class Grammars:
         """A fresh Matcher of ``c`` for one sequence (ValueError when ``c`` is invalid)."""
         return Matcher(self.compiled(c).deep_copy())
 
-    def fill_masks(self, rows: list[tuple[int, Matcher]], out: np.ndarray) -> None:
-        """Write the masks of (row, matcher) pairs into rows of ``out`` int32 [B, W] (in
-        parallel over the matchers, on llguidance's threads)."""
-        if rows:
-            self._executor.unsafe_compute_mask_ptr([(m.ll, r) for r, m in rows], out.ctypes.data,
-                                                   out.shape[1] * 4, out.shape[0])
 
 
 def first_line(message: str, limit: int = 300) -> str:
     """An engine message as one line: its non-empty lines joined, at most ``limit`` characters."""
     line = " ".join(part.strip() for part in message.splitlines() if part.strip()) or "unknown error"
     return line if len(line) <= limit else line[:limit - 3] + "..."
+
+
+_EXECUTOR = []
+
+
+def fill_masks(rows: list[tuple[int, Matcher]], out: np.ndarray) -> None:
+    """Write the masks of (row, matcher) pairs into those rows of ``out`` int32 [B, W], C
+    order (in parallel over the matchers, on llguidance's threads)."""
+    if not rows:
+        return
+    if not _EXECUTOR:
+        import llguidance
+        _EXECUTOR.append(llguidance.LLExecutor())
+    _EXECUTOR[0].unsafe_compute_mask_ptr([(m.ll, r) for r, m in rows], out.ctypes.data, out.shape[1] * 4,
+                                         out.shape[0])
+
+
+_SHARED: dict[int, tuple[object, Grammars]] = {}
+_SHARED_LOCK = threading.Lock()
+
+
+def grammars_for(tokenizer, vocab_size: int) -> Grammars:
+    """The process's one ``Grammars`` of ``tokenizer`` (built on first use: ~1 s for the
+    World vocabulary), shared by every scheduler and the server's request checks."""
+    with _SHARED_LOCK:
+        held = _SHARED.get(id(tokenizer))
+        if held is None or held[0] is not tokenizer or held[1].vocab_size != vocab_size:
+            held = _SHARED[id(tokenizer)] = (tokenizer, Grammars(tokenizer, vocab_size))
+        return held[1]
+
+
+def matcher_for(constraint: Constraint, engine, tokenizer) -> Matcher:
+    """A fresh Matcher of ``constraint`` for a request on ``engine``; ValueError (one line)
+    when the engine cannot mask tokens, there is no tokenizer, or the constraint is invalid."""
+    if Capability.TOKEN_MASK not in engine.capabilities:
+        raise ValueError(f"constrained decoding needs an engine with {Capability.TOKEN_MASK}; "
+                         f"{type(engine).__name__} does not declare it")
+    if tokenizer is None:
+        raise ValueError("constrained decoding needs a tokenizer (a model with the World vocabulary)")
+    return grammars_for(tokenizer, engine.vocab_size).matcher(constraint)
