@@ -58,3 +58,20 @@ class Constraint:
     @classmethod
     def grammar(cls, lark: str) -> "Constraint":
         return cls("grammar", lark)
+
+    @classmethod
+    def from_response_format(cls, response_format) -> "Constraint | None":
+        """OpenAI's ``response_format``: ``{"type": "text"}`` -> None, ``{"type": "json_object"}``,
+        ``{"type": "json_schema", "json_schema": {"name", "schema", "strict"}}``; ValueError
+        naming what is wrong."""
+        kind = response_format.get("type") if isinstance(response_format, dict) else None
+        if kind == "text":
+            return None
+        if kind == "json_object":
+            return cls.json_object()
+        if kind == "json_schema":
+            spec = response_format.get("json_schema")
+            if not isinstance(spec, dict) or "schema" not in spec and "name" not in spec:
+                raise ValueError('json_schema needs {"name", "schema"}')
+            return cls.json_schema(spec.get("schema", {}))
+        raise ValueError(f"type {kind!r} is not one of text, json_object, json_schema")

@@ -58,19 +58,13 @@ class ToolPlan:
 def _one(body) -> list[tuple[str, Constraint]]:
     """(field, constraint) of every structured-output field the body sets."""
     found = []
-    rf = body.response_format
-    if rf is not None:
-        kind = rf.get("type") if isinstance(rf, dict) else None
-        if kind == "json_object":
-            found.append(("response_format", Constraint.json_object()))
-        elif kind == "json_schema":
-            spec = rf.get("json_schema")
-            if not isinstance(spec, dict) or "schema" not in spec and "name" not in spec:
-                raise APIError(400, "response_format: json_schema needs {\"name\", \"schema\"}", "response_format")
-            found.append(("response_format", _constraint("response_format", "json", spec.get("schema", {}))))
-        elif kind != "text":
-            raise APIError(400, f"response_format: type {kind!r} is not one of text, json_object, json_schema",
-                           "response_format")
+    if body.response_format is not None:
+        try:
+            constraint = Constraint.from_response_format(body.response_format)
+        except ValueError as e:
+            raise APIError(400, f"response_format: {e}", "response_format") from None
+        if constraint is not None:
+            found.append(("response_format", constraint))
     for name, kind in GUIDED.items():
         value = getattr(body, name)
         if value is not None:
