@@ -66,7 +66,9 @@ class Grammars:
         self._ll = llguidance
         self.vocab_size = vocab_size
         tokens = [tokenizer.decode_bytes([i]) if i != END_OF_TEXT else b"" for i in range(vocab_size)]
-        encode = getattr(tokenizer, "encode", None)
+        single = {t: i for i, t in enumerate(tokens) if len(t) == 1}
+        encode = getattr(tokenizer, "encode", None) or (  # a tokenizer without encode: byte by byte
+            lambda text: [single[bytes([b])] for b in text.encode() if bytes([b]) in single])
 
         class Wrapped:  # llguidance's TokenizerWrapper input
             eos_token_id, bos_token_id, special_token_ids = END_OF_TEXT, None, [END_OF_TEXT]
@@ -75,7 +77,7 @@ class Grammars:
                 self.tokens = tokens
 
             def __call__(self, text: str) -> list[int]:
-                return list(encode(text)) if encode is not None else []
+                return list(encode(text))
 
         self._tokenizer = llguidance.LLTokenizer(llguidance.TokenizerWrapper(Wrapped()), n_vocab=vocab_size,
                                                  eos_token=END_OF_TEXT)

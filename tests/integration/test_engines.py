@@ -3,6 +3,8 @@
 Each request's tokens must equal the request decoded alone with ``model.forward`` one token
 at a time, whatever batch it shared and whichever buckets it ran in.
 """
+import re
+
 import numpy as np
 import pytest
 
@@ -56,6 +58,7 @@ def test_engine_under_scheduler(backend, monkeypatch):
     check_failed_step_fails_its_requests_and_engine_recovers(name, model, engine, monkeypatch)
     if name == "jax":
         check_resize_gathers_compile_with_their_buckets_or_on_first_use(engine)
+        check_constrained_rows_in_the_mixed_step(engine)
 
 
 def check_greedy_batch_invariance(model, engine):
@@ -150,6 +153,30 @@ def check_token_masks_restrict_draws_and_all_allowed_changes_nothing(engine):
     assert allowed[0, masked[:, 0]].all() and masked[:, 1].tolist() == plain[:, 1].tolist()
     assert allowed[0, engine.sample(row, params[0], 0, allowed=masks[0])]
     assert engine.sample(row, params[1], 0, allowed=masks[1]) == engine.sample(row, params[1], 0)
+
+
+class ByteTokenizer:
+    """Token i < 256 is byte i (0: end-of-text), the rest of the tiny vocabulary no text."""
+
+    def decode_bytes(self, ids):
+        return b"".join(bytes([i]) if 0 < i < 256 else b"" for i in ids)
+
+
+def check_constrained_rows_in_the_mixed_step(engine):
+    """MIXED prefill: prompt pieces ride in the masked decode step; constrained rows still
+    draw only what their grammar allows, and the same as SERIAL prefill gives them."""
+    from scheduler.constraint import Constraint
+    rng = np.random.default_rng()
+    requests = [Request(f"m{i}", rng.integers(0, V, int(rng.integers(20, 50))).tolist(),
+                        SamplingParams(max_tokens=12, temperature=1.0, seed=int(rng.integers(2**32))),
+                        constraint=Constraint.regex("[a-f]{3}-[0-9]") if i % 2 else Constraint.choice(["on", "off"]))
+                for i in range(6)]
+    runs = [generate(engine, requests, SchedulerConfig(max_batch=4, buckets=[4], prefill_policy=policy, chunk=16),
+                     tokenizer=ByteTokenizer()) for policy in ("mixed", "serial")]
+    for out in runs[0]:
+        text = bytes(out.tokens).decode()
+        assert out.finish_reason == "stop" and re.fullmatch(r"[a-f]{3}-[0-9]|on|off", text), (out.error, text)
+    assert [o.tokens for o in runs[0]] == [o.tokens for o in runs[1]]
 
 
 def check_resize_gathers_compile_with_their_buckets_or_on_first_use(engine):
