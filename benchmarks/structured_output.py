@@ -14,6 +14,8 @@ B, precompiled, grammars compiled before the clock starts). Reported:
 
     python benchmarks/structured_output.py --model tiny-world --requests 500 --batch 64 \\
         --out benchmarks/results/structured_output_tiny.json
+    python benchmarks/structured_output.py --model 0.1b --requests 128 --batch 32 --max-tokens 48 \\
+        --out benchmarks/results/structured_output_0.1b.json
 """
 from __future__ import annotations
 
@@ -119,6 +121,7 @@ def main(argv=None) -> dict:
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--dtype", default="float32")
+    ap.add_argument("--repeats", type=int, default=2, help="runs of each kind, alternated; the fastest counts")
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
     import jsonschema
@@ -149,6 +152,15 @@ def main(argv=None) -> dict:
 
     run_once(engine, tok, requests()[:args.batch], args.batch)  # warm: masked executables compiled
     results, seconds, stats = run_once(engine, tok, requests(), args.batch)
+    lengths = [len(results[f"r{i}"].tokens) for i in range(args.requests)]
+    plain, plain_seconds, plain_stats = run_once(engine, tok, requests(lengths), args.batch)
+    for _ in range(args.repeats - 1):  # alternate the two runs; keep each one's fastest (a shared machine)
+        again = run_once(engine, tok, requests(), args.batch)
+        if again[1] < seconds:
+            results, seconds, stats = again
+        again = run_once(engine, tok, requests(lengths), args.batch)
+        if again[1] < plain_seconds:
+            plain, plain_seconds, plain_stats = again
     stop = valid = length = errors = 0
     per_schema = [[0, 0] for _ in SCHEMAS]  # stopped, length
     for i in range(args.requests):
@@ -167,12 +179,10 @@ def main(argv=None) -> dict:
         else:
             errors += 1
     tokens = sum(len(results[f"r{i}"].tokens) for i in range(args.requests))
-    lengths = [len(results[f"r{i}"].tokens) for i in range(args.requests)]
-    plain, plain_seconds, plain_stats = run_once(engine, tok, requests(lengths), args.batch)
     plain_tokens = sum(len(o.tokens) for o in plain.values())
     report = {
         "model": args.model, "backend": "jax", "device": "cpu", "requests": args.requests, "schemas": len(SCHEMAS),
-        "batch": args.batch, "max_tokens": args.max_tokens, "grammar_compile_s_20_schemas": round(grammar_compile_s, 3),
+        "batch": args.batch, "max_tokens": args.max_tokens, "repeats": args.repeats, "grammar_compile_s_20_schemas": round(grammar_compile_s, 3),
         "finished_stop": stop, "stop_valid": valid, "stop_valid_fraction": valid / stop if stop else None,
         "finished_length": length, "errors": errors, "per_schema_stop_length": per_schema,
         "constrained": {"tokens": tokens, "wall_s": round(seconds, 3), "tok_s": round(tokens / seconds, 1),
