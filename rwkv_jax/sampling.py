@@ -135,9 +135,9 @@ def disallowed(banned: jax.Array, allowed: jax.Array | None) -> jax.Array:
     (rwkv7_core/token_mask.py; None = all allowed) leave out."""
     if allowed is None:
         return banned
-    v = jnp.arange(banned.shape[1], dtype=jnp.int32)
-    bits = jnp.right_shift(allowed[:, v >> 5], v & 31) & 1
-    return banned | (bits == 0)
+    B, V = banned.shape
+    bits = jnp.right_shift(allowed[:, :, None], jnp.arange(32, dtype=jnp.int32)) & 1  # no gather: [B, W, 32]
+    return banned | (bits.reshape(B, -1)[:, :V] == 0)
 
 
 def update_counts(counts: jax.Array, tokens: jax.Array, decay: jax.Array) -> jax.Array:

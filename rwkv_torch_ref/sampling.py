@@ -70,8 +70,9 @@ def disallowed(banned: torch.Tensor, allowed: torch.Tensor | None) -> torch.Tens
     (rwkv7_core/token_mask.py; None = all allowed) leave out."""
     if allowed is None:
         return banned
-    v = torch.arange(banned.shape[1], device=banned.device)
-    return banned | (((allowed[:, v >> 5] >> (v & 31)) & 1) == 0)
+    B, V = banned.shape
+    bits = (allowed[:, :, None] >> torch.arange(32, device=banned.device, dtype=allowed.dtype)) & 1
+    return banned | (bits.reshape(B, -1)[:, :V] == 0)
 
 
 def update_counts(counts: torch.Tensor, tokens: torch.Tensor, decay: torch.Tensor) -> torch.Tensor:
