@@ -139,6 +139,7 @@ def make_request(item: InputRequest, defaults: dict[str, Any], args, vocab_size:
                  states: RunStates | None = None):
     """An InputRequest -> scheduler Request (internal id = its line number), or an InputError."""
     from scheduler import Request
+    from scheduler.constraint import Constraint
     from scheduler.validation import sampling_params
 
     def fail(why: str) -> InputError:
@@ -147,6 +148,10 @@ def make_request(item: InputRequest, defaults: dict[str, Any], args, vocab_size:
     if "logprobs" in item.overrides:
         return fail("unknown sampling field 'logprobs' (token logprobs are served by rwkv7-serve)")
     fields = {**defaults, **item.overrides}
+    try:  # checked (compiled) by the scheduler when added: a bad one is this line's error record
+        constraint = Constraint.from_response_format(fields.pop("response_format", {"type": "text"}))
+    except ValueError as e:
+        return fail(f"response_format: {e}")
     if fields.get("seed") is None:
         fields["seed"] = request_seed(args.seed, item.id)
     if tokenizer is None and fields.get("stop"):
@@ -168,7 +173,7 @@ def make_request(item: InputRequest, defaults: dict[str, Any], args, vocab_size:
     if len(tokens) > args.max_prompt_tokens:
         return fail(f"{len(tokens)} prompt tokens exceed the limit {args.max_prompt_tokens} (--max-prompt-tokens)")
     return Request(str(item.line), list(tokens), params, initial_state=initial,
-                   return_state=states.save_dir is not None)
+                   return_state=states.save_dir is not None, constraint=constraint)
 
 
 class StopSignal:

@@ -20,7 +20,9 @@ protocol of its own: ``VarlenPrefill`` (several prompt pieces flattened into one
 ``MixedStep`` (a decode step that also carries prompt pieces), both taking at most
 ``MAX_PIECES`` pieces padded to ``token_rows`` flat tokens (``varlen_shape``);
 ``Logprobs`` (log-probabilities of drawn tokens and of a given prompt, sampling.py's
-``TokenLogprobs``); and ``ReportsCompiles`` (the engine tells a listener about every compile,
+``TokenLogprobs``); ``TokenMask`` (``step``, ``step_logprobs``, ``mixed_step`` and
+``sample`` also take ``allowed``, packed allowed-token masks of rwkv7_core/token_mask.py,
+for grammar-constrained rows); and ``ReportsCompiles`` (the engine tells a listener about every compile,
 so throughput figures can leave compile time out). ``check_capabilities`` verifies that a
 declaration does not lie (the scheduler runs it once per engine).
 
@@ -43,7 +45,7 @@ from .config import ModelConfig
 from .sampling import NONFINITE_TOKEN, SamplingParams, SamplingRows, TokenLogprobs
 
 __all__ = ["Capability", "Engine", "HostRow", "Logprobs", "MAX_PIECES", "MixedStep", "NONFINITE_TOKEN",
-           "ReportsCompiles", "Row", "Slots", "TokenLogprobs", "VarlenPrefill", "check_capabilities",
+           "ReportsCompiles", "Row", "Slots", "TokenLogprobs", "TokenMask", "VarlenPrefill", "check_capabilities",
            "host_row_bytes", "varlen_shape"]
 
 Row = Any
@@ -68,6 +70,7 @@ class Capability(enum.Enum):
     MIXED_STEP = "mixed_step"
     LOGPROBS = "logprobs"
     REPORTS_COMPILES = "reports_compiles"
+    TOKEN_MASK = "token_mask"
 
     @property
     def methods(self) -> tuple[str, ...]:
@@ -178,6 +181,14 @@ class Logprobs(Protocol):
         and ``prompt_logprobs`` run; {what: seconds} (0.0 for what was compiled already)."""
 
 
+class TokenMask(Protocol):
+    """``Capability.TOKEN_MASK``: no methods of its own; ``step``, ``step_logprobs`` and
+    ``mixed_step`` take a keyword ``allowed`` (int32 [bucket, W] packed masks, or None = no row
+    constrained, the unmasked executable) and ``sample`` takes ``allowed`` int32 [W] (or None):
+    disallowed tokens get logits -inf before sampling, as banned tokens do. The draws of a
+    row whose mask allows everything equal the unmasked draws."""
+
+
 class ReportsCompiles(Protocol):
     """``Capability.REPORTS_COMPILES``: compile events, however a call triggered them (lazily
     inside ``prefill``, ``step``, ``resize``... or ahead of time in ``compile*``)."""
@@ -190,7 +201,8 @@ class ReportsCompiles(Protocol):
 
 
 _PROTOCOLS = {Capability.VARLEN_PREFILL: VarlenPrefill, Capability.MIXED_STEP: MixedStep,
-              Capability.LOGPROBS: Logprobs, Capability.REPORTS_COMPILES: ReportsCompiles}
+              Capability.LOGPROBS: Logprobs, Capability.REPORTS_COMPILES: ReportsCompiles,
+              Capability.TOKEN_MASK: TokenMask}
 
 
 def check_capabilities(engine) -> None:

@@ -17,7 +17,10 @@ largest first, so any T needs at most len(prefill_pieces) prefill executables; p
 size the varlen prefill and per (bucket, flat size) the mixed step
 (Capability.VARLEN_PREFILL, MIXED_STEP); for Capability.LOGPROBS (by compile_logprobs, else on first use): per
 bucket the step that also scores the drawn tokens, the first-token scoring, and per piece
-length the full-output prompt scoring (the plain step stays as lean as before).
+length the full-output prompt scoring (the plain step stays as lean as before); for
+Capability.TOKEN_MASK, compiled on first use: the "_masked" twins of the step, the scoring
+step, the first-token draw and the mixed step, which also take packed allowed-token masks
+(only batches holding a grammar-constrained row run them).
 """
 from __future__ import annotations
 
@@ -138,9 +141,11 @@ class JaxEngine:
             offset += piece
         return jax.block_until_ready((state, logits))  # as prefill_varlen: callers time the call
 
-    def sample(self, row, params: SamplingParams, position: int = 0) -> int:
-        return int(self._run("sample", 1, row[1], sampling_rows([params]), banned_mask([params], self.vocab_size),
-                             np.array([position], np.int32)))
+    def sample(self, row, params: SamplingParams, position: int = 0, allowed: np.ndarray | None = None) -> int:
+        args = (row[1], sampling_rows([params]), banned_mask([params], self.vocab_size), np.array([position], np.int32))
+        if allowed is None:
+            return int(self._run("sample", 1, *args))
+        return int(self._run("sample_masked", 1, *args, np.asarray(allowed, np.int32).reshape(1, -1)))
 
     def insert(self, slot: int, row, params: SamplingParams) -> None:
         check_slot(slot, self.bucket)
@@ -160,9 +165,15 @@ class JaxEngine:
             self.slots = self._run("gather", (self.bucket, new_bucket), self.slots, index)
         self.bucket = new_bucket
 
-    def step(self, tokens: np.ndarray, positions: np.ndarray) -> np.ndarray:
-        drawn, _, self.slots = self._run("step", self.bucket, self.model.params, self.slots,
-                                         np.asarray(tokens, np.int32), np.asarray(positions, np.int32))
+    def _decode_args(self, tokens, positions, allowed) -> tuple:
+        """The step's arguments after the slots (the packed masks last, when given)."""
+        args = (np.asarray(tokens, np.int32), np.asarray(positions, np.int32))
+        return args if allowed is None else (*args, np.asarray(allowed, np.int32))
+
+    def step(self, tokens: np.ndarray, positions: np.ndarray, allowed: np.ndarray | None = None) -> np.ndarray:
+        kind = "step" if allowed is None else "step_masked"
+        drawn, _, self.slots = self._run(kind, self.bucket, self.model.params, self.slots,
+                                         *self._decode_args(tokens, positions, allowed))
         self.last_path = select_path(self.bucket, 1).name
         return np.asarray(drawn)
 
@@ -176,9 +187,11 @@ class JaxEngine:
         return {f"{kind}:{shape}": self.compile_seconds[(kind, shape)] if (kind, shape) in new else 0.0
                 for kind, shape in keys}
 
-    def step_logprobs(self, tokens: np.ndarray, positions: np.ndarray) -> tuple[np.ndarray, TokenLogprobs]:
-        drawn, scored, self.slots = self._run("step_logprobs", self.bucket, self.model.params, self.slots,
-                                              np.asarray(tokens, np.int32), np.asarray(positions, np.int32))
+    def step_logprobs(self, tokens: np.ndarray, positions: np.ndarray,
+                      allowed: np.ndarray | None = None) -> tuple[np.ndarray, TokenLogprobs]:
+        kind = "step_logprobs" if allowed is None else "step_logprobs_masked"
+        drawn, scored, self.slots = self._run(kind, self.bucket, self.model.params, self.slots,
+                                              *self._decode_args(tokens, positions, allowed))
         self.last_path = select_path(self.bucket, 1).name
         return np.asarray(drawn), TokenLogprobs(*jax.device_get(tuple(scored)))
 
@@ -239,12 +252,13 @@ class JaxEngine:
         return list(jax.block_until_ready(out[:n]))
 
     def mixed_step(self, tokens: np.ndarray, positions: np.ndarray, prompts: Sequence[np.ndarray],
-                   starts: Sequence, token_rows: int) -> tuple[np.ndarray, list]:
+                   starts: Sequence, token_rows: int, allowed: np.ndarray | None = None) -> tuple[np.ndarray, list]:
         """``step`` for every slot plus prompt pieces (padded to ``token_rows`` tokens) in the
         same forward; returns (drawn int32 [bucket], one Row per piece)."""
         flat, rows, seg_starts, seg_lengths, n = self._pack(prompts, starts, token_rows)
+        masks = () if allowed is None else (np.asarray(allowed, np.int32),)
         drawn, self.slots, out_rows = self._run(
-            "mixed", (self.bucket, token_rows), self.model.params, self.slots, np.asarray(tokens, np.int32), np.asarray(positions, np.int32),
-            flat, rows, seg_starts, seg_lengths)
+            "mixed" if allowed is None else "mixed_masked", (self.bucket, token_rows), self.model.params, self.slots,
+            np.asarray(tokens, np.int32), np.asarray(positions, np.int32), flat, rows, seg_starts, seg_lengths, *masks)
         self.last_path = Path.DENSE.name
         return np.asarray(drawn), list(out_rows[:n])

@@ -16,6 +16,7 @@ import jax.numpy as jnp
 
 from rwkv7_core.engine import MAX_PIECES, Slots
 from rwkv7_core.sampling import SamplingRows, sampling_rows
+from rwkv7_core.token_mask import mask_words
 
 from . import slot_fns
 from .forward import forward_fn
@@ -79,6 +80,16 @@ def _sample_args(model, _):
     return _logits(model), one.rows, one.banned, _i32(1)
 
 
+def _masks(model, bucket: int):
+    """Packed allowed-token masks of ``bucket`` rows (rwkv7_core/token_mask.py)."""
+    return _i32(bucket, mask_words(model.config.vocab_size))
+
+
+def _masked(args: Callable, bucket_of: Callable = lambda shape: shape) -> Callable:
+    """An executable's arguments with the packed masks of its decode rows appended."""
+    return lambda model, shape: (*args(model, shape), _masks(model, bucket_of(shape)))
+
+
 def _insert_args(model, bucket):
     one = abstract_slots(model, 1)
     return abstract_slots(model, bucket), _i32(), one.state, one.rows, one.banned
@@ -112,6 +123,12 @@ EXECUTABLES: dict[str, Executable] = {
     "step": Executable(_model_jit(slot_fns.decode_step, "slots"), _step_args, _on_path(lambda b: (b, 1))),
     "step_logprobs": Executable(_model_jit(functools.partial(slot_fns.decode_step, with_logprobs=True), "slots"),
                                 _step_args, _on_path(lambda b: (b, 1))),
+    # the same two with packed allowed-token masks [bucket, W] (Capability.TOKEN_MASK; first use)
+    "step_masked": Executable(_model_jit(slot_fns.decode_step, "slots"), _masked(_step_args),
+                              _on_path(lambda b: (b, 1))),
+    "step_logprobs_masked": Executable(
+        _model_jit(functools.partial(slot_fns.decode_step, with_logprobs=True), "slots"), _masked(_step_args),
+        _on_path(lambda b: (b, 1))),
     # shape = piece length T: one prompt piece from a B=1 state, and its full-output scoring
     "prefill": Executable(_model_jit(slot_fns.prefill_piece, "state"),
                           lambda model, T: (_i32(T), _state(model, 1)), _on_path(lambda T: (1, T))),
@@ -119,6 +136,7 @@ EXECUTABLES: dict[str, Executable] = {
                               lambda model, T: (_i32(T), _i32(T), _state(model, 1)), _on_path(lambda T: (1, T))),
     # shape = 1: a prefilled row's first token and its score; a fresh and a copied row
     "sample": Executable(jax.jit(slot_fns.sample_one), _sample_args, with_params=False),
+    "sample_masked": Executable(jax.jit(slot_fns.sample_one), _masked(_sample_args, lambda _: 1), with_params=False),
     "row_logprobs": Executable(jax.jit(slot_fns.row_logprobs), lambda model, _: (_logits(model), _i32(1)),
                                with_params=False),
     "fresh_row": Executable(jax.jit(init_state, static_argnames=("config", "batch_size", "dtype")),
@@ -139,6 +157,9 @@ EXECUTABLES: dict[str, Executable] = {
                                  _pieces, _flat_static, warm_up=_one_token_piece),
     "mixed": Executable(jax.jit(mixed_step_fn, static_argnames=("config", "kernels"), donate_argnames="slots"),
                         _mixed_args, _flat_static, warm_up=_one_token_piece),
+    "mixed_masked": Executable(jax.jit(mixed_step_fn, static_argnames=("config", "kernels"), donate_argnames="slots"),
+                               _masked(_mixed_args, lambda shape: shape[0]), _flat_static,
+                               warm_up=lambda zero_args: (*_one_token_piece(zero_args[:-1]), zero_args[-1])),
     # shape = (B, T, full_output): the model forward (benchmarks, GPU-free compile reports)
     "forward": Executable(jax.jit(forward_fn, static_argnames=(*_MODEL_STATIC, "full_output"),
                                   donate_argnames="state"),

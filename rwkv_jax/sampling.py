@@ -130,6 +130,16 @@ def sample_rows(logits: jax.Array, counts: jax.Array, rows: SamplingRows, banned
     return jnp.where(jnp.isfinite(logits).all(axis=1), tokens, NONFINITE_TOKEN)
 
 
+def disallowed(banned: jax.Array, allowed: jax.Array | None) -> jax.Array:
+    """bool [B, V]: the banned tokens [B, V] plus those the packed masks ``allowed`` int32 [B, W]
+    (rwkv7_core/token_mask.py; None = all allowed) leave out."""
+    if allowed is None:
+        return banned
+    B, V = banned.shape
+    bits = jnp.right_shift(allowed[:, :, None], jnp.arange(32, dtype=jnp.int32)) & 1  # no gather: [B, W, 32]
+    return banned | (bits.reshape(B, -1)[:, :V] == 0)
+
+
 def update_counts(counts: jax.Array, tokens: jax.Array, decay: jax.Array) -> jax.Array:
     """Penalty counts [B, V] after emitting tokens [B]: counts * decay + onehot(tokens)."""
     rows = jnp.arange(tokens.shape[0])

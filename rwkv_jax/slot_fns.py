@@ -13,15 +13,17 @@ from rwkv7_core.sampling import SamplingRows, sampling_rows
 
 from .forward import forward_fn
 from .kernels import straight_line_sampling
-from .sampling import sample_rows, token_logprobs, update_counts
+from .sampling import disallowed, sample_rows, token_logprobs, update_counts
 from .state import State, init_state
 
 
-def decode_step(params, slots: Slots, tokens, positions, *, config, path, kernels, with_logprobs=False):
-    """tokens, positions int32 [B] -> (drawn int32 [B], TokenLogprobs of them or None, new slots)."""
+def decode_step(params, slots: Slots, tokens, positions, allowed=None, *, config, path, kernels, with_logprobs=False):
+    """tokens, positions int32 [B] (allowed: packed token masks int32 [B, W] or None) ->
+    (drawn int32 [B], TokenLogprobs of them or None, new slots)."""
     counts = update_counts(slots.counts, tokens, slots.rows.decay)
     logits, state = forward_fn(params, tokens[:, None], slots.state, config=config, path=path, kernels=kernels)
-    drawn = sample_rows(logits, counts, slots.rows, slots.banned, positions, straight_line_sampling(kernels))
+    drawn = sample_rows(logits, counts, slots.rows, disallowed(slots.banned, allowed), positions,
+                        straight_line_sampling(kernels))
     scored = token_logprobs(logits, drawn) if with_logprobs else None
     return drawn, scored, slots._replace(state=state, counts=counts)
 
@@ -40,10 +42,11 @@ def prefill_piece(params, tokens, state, *, config, path, kernels):
     return logits[0], state
 
 
-def sample_one(logits, rows: SamplingRows, banned, position):
-    """A token drawn from logits float32 [V] with zero penalty counts (rows, banned [1, V] and
-    position int32 [1] of one slot), as ``decode_step`` draws it."""
-    return sample_rows(logits[None], jnp.zeros_like(banned, jnp.float32), rows, banned, position)[0]
+def sample_one(logits, rows: SamplingRows, banned, position, allowed=None):
+    """A token drawn from logits float32 [V] with zero penalty counts (rows, banned [1, V],
+    position int32 [1] and packed mask int32 [1, W] or None of one slot), as ``decode_step`` draws it."""
+    return sample_rows(logits[None], jnp.zeros_like(banned, jnp.float32), rows, disallowed(banned, allowed),
+                       position)[0]
 
 
 def row_logprobs(logits, token):

@@ -19,7 +19,7 @@ from rwkv7_core.engine import MAX_PIECES, Slots
 
 from .forward import varlen_forward_fn
 from .kernels import straight_line_sampling
-from .sampling import sample_rows, update_counts
+from .sampling import disallowed, sample_rows, update_counts
 from .state import State
 from .varlen import segments_from_lengths
 
@@ -41,9 +41,11 @@ def varlen_prefill_fn(params, tokens, rows, starts, lengths, *, config, kernels)
     return _split(logits, state, 0)
 
 
-def mixed_step_fn(params, slots: Slots, tokens, positions, chunk, rows, starts, lengths, *, config, kernels):
-    """The decode step of every slot (tokens, positions int32 [B]) plus the pieces (chunk int32
-    [T], rows, starts, lengths as in varlen_prefill_fn) -> (drawn [B], slots, piece rows)."""
+def mixed_step_fn(params, slots: Slots, tokens, positions, chunk, rows, starts, lengths, allowed=None, *, config,
+                  kernels):
+    """The decode step of every slot (tokens, positions int32 [B], packed token masks int32
+    [B, W] or None) plus the pieces (chunk int32 [T], rows, starts, lengths as in
+    varlen_prefill_fn) -> (drawn [B], slots, piece rows)."""
     B = tokens.shape[0]
     counts = update_counts(slots.counts, tokens, slots.rows.decay)
     state = State(*(jnp.concatenate(pair, axis=0) for pair in zip(slots.state, _stack(rows))))
@@ -52,7 +54,8 @@ def mixed_step_fn(params, slots: Slots, tokens, positions, chunk, rows, starts, 
         jnp.concatenate([jnp.arange(B, dtype=jnp.int32), starts + B]),
         jnp.concatenate([jnp.ones(B, jnp.int32), lengths]),
         config=config, kernels=kernels, n_single=B)
-    drawn = sample_rows(logits[:B], counts, slots.rows, slots.banned, positions, straight_line_sampling(kernels))
+    drawn = sample_rows(logits[:B], counts, slots.rows, disallowed(slots.banned, allowed), positions,
+                        straight_line_sampling(kernels))
     slots = slots._replace(state=State(*(leaf[:B] for leaf in state)), counts=counts)
     return drawn, slots, _split(logits, state, B)
 

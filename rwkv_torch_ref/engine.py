@@ -5,7 +5,8 @@ counts float32 [bucket, V], banned mask bool [bucket, V] and per-slot sampling p
 (SamplingRows of [bucket] tensors; seeds held as int64). A step counts the fed tokens, runs
 ``model.forward`` (T=1) and samples every row with ``rwkv_torch_ref.sampling``. Eager torch:
 ``compile`` has nothing to build and reports 0 s. Declares ``Capability.LOGPROBS`` (the
-scores computed only in the calls that ask for them).
+scores computed only in the calls that ask for them) and ``Capability.TOKEN_MASK`` (packed
+allowed-token masks, unpacked on the device only in the calls given them).
 """
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from rwkv7_core.engine import Capability, Slots
 from rwkv7_core.engine_checks import check_prompt, check_resize, check_slot
 from rwkv7_core.sampling import SamplingParams, SamplingRows, TokenLogprobs, banned_mask, sampling_rows
 
-from .sampling import sample_rows, token_logprobs, update_counts
+from .sampling import disallowed, sample_rows, token_logprobs, update_counts
 from .state import State, select_rows
 
 
@@ -29,7 +30,7 @@ class TorchEngine:
     contract's ``config``, ``dtype``, ``kernels`` and ``device`` are the model's; a prompt is
     prefilled in one call (``prefill_pieces`` is empty).
     """
-    capabilities = frozenset({Capability.LOGPROBS})
+    capabilities = frozenset({Capability.LOGPROBS, Capability.TOKEN_MASK})
 
     def __init__(self, model):
         self.model = model
@@ -44,6 +45,10 @@ class TorchEngine:
     def _tensor(self, a: np.ndarray) -> torch.Tensor:
         a = a.astype(np.int64) if a.dtype == np.uint32 else a
         return torch.from_numpy(np.ascontiguousarray(a)).to(self.device)
+
+    def _masks(self, allowed: np.ndarray | None, rows: int) -> torch.Tensor | None:
+        """Packed allowed-token masks as an int32 [rows, W] tensor (None stays None)."""
+        return None if allowed is None else self._tensor(np.asarray(allowed, np.int32).reshape(rows, -1))
 
     def _rows(self, params: Sequence[SamplingParams]) -> SamplingRows:
         return SamplingRows(*(self._tensor(a) for a in sampling_rows(params)))
@@ -62,9 +67,9 @@ class TorchEngine:
         return state, logits[0]
 
     @torch.inference_mode()
-    def sample(self, row, params: SamplingParams, position: int = 0) -> int:
+    def sample(self, row, params: SamplingParams, position: int = 0, allowed: np.ndarray | None = None) -> int:
         logits = row[1][None]
-        banned = self._tensor(banned_mask([params], self.vocab_size))
+        banned = disallowed(self._tensor(banned_mask([params], self.vocab_size)), self._masks(allowed, 1))
         positions = torch.tensor([position], device=self.device)
         return int(sample_rows(logits, torch.zeros_like(logits), self._rows([params]), banned, positions)[0])
 
@@ -100,16 +105,17 @@ class TorchEngine:
         self.bucket = new_bucket
 
     @torch.inference_mode()
-    def step(self, tokens: np.ndarray, positions: np.ndarray) -> np.ndarray:
-        return self._step(tokens, positions, with_logprobs=False)[0]
+    def step(self, tokens: np.ndarray, positions: np.ndarray, allowed: np.ndarray | None = None) -> np.ndarray:
+        return self._step(tokens, positions, with_logprobs=False, allowed=allowed)[0]
 
-    def _step(self, tokens: np.ndarray, positions: np.ndarray, with_logprobs: bool):
+    def _step(self, tokens: np.ndarray, positions: np.ndarray, with_logprobs: bool, allowed: np.ndarray | None):
         tokens = torch.from_numpy(np.asarray(tokens, np.int64)).to(self.device)
         positions = torch.from_numpy(np.asarray(positions, np.int64)).to(self.device)
         slots = self.slots
         counts = update_counts(slots.counts, tokens, slots.rows.decay)
         logits, state = self.model.forward(tokens[:, None], slots.state)
-        drawn = sample_rows(logits, counts, slots.rows, slots.banned, positions)
+        drawn = sample_rows(logits, counts, slots.rows, disallowed(slots.banned, self._masks(allowed, len(tokens))),
+                            positions)
         self.slots = slots._replace(state=state, counts=counts)
         return drawn.cpu().numpy(), token_logprobs(logits, drawn) if with_logprobs else None
 
@@ -118,8 +124,9 @@ class TorchEngine:
         return {}
 
     @torch.inference_mode()
-    def step_logprobs(self, tokens: np.ndarray, positions: np.ndarray) -> tuple[np.ndarray, TokenLogprobs]:
-        return self._step(tokens, positions, with_logprobs=True)
+    def step_logprobs(self, tokens: np.ndarray, positions: np.ndarray,
+                      allowed: np.ndarray | None = None) -> tuple[np.ndarray, TokenLogprobs]:
+        return self._step(tokens, positions, with_logprobs=True, allowed=allowed)
 
     @torch.inference_mode()
     def row_logprobs(self, row, token: int) -> TokenLogprobs:

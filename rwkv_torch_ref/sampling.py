@@ -65,6 +65,16 @@ def sample_rows(logits: torch.Tensor, counts: torch.Tensor, rows: SamplingRows, 
     return torch.where(finite, tokens, torch.full_like(tokens, NONFINITE_TOKEN)).to(torch.int32)
 
 
+def disallowed(banned: torch.Tensor, allowed: torch.Tensor | None) -> torch.Tensor:
+    """bool [B, V]: the banned tokens [B, V] plus those the packed masks ``allowed`` int32 [B, W]
+    (rwkv7_core/token_mask.py; None = all allowed) leave out."""
+    if allowed is None:
+        return banned
+    B, V = banned.shape
+    bits = (allowed[:, :, None] >> torch.arange(32, device=banned.device, dtype=allowed.dtype)) & 1
+    return banned | (bits.reshape(B, -1)[:, :V] == 0)
+
+
 def update_counts(counts: torch.Tensor, tokens: torch.Tensor, decay: torch.Tensor) -> torch.Tensor:
     """Penalty counts [B, V] after emitting tokens [B]: counts * decay + onehot(tokens)."""
     counts = counts * decay[:, None]

@@ -47,6 +47,7 @@ class Entry:
         self.stop_matcher: StopMatcher | None = None  # its stop strings, fed its output's bytes
         self.stop_token: int | None = None       # the stop token that ended it
         self.stop_logprobs = None                # TokenLogprobs of it, with params.logprobs
+        self.matcher = None  # its grammar Matcher (scheduler/grammar.py), with request.constraint
 
     def output(self) -> RequestOutput:
         """The result of a final entry."""

@@ -31,6 +31,7 @@ from rwkv7_core.sampling import TokenLogprobs
 
 from .books import Books, Entry
 from .config import PrefillPolicy, SchedulerConfig
+from .grammar import matcher_for
 from .loop import StepLoop
 from .prefill import Prefill, check_engine_supports
 from .prefix_cache import PrefixCache
@@ -165,6 +166,8 @@ class Scheduler:
         try:
             entry.params, entry.prompt = validated(request, self.engine.vocab_size, self.tokenizer,
                                                    self.logprobs_unsupported, self.config.max_tokens_limit)
+            if request.constraint is not None:  # compiled (or taken from the cache) before any decode work
+                entry.matcher = matcher_for(request.constraint, self.engine, self.tokenizer)
         except (ValueError, TypeError) as e:
             entry.error = f"invalid request: {e}"
             self._books.finish(entry, "error")

@@ -27,11 +27,13 @@ import numpy as np
 from rwkv7_core.engine import Capability, Engine
 from rwkv7_core.sampling import NONFINITE_TOKEN, TokenLogprobs
 from rwkv7_core.stop_strings import StopMatcher
+from rwkv7_core.token_mask import all_allowed
 
 from .books import Books, Entry
 from .interface import SchedulerFailed
 from .config import PrefillPolicy, SchedulerConfig, bucket_for, shrink_pays
-from .prefill import PiecesFailed, Prefill, PrefillReport
+from .grammar import fill_masks
+from .prefill import PiecesFailed, Prefill, PrefillReport, draw_first
 from .request import RequestOutput, RequestState
 from .slots import SlotTable
 from .stats import BucketSwitch, CompileEvent, RequestRecord, Stats
@@ -194,7 +196,7 @@ class StepLoop:
             fork.error = entry.error
             if entry.error is None:
                 fork.row = entry.row
-                fork.first_token = int(self.engine.sample(entry.row, fork.params, 0))
+                fork.first_token = draw_first(self.engine, entry.row, fork)
                 fork.first_token_time = time.perf_counter()
         return forks
 
@@ -247,7 +249,10 @@ class StepLoop:
             self._finish(entry, "stop")
         else:
             self._emit_first(entry, token)
-            if len(entry.tokens) >= entry.params.max_tokens:
+            grammar = self._grammar_advance(entry, token)
+            if grammar is not None:
+                self._finish(entry, grammar)
+            elif len(entry.tokens) >= entry.params.max_tokens:
                 self._finish(entry, "length")
             elif entry.params.stop and self._stop_string_hit(entry):
                 self._finish(entry, "stop")
@@ -263,6 +268,31 @@ class StepLoop:
             self._on_logprobs(entry.id, self.engine.row_logprobs(entry.row, token))
         if self._on_token is not None:
             self._on_token(entry.id, token)
+
+    def _grammar_advance(self, entry: Entry, token: int) -> str | None:
+        """Feed an emitted token to the entry's grammar matcher (if any): "stop" when the
+        grammar is complete, "error" (``entry.error`` set) when the token broke it, else None."""
+        matcher = entry.matcher
+        if matcher is None:
+            return None
+        matcher.consume(token)
+        if matcher.error is not None:
+            entry.error = f"grammar: {matcher.error}"
+            return "error"
+        return "stop" if matcher.done else None
+
+    def _masks(self) -> np.ndarray | None:
+        """int32 [bucket, W] packed allowed-token masks of this step (rows without a grammar
+        allow everything), or None when no live row has one (the unmasked step runs)."""
+        slots = self._slots
+        rows = np.flatnonzero(slots.constrained & slots.live).tolist()
+        if not rows:
+            return None
+        start = time.perf_counter()
+        allowed = all_allowed(slots.bucket, self.engine.vocab_size)
+        fill_masks([(r, slots.matchers[r]) for r in rows], allowed)
+        self.stats.record_masks(len(rows), time.perf_counter() - start)
+        return allowed
 
     def _stop_string_hit(self, entry: Entry) -> bool:
         """True when the newest token completes a stop string (called once per token; the
@@ -352,15 +382,17 @@ class StepLoop:
                 engine.insert(slot, entry.row, entry.params)
                 entry.row = None
                 slots.place(entry, slot, entry.first_token)
+            allowed = self._masks()
+            masks = {} if allowed is None else {"allowed": allowed}
             clock = self.stats.start_call()
             scored = None
             if self._mixed_work():
-                out, report = self._prefill.mixed_step(slots.tokens, slots.positions)
+                out, report = self._prefill.mixed_step(slots.tokens, slots.positions, **masks)
                 out = np.asarray(out)
             elif slots.any_wants_logprobs():
-                out, scored = engine.step_logprobs(slots.tokens, slots.positions)
+                out, scored = engine.step_logprobs(slots.tokens, slots.positions, **masks)
             else:
-                out = np.asarray(engine.step(slots.tokens, slots.positions))
+                out = np.asarray(engine.step(slots.tokens, slots.positions, **masks))
             seconds = self.stats.call_seconds(clock)
         except PiecesFailed as e:
             self._hand_over(e.report)
@@ -429,11 +461,16 @@ class StepLoop:
         stopped = live & drawn.stop_hit
         for slot in np.flatnonzero(drawn.emit & slots.has_stop_str).tolist():
             stopped[slot] = self._stop_string_hit(entries[slot])
-        ended = live & (drawn.nonfinite | stopped | (slots.remaining <= 0))
+        broken = np.zeros_like(live)
+        for slot in np.flatnonzero(drawn.emit & slots.constrained).tolist():
+            grammar = self._grammar_advance(entries[slot], tokens[slot])
+            stopped[slot] |= grammar == "stop"
+            broken[slot] = grammar == "error"
+        ended = live & (drawn.nonfinite | broken | stopped | (slots.remaining <= 0))
         for slot in np.flatnonzero(ended).tolist():
             entry = entries[slot]
-            if drawn.nonfinite[slot]:
-                entry.error = "non-finite logits"
+            if drawn.nonfinite[slot] or broken[slot]:
+                entry.error = entry.error or "non-finite logits"
                 self._finish(entry, "error")
             else:
                 if drawn.stop_hit[slot]:

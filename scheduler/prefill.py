@@ -88,6 +88,14 @@ def _lacks_logits(host_row) -> bool:
     return bool(host_row) and host_row[-1] is None
 
 
+def draw_first(engine, row, entry) -> int:
+    """The first token of ``entry`` (its params; its grammar matcher's mask, if any) from a
+    prefilled row."""
+    if entry.matcher is None:
+        return int(engine.sample(row, entry.params, 0))
+    return int(engine.sample(row, entry.params, 0, allowed=entry.matcher.mask(engine.vocab_size)))
+
+
 def _namespace(entry) -> str:
     """The prefix-cache namespace of an entry: its initial state's key ("" = zeros)."""
     return "" if entry.initial is None else entry.initial.key
@@ -139,7 +147,8 @@ class Prefill:
     """The prompts in progress and the calls that advance them (see the module docstring).
 
     Queued entries are the scheduler's request records, read only: ``id``, ``prompt`` (list
-    of ints), ``params``, ``initial`` (an InitialState or None). Each call returns a
+    of ints), ``params``, ``initial`` (an InitialState or None), ``matcher`` (its grammar
+    Matcher or None: the first token is drawn under its mask). Each call returns a
     PrefillReport of what it produced. ``clock``: the ``start_call`` / ``call_seconds`` pair
     of ``scheduler.stats.Stats`` (compiles excluded); a call's seconds are shared among its
     pieces by token count (in a mixed step the decode rows count as one token each, so only
@@ -230,15 +239,16 @@ class Prefill:
         self._advance(taken, rows, clock[1], self.clock.call_seconds(clock), extra_rows=0)
         return self._report((PrefillPolicy.SERIAL if serial else PrefillPolicy.VARLEN).value)
 
-    def mixed_step(self, tokens: np.ndarray, positions: np.ndarray) -> tuple[np.ndarray, PrefillReport]:
+    def mixed_step(self, tokens: np.ndarray, positions: np.ndarray, **masks) -> tuple[np.ndarray, PrefillReport]:
         """MIXED: ``Engine.step`` plus a chunk from the head of the queue; the drawn tokens
-        and the report. On an engine error: PiecesFailed (the pieces' prompts failed), from it."""
+        and the report (``masks``: ``allowed=`` packed token masks, when a row is constrained).
+        On an engine error: PiecesFailed (the pieces' prompts failed), from it."""
         taken, prompts, starts = self._take()
         if not taken:
-            return self.engine.step(tokens, positions), self._report(None)
+            return self.engine.step(tokens, positions, **masks), self._report(None)
         clock = self.clock.start_call()
         try:
-            drawn, rows = self.engine.mixed_step(tokens, positions, prompts, starts, self.token_rows)
+            drawn, rows = self.engine.mixed_step(tokens, positions, prompts, starts, self.token_rows, **masks)
         except Exception as e:
             self._fail(taken, f"engine step failed: {type(e).__name__}: {e}")
             raise PiecesFailed(self._report(None)) from e
@@ -328,7 +338,7 @@ class Prefill:
         """Draw the first token from the finished row (a non-finite one drawn after a cached
         prefix drops that entry and queues the prompt again, to run without the cache)."""
         entry = progress.entry
-        first = int(self.engine.sample(progress.row, entry.params, 0))
+        first = draw_first(self.engine, progress.row, entry)
         if first == NONFINITE_TOKEN and progress.cached:
             self.cache.drop(entry.prompt[:progress.cached], _namespace(entry))
             self._lookups[2] += self.cache.take_removed()

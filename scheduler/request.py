@@ -11,6 +11,8 @@ import numpy as np
 from rwkv7_core.engine import HostRow
 from rwkv7_core.sampling import SamplingParams, TokenLogprobs
 
+from .constraint import Constraint
+
 
 @dataclass(frozen=True)
 class InitialState:
@@ -36,12 +38,16 @@ class Request:
     """One prompt to complete. ``prompt_tokens``: token ids (non-empty, each < vocab_size).
     ``initial_state``: start from this state (None = zeros). ``return_state``: put the state
     after the prompt and every emitted token in ``RequestOutput.final_state`` (a stop token,
-    never emitted, is not consumed); with ``max_tokens=0`` the prompt is still prefilled."""
+    never emitted, is not consumed); with ``max_tokens=0`` the prompt is still prefilled.
+    ``constraint``: the output must match it (scheduler/constraint.py; needs a tokenizer and an
+    engine with ``Capability.TOKEN_MASK``): every draw is masked to the tokens it allows, and
+    the request finishes "stop" once it is complete ("length" at max_tokens before that)."""
     id: str
     prompt_tokens: Sequence[int]
     params: SamplingParams = field(default_factory=SamplingParams)
     initial_state: InitialState | None = None
     return_state: bool = False
+    constraint: Constraint | None = None
 
 
 class RequestState(enum.Enum):

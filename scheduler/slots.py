@@ -26,7 +26,8 @@ class SlotTable:
     (last drawn token, fed to the next step), ``positions`` int32 [B], ``remaining`` int64 [B]
     (tokens the row may still draw), ``stops`` int32 [B, S] (its stop tokens padded with
     NO_TOKEN), ``has_stop_str``, ``wants_logprobs``, ``live`` bool [B], ``last_emit`` float64
-    [B] (perf_counter of its newest token). ``holders``: {request id: entry} of the live rows."""
+    [B] (perf_counter of its newest token), ``matchers`` (the holder's grammar Matcher or None)
+    and ``constrained`` bool [B] (it has one). ``holders``: {request id: entry} of the live rows."""
 
     def __init__(self):
         self._fresh(0)
@@ -49,6 +50,8 @@ class SlotTable:
         self.wants_logprobs = np.zeros(bucket, bool)
         self.live = np.zeros(bucket, bool)
         self.last_emit = np.zeros(bucket, np.float64)
+        self.matchers: list = [None] * bucket
+        self.constrained = np.zeros(bucket, bool)
         self.holders: dict = {}
 
     def resize(self, bucket: int, keep: list[int]) -> None:
@@ -78,11 +81,15 @@ class SlotTable:
         self.stops[slot, :len(p.stop_tokens)] = p.stop_tokens
         self.has_stop_str[slot] = bool(p.stop)
         self.wants_logprobs[slot] = p.logprobs is not None
+        self.matchers[slot] = entry.matcher
+        self.constrained[slot] = entry.matcher is not None
 
     def remove(self, entry) -> None:
         """Free ``entry``'s slot."""
         self.entries[entry.slot] = None
         self.live[entry.slot] = False
+        self.matchers[entry.slot] = None
+        self.constrained[entry.slot] = False
         del self.holders[entry.id]
         entry.slot = -1
 

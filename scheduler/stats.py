@@ -100,6 +100,7 @@ class Stats:
         self.compile_seconds = 0.0
         self.finished: dict[str, int] = {}
         self.prompt_tokens = self.generated_tokens = 0
+        self.mask_steps, self.mask_rows, self.mask_seconds = 0, 0, 0.0  # grammar masks: steps, rows, host s
         self._peak = 0.0
         self._last_steps: deque[tuple[int, float]] = deque(maxlen=PEAK_WINDOW)
         self._lock = threading.Lock()
@@ -119,6 +120,12 @@ class Stats:
             busy = sum(s for _, s in last)
             if busy > 0:
                 self._peak = max(self._peak, sum(n for n, _ in last) / busy)
+
+    def record_masks(self, rows: int, seconds: float) -> None:
+        """One step's grammar masks: ``rows`` constrained rows computed in ``seconds`` of host time."""
+        self.mask_steps += 1
+        self.mask_rows += rows
+        self.mask_seconds += seconds
 
     def record_request(self, record: RequestRecord) -> None:
         self.requests.append(record)
@@ -224,7 +231,7 @@ class Stats:
         for name in ("prefix_hits", "prefix_misses", "prefix_removed", "prefix_hit_tokens", "turn_states",
                      "decode_steps", "decode_tokens",
                      "decode_seconds", "prefill_tokens", "prefill_seconds", "compile_seconds", "prompt_tokens",
-                     "generated_tokens"):
+                     "generated_tokens", "mask_steps", "mask_rows", "mask_seconds"):
             setattr(out, name, sum(getattr(p, name) for p in parts))
         for p in parts:
             for reason, n in p.finished.items():
@@ -275,7 +282,8 @@ class Stats:
                        "decode_steps": self.decode_steps, "decode_tokens": self.decode_tokens,
                        "decode_seconds": self.decode_seconds, "prefill_tokens": self.prefill_tokens,
                        "prefill_seconds": self.prefill_seconds, "prefill_calls": dict(self.prefill_calls),
-                       "compile_seconds": self.compile_seconds},
+                       "compile_seconds": self.compile_seconds, "mask_steps": self.mask_steps,
+                       "mask_rows": self.mask_rows, "mask_seconds": self.mask_seconds},
             "rates": {"prefill_tok_s": self.prefill_tok_s, "decode_tok_s": self.decode_tok_s,
                       "decode_tok_s_peak": self.decode_tok_s_peak},
             "percentiles_relative_error": RELATIVE_ERROR,

@@ -10,7 +10,8 @@
 
     Assistant:
 
-Roles map to ``System`` (``system``, ``developer``), ``User``, ``Assistant``; turns are separated by a blank line; the
+Roles map to ``System`` (``system``, ``developer``), ``User``, ``Assistant``, ``Tool`` (a
+tool's result; an assistant's tool calls are its turn's JSON, rwkv7_apps/serve/structured.py); turns are separated by a blank line; the
 prompt ends with ``Assistant:`` for the model to continue, and generation stops at the next
 ``\\n\\nUser:``. Blank lines inside a message would read as a turn boundary, so runs of
 newlines in message text collapse to one (as RWKV's own chat demos do).
@@ -32,7 +33,7 @@ from typing import Sequence
 
 import numpy as np
 
-ROLE_NAMES = {"developer": "System", "system": "System", "user": "User", "assistant": "Assistant"}
+ROLE_NAMES = {"developer": "System", "system": "System", "user": "User", "assistant": "Assistant", "tool": "Tool"}
 TURN_STOP = "\n\nUser:"
 SEPARATOR = "\n\n"
 REPLY_TOKENS_KEPT = 1 << 22
@@ -45,7 +46,7 @@ def clean(text: str) -> str:
 
 
 def render(messages: Sequence[tuple[str, str]]) -> str:
-    """Prompt text for (role, content) messages (roles: developer = system, user, assistant)."""
+    """Prompt text for (role, content) messages (roles: developer = system, user, assistant, tool)."""
     turns = [f"{ROLE_NAMES[role]}: {clean(content)}" for role, content in messages]
     return SEPARATOR.join(turns + ["Assistant:"])
 

@@ -21,7 +21,7 @@ from rwkv7_core.sampling import MAX_TOKENS_LIMIT, SEED_MAX, SamplingParams, Toke
 from scheduler import Request, RequestOutput
 from scheduler.validation import prompt_tokens, sampling_params
 
-from . import chat
+from . import chat, structured
 from .protocol import BAN, APIError, prompt_list
 from .service import UNAVAILABLE, Service, ServiceClosed, Token
 from .streaming import TextStream, sse
@@ -63,6 +63,7 @@ class Choice:
     sent_role: bool = False
     content: str = ""          # the text sent so far
     logprobs_offset: int = 0   # text_offset of its next completion logprobs entry
+    held: str = ""             # text held back from a stream with tools (sent as tool calls or text at the end)
 
 
 @dataclass
@@ -75,6 +76,7 @@ class Job:
     choices: list[Choice]
     logprobs: int | None            # alternatives per token (None = no logprobs)
     echo: bool
+    tools: structured.ToolPlan | None = None  # a chat request's tools (answers read as tool calls)
     id: str = field(default_factory=lambda: uuid.uuid4().hex[:24])
     created: int = field(default_factory=lambda: int(time.time()))
 
@@ -88,15 +90,12 @@ def build_job(ctx: Context, body, kind: str, chat_tokens: list[int] | None = Non
     _check_model(ctx, body)
     _check_options(ctx, body)
     initial = initial_state(ctx, body.state)
+    plan = structured.tool_plan(body) if kind == "chat" else None
     if kind == "chat":
         if ctx.tokenizer is None:
             raise APIError(400, f"chat needs the World vocabulary; this model has {ctx.vocab_size} tokens "
                                 "(use /v1/completions with token-id prompts)", "messages")
-        if chat_tokens is None:
-            messages = [(m.role, m.text()) for m in body.messages]
-            prompts, texts = [chat.encode(ctx.tokenizer, messages, ctx.replies)], [chat.render(messages)]
-        else:
-            prompts, texts = [chat_tokens], [None]
+        prompts, texts = _chat_prompt(ctx, body, plan, chat_tokens)
         logprobs = (body.top_logprobs or 0) if body.logprobs else None
         if body.top_logprobs and not body.logprobs:
             raise APIError(400, "top_logprobs needs logprobs=true", "top_logprobs")
@@ -122,7 +121,8 @@ def build_job(ctx: Context, body, kind: str, chat_tokens: list[int] | None = Non
     if logprobs is not None and unsupported is not None:
         raise APIError(400, f"logprobs: {unsupported}", "logprobs")
     params = _params(ctx, body, stops, max_tokens, logprobs)
-    job = Job(kind, body, prompts, texts, [], logprobs, echo)
+    constraint = structured.request_constraint(ctx, body, plan)
+    job = Job(kind, body, prompts, texts, [], logprobs, echo, plan)
     groups = []
     for p, tokens in enumerate(prompts):
         group = []
@@ -131,13 +131,25 @@ def build_job(ctx: Context, body, kind: str, chat_tokens: list[int] | None = Non
             seed = int(ctx.seeds.integers(2**32)) if body.seed is None else (body.seed + index) % (SEED_MAX + 1)
             rid = ctx.service.new_id(job.id)
             job.choices.append(Choice(index, p, rid, TextStream(stops)))
-            group.append(Request(rid, tokens, params.replace(seed=seed), initial_state=initial))
+            group.append(Request(rid, tokens, params.replace(seed=seed), initial_state=initial,
+                                 constraint=constraint))
         groups.append(group)
     waiting = ctx.service.scheduler.queue_sizes()["waiting"]
     if waiting + len(job.choices) > ctx.limits.max_waiting:
         raise APIError(429, f"server busy: {waiting} requests waiting (--max-waiting {ctx.limits.max_waiting}); "
                             "retry later")
     return job, groups
+
+
+def _chat_prompt(ctx: Context, body, plan, chat_tokens: list[int] | None) -> tuple[list, list]:
+    """([prompt ids], [prompt text]) of a chat body: its messages (tool calls and results as
+    history text, the tools' instructions first) through the chat template, or ``chat_tokens``
+    as given (the Responses API's continuations; no text)."""
+    if chat_tokens is not None:
+        return [chat_tokens], [None]
+    messages = [(m.role, structured.history_text(m)) for m in body.messages]
+    messages = ([("system", plan.system_text())] if plan is not None else []) + messages
+    return [chat.encode(ctx.tokenizer, messages, ctx.replies)], [chat.render(messages)]
 
 
 def initial_state(ctx: Context, name: str | None):
@@ -199,9 +211,6 @@ def _check_options(ctx: Context, body) -> None:
     """400 for the option values this server cannot honour (protocol.py's field policy)."""
     if body.stream_options is not None and not body.stream:
         raise APIError(400, "stream_options: only allowed with stream=true", "stream_options")
-    if body.response_format is not None and body.response_format != {"type": "text"}:
-        raise APIError(400, 'response_format: only {"type": "text"} is supported (no structured output yet)',
-                       "response_format")
     for token, bias in (body.logit_bias or {}).items():
         if not token.isdigit() or int(token) >= ctx.vocab_size:
             raise APIError(400, f"logit_bias: key {token[:40]!r} is not a token id in [0, {ctx.vocab_size})",
@@ -332,6 +341,16 @@ def finish_reason(choice: Choice) -> str:
     return "stop" if choice.text.stopped else choice.output.finish_reason
 
 
+def chat_answer(job: Job, choice: Choice, text: str) -> tuple[dict, str]:
+    """A finished chat choice's message fields and finish reason: its tool calls ("tool_calls")
+    when the request has tools and the answer is a complete call, else its text."""
+    reason = finish_reason(choice)
+    calls = structured.tool_calls(text, job.tools) if job.tools is not None and reason == "stop" else None
+    if calls is None:
+        return {"content": text}, reason
+    return {"content": None, "tool_calls": calls}, "tool_calls"
+
+
 # ----------------------------------------------------------------------------- rendering
 def completion_logprobs(ctx: Context, job: Job, choice: Choice, prompt_scores: TokenLogprobs | None,
                         with_prompt: bool, scores=None, tokens=None, with_stop: bool = True) -> dict:
@@ -404,7 +423,8 @@ def response(ctx: Context, job: Job, texts: dict[int, str], prompt_scores: list)
     for c in job.choices:
         item: dict[str, Any] = {"index": c.index, "finish_reason": finish_reason(c)}
         if job.kind == "chat":
-            item["message"] = {"role": "assistant", "content": texts[c.index]}
+            message, item["finish_reason"] = chat_answer(job, c, texts[c.index])
+            item["message"] = {"role": "assistant", **message}
             item["logprobs"] = chat_logprobs(ctx, job, c.tokens, c.scores) if job.logprobs is not None else None
         else:
             prefix = job.prompt_texts[c.prompt_index] if job.echo else ""
@@ -448,8 +468,15 @@ def stream_chunks(ctx: Context, job: Job, choice: Choice, delta: str, finished: 
             choice.sent_role = True
             chunks.append(chunk(ctx, job, [{"index": choice.index, "delta": {"role": "assistant", "content": ""},
                                             "logprobs": None, "finish_reason": None}]))
+        if job.tools is not None:  # held back until it is known to be text or tool calls
+            choice.held, delta = choice.held + delta, ""
         item["delta"] = {"content": delta} if delta else {}
         item["logprobs"] = chat_logprobs(ctx, job, new_tokens, new_scores) if new_scores else None
+        if finished and job.tools is not None:
+            message, reason = chat_answer(job, choice, choice.held)
+            calls = [{"index": i, **call} for i, call in enumerate(message.get("tool_calls") or [])]
+            item["delta"] = {"tool_calls": calls} if calls else {"content": choice.held} if choice.held else {}
+            delta = choice.held
     else:
         if job.echo and not choice.sent_role:
             choice.sent_role = True
@@ -466,7 +493,8 @@ def stream_chunks(ctx: Context, job: Job, choice: Choice, delta: str, finished: 
         item["logprobs"] = (completion_logprobs(ctx, job, choice, None, False, new_scores, new_tokens,
                                                 with_stop=finished)
                             if new_scores or stop_scored else None)
-    item["finish_reason"] = finish_reason(choice) if finished else None
+    item["finish_reason"] = (chat_answer(job, choice, choice.held)[1] if finished and job.tools is not None
+                             else finish_reason(choice) if finished else None)
     if job.body.return_token_ids:
         item["token_ids"] = new_tokens
     if finished or delta or new_scores or job.body.return_token_ids:

@@ -5,8 +5,9 @@ with no meaning here are accepted and ignored (marked IGNORED below); everything
 the field, unknown fields and typos included (``extra="forbid"``), never silently dropped.
 Sampling fields a request omits take the server's defaults (the command's sampling options).
 Extensions beyond OpenAI's fields: ``top_k``, ``penalty_decay``, ``stop_token_ids``,
-``banned_token_ids``, ``return_token_ids``, ``state``, and vLLM's ``ignore_eos`` and
-``stream_options.continuous_usage_stats``.
+``banned_token_ids``, ``return_token_ids``, ``state``, and vLLM's ``ignore_eos``,
+``stream_options.continuous_usage_stats`` and structured-output fields (``guided_json``,
+``guided_regex``, ``guided_choice``, ``guided_grammar``, ``structured_outputs``; structured.py).
 """
 from __future__ import annotations
 
@@ -69,11 +70,15 @@ class SamplingFields(BaseModel):
     state: StrictStr | None = None  # a named initial state (rwkv7-serve --state NAME=FILE)
     ignore_eos: StrictBool = False  # the default stop tokens do not end the output (stop_token_ids do)
     logit_bias: dict[StrictStr, float] | None = None  # BAN values only
-    response_format: dict | None = None  # {"type": "text"} only (structured output: not yet)
+    response_format: dict | None = None  # text, json_object, json_schema (structured.py)
+    guided_json: dict | StrictStr | None = None      # vLLM: a JSON schema
+    guided_regex: StrictStr | None = None            # vLLM: a regex
+    guided_choice: list[StrictStr] | None = None     # vLLM: one of these strings
+    guided_grammar: StrictStr | None = None          # vLLM: a Lark grammar (llguidance dialect)
+    structured_outputs: dict | None = None           # vLLM's newer form: {json|regex|choice|grammar|json_object}
     store: StrictBool | None = None          # IGNORED
     metadata: dict[StrictStr, StrictStr] | None = None  # IGNORED
     service_tier: StrictStr | None = None    # IGNORED
-    parallel_tool_calls: StrictBool | None = None  # IGNORED (no tools are served)
 
     def stop_list(self) -> list[str]:
         return [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
@@ -93,18 +98,27 @@ class TextPart(BaseModel):
 
 class ChatMessage(BaseModel):
     """A chat message; ``developer`` is OpenAI's newer name of ``system``; ``content`` is text
-    or a list of text parts (joined as they are)."""
+    or a list of text parts (joined as they are); an assistant turn may hold ``tool_calls``
+    (then content may be null), a ``tool`` turn is a tool's result for ``tool_call_id``."""
     model_config = ConfigDict(extra="forbid")
-    role: Literal["developer", "system", "user", "assistant"]
-    content: StrictStr | list[TextPart]
+    role: Literal["developer", "system", "user", "assistant", "tool"]
+    content: StrictStr | list[TextPart] | None = None
     name: StrictStr | None = None
+    tool_calls: list[dict] | None = None
+    tool_call_id: StrictStr | None = None
+    refusal: StrictStr | None = None  # IGNORED (an assistant turn the openai SDK echoes back)
 
     def text(self) -> str:
+        if self.content is None:
+            return ""
         return self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
 
 
 class ChatCompletionRequest(SamplingFields):
     messages: list[ChatMessage] = Field(min_length=1)
+    tools: list[dict] | None = None                  # [{"type": "function", "function": {...}}]
+    tool_choice: StrictStr | dict | None = None      # "auto" | "none" | "required" | {"type": "function", ...}
+    parallel_tool_calls: StrictBool | None = None    # several calls in one answer (default true)
     max_completion_tokens: int | None = Field(None, ge=0, le=DEVICE_INT_MAX)
     logprobs: StrictBool = False
     top_logprobs: int | None = Field(None, ge=0, le=TOP_LOGPROBS)

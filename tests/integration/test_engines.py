@@ -3,11 +3,14 @@
 Each request's tokens must equal the request decoded alone with ``model.forward`` one token
 at a time, whatever batch it shared and whichever buckets it ran in.
 """
+import re
+
 import numpy as np
 import pytest
 
 from scheduler import Request, SamplingParams, Scheduler, SchedulerConfig, generate
 from rwkv7_core import sampling as np_sampling
+from rwkv7_core.token_mask import ALL_ALLOWED, pack_allowed, unpack_allowed
 
 V = 512
 
@@ -51,9 +54,11 @@ def test_engine_under_scheduler(backend, monkeypatch):
     check_seeded_sampling_same_at_max_batch_1_and_8(engine)
     check_prefix_cache_hits_equal_misses(engine)
     check_slot_ops_and_host_rows_round_trip(engine)
+    check_token_masks_restrict_draws_and_all_allowed_changes_nothing(engine)
     check_failed_step_fails_its_requests_and_engine_recovers(name, model, engine, monkeypatch)
     if name == "jax":
         check_resize_gathers_compile_with_their_buckets_or_on_first_use(engine)
+        check_constrained_rows_in_the_mixed_step(engine)
 
 
 def check_greedy_batch_invariance(model, engine):
@@ -126,6 +131,54 @@ def check_slot_ops_and_host_rows_round_trip(engine):
         engine.insert(3, row, SamplingParams())
 
 
+def check_token_masks_restrict_draws_and_all_allowed_changes_nothing(engine):
+    """Capability.TOKEN_MASK: a row draws only allowed tokens (steps and the first-token draw);
+    a row whose mask allows everything draws what the unmasked executables draw."""
+    rng = np.random.default_rng()
+    row = engine.prefill(rng.integers(0, V, 5).astype(np.int32))
+    params = [SamplingParams(temperature=1.0, seed=int(rng.integers(2**32)), stop_tokens=()) for _ in range(2)]
+    allowed = rng.random((2, V)) < 0.03
+    allowed[:, rng.integers(0, V)] = True
+    masks = pack_allowed(allowed)
+    masks[1] = ALL_ALLOWED
+
+    def run(**masked):
+        engine.resize([], 2)
+        for slot, p in enumerate(params):
+            engine.insert(slot, row, p)
+        return np.array([engine.step(np.array([3, 4], np.int32), np.array([i, i], np.int32), **masked)
+                         for i in range(3)])
+
+    masked, plain = run(allowed=masks), run()
+    assert allowed[0, masked[:, 0]].all() and masked[:, 1].tolist() == plain[:, 1].tolist()
+    assert allowed[0, engine.sample(row, params[0], 0, allowed=masks[0])]
+    assert engine.sample(row, params[1], 0, allowed=masks[1]) == engine.sample(row, params[1], 0)
+
+
+class ByteTokenizer:
+    """Token i < 256 is byte i (0: end-of-text), the rest of the tiny vocabulary no text."""
+
+    def decode_bytes(self, ids):
+        return b"".join(bytes([i]) if 0 < i < 256 else b"" for i in ids)
+
+
+def check_constrained_rows_in_the_mixed_step(engine):
+    """MIXED prefill: prompt pieces ride in the masked decode step; constrained rows still
+    draw only what their grammar allows, and the same as SERIAL prefill gives them."""
+    from scheduler.constraint import Constraint
+    rng = np.random.default_rng()
+    requests = [Request(f"m{i}", rng.integers(0, V, int(rng.integers(20, 50))).tolist(),
+                        SamplingParams(max_tokens=12, temperature=1.0, seed=int(rng.integers(2**32))),
+                        constraint=Constraint.regex("[a-f]{3}-[0-9]") if i % 2 else Constraint.choice(["on", "off"]))
+                for i in range(6)]
+    runs = [generate(engine, requests, SchedulerConfig(max_batch=4, buckets=[4], prefill_policy=policy, chunk=16),
+                     tokenizer=ByteTokenizer()) for policy in ("mixed", "serial")]
+    for out in runs[0]:
+        text = bytes(out.tokens).decode()
+        assert out.finish_reason == "stop" and re.fullmatch(r"[a-f]{3}-[0-9]|on|off", text), (out.error, text)
+    assert [o.tokens for o in runs[0]] == [o.tokens for o in runs[1]]
+
+
 def check_resize_gathers_compile_with_their_buckets_or_on_first_use(engine):
     """compile([a]) then compile([b]) compiles no gather between them (most bucket pairs
     never resize into each other); the first resize compiles it, reported as a compile
@@ -181,6 +234,9 @@ def test_device_sampling_matches_numpy_reference(name):
     got = dev.sample_rows(to_dev(logits), to_dev(counts), type(rows)(*(to_dev(a) for a in rows)),
                           to_dev(banned), to_dev(positions), **form)
     assert np.asarray(got).tolist() == want.tolist()
+    packed = pack_allowed(rng.random((B, V)) < 0.5)
+    np.testing.assert_array_equal(np.asarray(dev.disallowed(to_dev(banned), to_dev(packed))),
+                                  banned | ~unpack_allowed(packed, V))
     np.testing.assert_allclose(np.asarray(dev.gumbel_noise(to_dev(rows.seed), to_dev(rows.seed_hi), to_dev(positions), V)),
                                np_sampling.gumbel_noise(rows.seed, rows.seed_hi, positions, V), rtol=1e-5, atol=1e-6)
     hashed = np.asarray(dev.lowbias32(to_dev(np.arange(2**32 - 1000, 2**32, dtype=np.uint32))))

@@ -1,0 +1,77 @@
+"""What a request's output must match: ``Constraint``, plain data (no grammar engine).
+
+Kinds: "json_schema" (``spec``: the schema as JSON text), "json_object" (any JSON object;
+``spec`` ""), "regex" (``spec``: the pattern, matched in full), "choice" (``spec``: a JSON
+list of the allowed strings), "grammar" (``spec``: a Lark grammar, llguidance's dialect).
+scheduler/grammar.py compiles one (cached by kind and text) and matches tokens against it.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+KINDS = ("json_schema", "json_object", "regex", "choice", "grammar")
+
+
+@dataclass(frozen=True)
+class Constraint:
+    """One request's output constraint (see the module docstring); hashable, picklable."""
+    kind: str
+    spec: str = ""
+
+    def __post_init__(self):
+        if self.kind not in KINDS:
+            raise ValueError(f"unknown constraint kind {self.kind!r}; one of {', '.join(KINDS)}")
+        if not isinstance(self.spec, str):
+            raise ValueError(f"a {self.kind} constraint's spec must be a string, got {type(self.spec).__name__}")
+
+    @classmethod
+    def json_schema(cls, schema: dict[str, Any] | bool | str) -> "Constraint":
+        """The output is one JSON value valid under ``schema`` (a dict, or its JSON text)."""
+        if isinstance(schema, str):
+            try:
+                schema = json.loads(schema)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"the JSON schema is not valid JSON: {e}") from None
+        if not isinstance(schema, (dict, bool)):
+            raise ValueError(f"a JSON schema must be an object, got {type(schema).__name__}")
+        return cls("json_schema", json.dumps(schema))
+
+    @classmethod
+    def json_object(cls) -> "Constraint":
+        return cls("json_object")
+
+    @classmethod
+    def regex(cls, pattern: str) -> "Constraint":
+        return cls("regex", pattern)
+
+    @classmethod
+    def choice(cls, choices: Sequence[str]) -> "Constraint":
+        """The output is exactly one of ``choices`` (non-empty strings)."""
+        if isinstance(choices, str) or not isinstance(choices, Sequence) or not choices:
+            raise ValueError("a choice constraint needs a non-empty list of strings")
+        if not all(isinstance(c, str) and c for c in choices):
+            raise ValueError("every choice must be a non-empty string")
+        return cls("choice", json.dumps(list(choices)))
+
+    @classmethod
+    def grammar(cls, lark: str) -> "Constraint":
+        return cls("grammar", lark)
+
+    @classmethod
+    def from_response_format(cls, response_format) -> "Constraint | None":
+        """OpenAI's ``response_format``: ``{"type": "text"}`` -> None, ``{"type": "json_object"}``,
+        ``{"type": "json_schema", "json_schema": {"name", "schema", "strict"}}``; ValueError
+        naming what is wrong."""
+        kind = response_format.get("type") if isinstance(response_format, dict) else None
+        if kind == "text":
+            return None
+        if kind == "json_object":
+            return cls.json_object()
+        if kind == "json_schema":
+            spec = response_format.get("json_schema")
+            if not isinstance(spec, dict) or "schema" not in spec and "name" not in spec:
+                raise ValueError('json_schema needs {"name", "schema"}')
+            return cls.json_schema(spec.get("schema", {}))
+        raise ValueError(f"type {kind!r} is not one of text, json_object, json_schema")

@@ -1,0 +1,168 @@
+"""Grammar-constrained decoding with llguidance: compile a ``Constraint`` once, match each
+sequence's tokens against it, and compute the packed allowed-token masks of a batch.
+
+llguidance was chosen by measurement (benchmarks/results/grammar_engines.md: on the World
+vocabulary it compiles a schema in tens of ms and builds its tokenizer in ~1 s, a mask takes
+~0.03 ms at the median (tens of ms at worst), it takes partial UTF-8 tokens correctly, reads
+regex, Lark and JSON schema directly and needs no other package). It gets the
+tokenizer's byte string of every id (``decode_bytes([i])``; end-of-text, id 0, is its EOS).
+JSON is compact (no whitespace between tokens), so a model cannot pad forever with blanks.
+
+``Grammars(tokenizer, vocab_size)`` holds the engine's tokenizer and a cache of compiled
+constraints keyed by (kind, text); ``matcher(constraint)`` validates (ValueError, one line
+naming the problem, before any decode work) and returns a fresh ``Matcher`` for one sequence.
+"""
+from __future__ import annotations
+
+import json
+import threading
+from collections import OrderedDict
+
+import numpy as np
+
+from rwkv7_core.constants import END_OF_TEXT
+from rwkv7_core.engine import Capability
+from rwkv7_core.token_mask import mask_words
+
+from .constraint import Constraint
+
+CACHE_SIZE = 256
+"""Compiled constraints kept (least recently used dropped first)."""
+
+JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+
+
+class Matcher:
+    """One sequence's position in its constraint: ``consume(token)`` advances it; ``done``
+    once the grammar is complete and nothing but end-of-text may follow; ``error`` when a
+    token broke it (None while fine)."""
+
+    def __init__(self, ll_matcher):
+        self.ll = ll_matcher
+
+    def consume(self, token: int) -> None:
+        self.ll.consume_token(int(token))
+
+    @property
+    def done(self) -> bool:
+        return self.ll.is_stopped() and not self.ll.is_error()
+
+    @property
+    def error(self) -> str | None:
+        return self.ll.get_error() or None if self.ll.is_error() else None
+
+    def mask(self, vocab_size: int) -> np.ndarray:
+        """int32 [W]: the packed mask of the tokens allowed next."""
+        out = np.zeros(mask_words(vocab_size), np.int32)
+        self.ll.unsafe_compute_mask_ptr(out.ctypes.data, out.nbytes)
+        return out
+
+
+class Grammars:
+    """Compiles constraints for one tokenizer (see the module docstring); thread-safe."""
+
+    def __init__(self, tokenizer, vocab_size: int):
+        import llguidance
+
+        self._ll = llguidance
+        self.vocab_size = vocab_size
+        tokens = [tokenizer.decode_bytes([i]) if i != END_OF_TEXT else b"" for i in range(vocab_size)]
+        single = {t: i for i, t in enumerate(tokens) if len(t) == 1}
+        encode = getattr(tokenizer, "encode", None) or (  # a tokenizer without encode: byte by byte
+            lambda text: [single[bytes([b])] for b in text.encode() if bytes([b]) in single])
+
+        class Wrapped:  # llguidance's TokenizerWrapper input
+            eos_token_id, bos_token_id, special_token_ids = END_OF_TEXT, None, [END_OF_TEXT]
+
+            def __init__(self):
+                self.tokens = tokens
+
+            def __call__(self, text: str) -> list[int]:
+                return list(encode(text))
+
+        self._tokenizer = llguidance.LLTokenizer(llguidance.TokenizerWrapper(Wrapped()), n_vocab=vocab_size,
+                                                 eos_token=END_OF_TEXT)
+        self._cache: OrderedDict[Constraint, object] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def _grammar(self, c: Constraint) -> str:
+        """llguidance's grammar text of a constraint."""
+        M = self._ll.LLMatcher
+        if c.kind in ("json_schema", "json_object"):
+            schema = json.loads(c.spec) if c.kind == "json_schema" else {"type": "object"}
+            return M.grammar_from_json_schema(schema, overrides=JSON_OPTIONS)
+        if c.kind == "regex":
+            return M.grammar_from_regex(c.spec)
+        if c.kind == "choice":
+            return M.grammar_from_lark("start: " + " | ".join(json.dumps(s) for s in json.loads(c.spec)))
+        return M.grammar_from_lark(c.spec)
+
+    def compiled(self, c: Constraint):
+        """The validated, untouched matcher of a constraint (cached); ValueError naming the problem."""
+        with self._lock:
+            if c in self._cache:
+                self._cache.move_to_end(c)
+                return self._cache[c]
+        try:
+            grammar = self._grammar(c)
+        except ValueError as e:
+            raise ValueError(f"invalid {c.kind.replace('_', ' ')}: {first_line(str(e))}") from None
+        template = self._ll.LLMatcher(self._tokenizer, grammar, log_level=0)
+        if template.is_error():
+            raise ValueError(f"invalid {c.kind.replace('_', ' ')}: {first_line(template.get_error())}")
+        with self._lock:
+            self._cache[c] = template
+            while len(self._cache) > CACHE_SIZE:
+                self._cache.popitem(last=False)
+        return template
+
+    def matcher(self, c: Constraint) -> Matcher:
+        """A fresh Matcher of ``c`` for one sequence (ValueError when ``c`` is invalid)."""
+        return Matcher(self.compiled(c).deep_copy())
+
+
+
+def first_line(message: str, limit: int = 300) -> str:
+    """An engine message as one line: its non-empty lines joined, at most ``limit`` characters."""
+    line = " ".join(part.strip() for part in message.splitlines() if part.strip()) or "unknown error"
+    return line if len(line) <= limit else line[:limit - 3] + "..."
+
+
+_EXECUTOR = []
+
+
+def fill_masks(rows: list[tuple[int, Matcher]], out: np.ndarray) -> None:
+    """Write the masks of (row, matcher) pairs into those rows of ``out`` int32 [B, W], C
+    order (in parallel over the matchers, on llguidance's threads)."""
+    if not rows:
+        return
+    if not _EXECUTOR:
+        import llguidance
+        _EXECUTOR.append(llguidance.LLExecutor())
+    _EXECUTOR[0].unsafe_compute_mask_ptr([(m.ll, r) for r, m in rows], out.ctypes.data, out.shape[1] * 4,
+                                         out.shape[0])
+
+
+_SHARED: dict[int, tuple[object, Grammars]] = {}
+_SHARED_LOCK = threading.Lock()
+
+
+def grammars_for(tokenizer, vocab_size: int) -> Grammars:
+    """The process's one ``Grammars`` of ``tokenizer`` (built on first use: ~1 s for the
+    World vocabulary), shared by every scheduler and the server's request checks."""
+    with _SHARED_LOCK:
+        held = _SHARED.get(id(tokenizer))
+        if held is None or held[0] is not tokenizer or held[1].vocab_size != vocab_size:
+            held = _SHARED[id(tokenizer)] = (tokenizer, Grammars(tokenizer, vocab_size))
+        return held[1]
+
+
+def matcher_for(constraint: Constraint, engine, tokenizer) -> Matcher:
+    """A fresh Matcher of ``constraint`` for a request on ``engine``; ValueError (one line)
+    when the engine cannot mask tokens, there is no tokenizer, or the constraint is invalid."""
+    if Capability.TOKEN_MASK not in engine.capabilities:
+        raise ValueError(f"constrained decoding needs an engine with {Capability.TOKEN_MASK}; "
+                         f"{type(engine).__name__} does not declare it")
+    if tokenizer is None:
+        raise ValueError("constrained decoding needs a tokenizer (a model with the World vocabulary)")
+    return grammars_for(tokenizer, engine.vocab_size).matcher(constraint)
