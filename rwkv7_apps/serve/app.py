@@ -8,7 +8,6 @@ scheduler thread (service.py).
 """
 from __future__ import annotations
 
-import asyncio
 import hmac
 import logging
 import time
@@ -30,7 +29,6 @@ from .service import UNAVAILABLE
 from .streaming import sse
 
 log = logging.getLogger("rwkv7_serve")
-DISCONNECT_POLL_S = 0.25
 
 
 class BodyLimit:
@@ -202,19 +200,8 @@ async def _handle(ctx: Context, metrics: ServerMetrics, body, request: Request, 
             for choice, delta, _, _ in batch:
                 texts[choice.index] = texts.get(choice.index, "") + delta
 
-    task = asyncio.create_task(collect())
-    try:
-        while not task.done():
-            await asyncio.wait({task}, timeout=DISCONNECT_POLL_S)
-            if not task.done() and await request.is_disconnected():
-                task.cancel()
-                generation.cancel(ctx, job)
-                return Response(status_code=499)
-        task.result()
-    finally:
-        if not task.done():
-            task.cancel()
-            generation.cancel(ctx, job)
+    if not await generation.run_unless_disconnected(ctx, job, request, collect):
+        return Response(status_code=499)
     for choice in job.choices:
         error = generation.failure(choice)
         if error is not None:

@@ -500,3 +500,24 @@ def stream_chunks(ctx: Context, job: Job, choice: Choice, delta: str, finished: 
     if finished or delta or new_scores or job.body.return_token_ids:
         chunks.append(chunk(ctx, job, [item]))
     return chunks
+
+
+DISCONNECT_POLL_S = 0.25
+
+
+async def run_unless_disconnected(ctx: Context, job: Job, request, collect) -> bool:
+    """Run ``collect()`` (a coroutine function that drains the job's events) to its end and
+    re-raise what it raised; False, with the job's requests cancelled, when the client (a
+    Starlette request) disconnects first (checked every DISCONNECT_POLL_S)."""
+    task = asyncio.create_task(collect())
+    try:
+        while not task.done():
+            await asyncio.wait({task}, timeout=DISCONNECT_POLL_S)
+            if not task.done() and await request.is_disconnected():
+                return False
+        task.result()
+        return True
+    finally:
+        if not task.done():
+            task.cancel()
+            cancel(ctx, job)

@@ -13,7 +13,6 @@ or ``response.incomplete``), each as ``event: TYPE`` + ``data: JSON``.
 """
 from __future__ import annotations
 
-import asyncio
 import json
 import time
 from typing import Any
@@ -28,8 +27,6 @@ from .generation import Context, Job
 from .protocol import APIError, ChatCompletionRequest
 from .response_store import ResponseStore, StoredResponse
 from .responses_protocol import ResponseRequest
-
-DISCONNECT_POLL_S = 0.25
 
 
 def add_response_routes(app: FastAPI, ctx: Context, store: ResponseStore, metrics, authorized, serving) -> None:
@@ -176,17 +173,8 @@ async def _create(ctx: Context, store: ResponseStore, metrics, body: ResponseReq
         async for batch in generation.events(ctx, job, queue):
             text.extend(delta for _, delta, _, _ in batch)
 
-    task = asyncio.create_task(collect())
-    try:
-        while not task.done():
-            await asyncio.wait({task}, timeout=DISCONNECT_POLL_S)
-            if not task.done() and await request.is_disconnected():
-                return Response(status_code=499)
-        task.result()
-    finally:
-        if not task.done():
-            task.cancel()
-            generation.cancel(ctx, job)
+    if not await generation.run_unless_disconnected(ctx, job, request, collect):
+        return Response(status_code=499)
     error = generation.failure(job.choices[0])
     if error is not None:
         raise error
