@@ -310,7 +310,8 @@ def _report(args, sched: SchedulerInterface, run, t0: float) -> None:
     from .replicas import replica_reports
 
     replicas = replica_reports(sched)
-    metrics = build_metrics(sched.stats, run.counts, time.perf_counter() - t0, t0, run.skipped, replicas)
+    metrics = build_metrics(sched.stats, run.counts, time.perf_counter() - t0, t0, run.skipped, replicas,
+                            {"kernels": sched.engine.kernels, "dtype": sched.engine.dtype})
     print(summary_table(metrics), flush=True)
     if args.metrics:
         Path(args.metrics).write_text(json.dumps(metrics, indent=1) + "\n")

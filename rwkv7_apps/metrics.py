@@ -70,8 +70,11 @@ def timeline_series(stats: Stats, t0: float) -> TimelineSeries:
 
 
 def build_metrics(stats: Stats, counts: RunCounts, wall_time: float, t0: float,
-                  skipped: int = 0, replicas: Sequence[dict[str, Any]] = ()) -> dict[str, Any]:
-    """The ``--metrics`` JSON. stats: the scheduler's ``Stats`` (a replica set's merged);
+                  skipped: int = 0, replicas: Sequence[dict[str, Any]] = (),
+                  engine: dict[str, str] | None = None) -> dict[str, Any]:
+    """The ``--metrics`` JSON. engine: what ran ({"kernels", "dtype"}: the engine's resolved
+    kernel set, e.g. "pallas-fused" or the "pallas" a failed self-check fell back to, and its
+    weights' dtype); stats: the scheduler's ``Stats`` (a replica set's merged);
     counts: this run's output records; t0: the run's start (perf_counter); skipped: input
     lines already present in the output file from an earlier run; replicas:
     ``rwkv7_apps.replicas.replica_reports`` (device, requests, generated_tokens, failed,
@@ -84,6 +87,7 @@ def build_metrics(stats: Stats, counts: RunCounts, wall_time: float, t0: float,
         decode_avg = sum(r["decode_tok_s"] or 0.0 for r in rows)
         decode_peak = sum(r["stats"].decode_tok_s_peak or 0.0 for r in replicas)
     return {
+        "engine": engine,
         "requests": {"total": counts.total, "ok": counts.ok, "failed": counts.total - counts.ok,
                      "skipped_already_done": skipped},
         "tokens": {"prompt": prompt, "generated": generated, "prefilled": stats.prefill_tokens,
@@ -146,6 +150,7 @@ def summary_table(m: dict[str, Any]) -> str:
     req, tok = m["requests"], m["tokens"]
     ms = lambda v: None if v is None else v * 1e3  # noqa: E731
     rows = [
+        ("engine kernels / dtype", "-" if m.get("engine") is None else f"{m['engine']['kernels']} / {m['engine']['dtype']}"),
         ("requests ok / failed", f"{req['ok']:,} / {req['failed']:,}"
          + (f"  ({req['skipped_already_done']:,} already done)" if req["skipped_already_done"] else "")),
         ("prompt / generated tokens", f"{tok['prompt']:,} / {tok['generated']:,}"),

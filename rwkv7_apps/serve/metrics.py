@@ -84,6 +84,12 @@ class _SchedulerCollector:
         self.scheduler = scheduler
 
     def collect(self):
+        engine = self.scheduler.engine
+        g = GaugeMetricFamily("rwkv7_engine_info", "What serves: the engine's resolved kernel set (e.g. "
+                              "pallas-fused, or pallas after a failed self-check) and weights' dtype; value 1",
+                              labels=["kernels", "dtype"])
+        g.add_metric([engine.kernels, engine.dtype], 1)
+        yield g
         sizes = self.scheduler.queue_sizes()
         g = GaugeMetricFamily("rwkv7_scheduler_requests", "Requests in each scheduler state", labels=["state"])
         for state, n in sizes.items():
