@@ -1,6 +1,8 @@
 """Multi-turn conversations through the Responses API (``previous_response_id``), on one
 replica and on ``--data-parallel`` replicas: per turn, the prompt tokens the server gets
-(the whole conversation: the stored turn's tokens + the new message) and TTFT; at the end
+(the whole conversation: the stored turn's tokens + the new message), how many of them were
+prefilled rather than served by the turn cache (usage.input_tokens_details.cached_tokens) and
+TTFT; at the end
 the prefix-cache hits and, on replicas, how many turns conversation affinity kept on their
 replica.
 
@@ -71,6 +73,7 @@ async def _conversations(url: str, args, seed: int, conversations: int) -> list[
                     if event.type in ("response.completed", "response.incomplete"):
                         done = event.response
                 rows.append({"input_tokens": done.usage.input_tokens, "output_tokens": done.usage.output_tokens,
+                             "cached_tokens": done.usage.input_tokens_details.cached_tokens,
                              "ttft_s": (first or time.perf_counter()) - sent})
                 previous = done.id
             turns.append(rows)
@@ -113,6 +116,7 @@ def run_level(args, replicas: int) -> dict:
     for k in range(args.turns):
         rows = [c[k] for c in turns]
         per_turn.append({"turn": k + 1, "input_tokens_mean": float(np.mean([r["input_tokens"] for r in rows])),
+                         "prefilled_tokens_mean": float(np.mean([r["input_tokens"] - r["cached_tokens"] for r in rows])),
                          "ttft_ms_p50": float(np.percentile([r["ttft_s"] for r in rows], 50)) * 1e3})
     hits = count("rwkv7_prefix_cache_lookups_total", 'result="hit"')
     misses = count("rwkv7_prefix_cache_lookups_total", 'result="miss"')
@@ -140,8 +144,9 @@ def markdown(results: dict) -> str:
             lines += [f"Affinity: {level['affinity_kept']:.0f} of {level['continuation_turns']} continuation turns "
                       f"kept on their replica, {level['affinity_moved']:.0f} moved; routed per replica "
                       f"{level['routed']}.", ""]
-        lines += ["| turn | prompt tokens (mean) | TTFT p50 ms |", "|---|---|---|"]
-        lines += [f"| {t['turn']} | {t['input_tokens_mean']:.0f} | {t['ttft_ms_p50']:.1f} |" for t in level["per_turn"]]
+        lines += ["| turn | prompt tokens (mean) | prefilled (not from the cache) | TTFT p50 ms |", "|---|---|---|---|"]
+        lines += [f"| {t['turn']} | {t['input_tokens_mean']:.0f} | {t['prefilled_tokens_mean']:.0f} | "
+                  f"{t['ttft_ms_p50']:.1f} |" for t in level["per_turn"]]
         lines.append("")
     return "\n".join(lines)
 

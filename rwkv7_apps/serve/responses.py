@@ -126,7 +126,8 @@ def _object(ctx: Context, job: Job, body: ResponseRequest, status: str, text: st
         "temperature": body.temperature, "top_p": body.top_p, "text": {"format": {"type": "text"}},
         "tool_choice": "none", "tools": [], "truncation": "disabled", "metadata": body.metadata or {},
         "usage": None if text is None else {
-            "input_tokens": prompt, "input_tokens_details": {"cached_tokens": 0},
+            "input_tokens": prompt,
+            "input_tokens_details": {"cached_tokens": generation.usage(job)["prompt_tokens_details"]["cached_tokens"]},
             "output_tokens": generated, "output_tokens_details": {"reasoning_tokens": 0},
             "total_tokens": prompt + generated},
     }

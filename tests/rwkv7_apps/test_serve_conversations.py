@@ -76,8 +76,12 @@ def test_a_chain_of_three_turns_equals_single_requests_of_the_whole_history(clie
         extra = {"state": state} if state and turn == 0 else {}
         r = client.responses.create(model=MODEL, input=text, previous_response_id=previous, extra_body=extra,
                                     instructions="Be brief." if turn == 0 else None, **GREEDY)
+        consumed = len(history)  # the previous turn's prompt + output (the whole first prompt at turn 0)
         if turn:
             history += tok.encode(f"\n\nUser: {text}\n\nAssistant:")
+            # the turn cache (on by default) served all the previous turn fed the model: only the
+            # new message (and the reply's last, unfed token) was prefilled
+            assert r.usage.input_tokens_details.cached_tokens >= consumed - 1
         ids = _ids(client, history, state)  # the whole conversation's tokens as one request
         assert r.output_text == tok.decode(ids).split("\n\nUser:")[0]
         assert r.usage.input_tokens == len(history) and r.usage.output_tokens == len(ids)
