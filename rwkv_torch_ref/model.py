@@ -119,8 +119,9 @@ class RWKV7:
         if kernels is Kernels.TRITON:
             from .triton_kernels import interpreted, time_mix_core_triton
             if device.type == "cpu" and not interpreted():
-                raise ValueError("kernels='triton' on CPU needs TRITON_INTERPRET=1 set before "
-                                 "rwkv_torch_ref.triton_kernels is first imported")
+                raise ValueError("kernels='triton' on CPU needs TRITON_INTERPRET=1 set before triton is first "
+                                 "imported (another package may have imported it already: set it in the "
+                                 "environment)")
             self._core = time_mix_core_triton
         else:
             self._core = time_mix_core

@@ -5,7 +5,13 @@ and low-rank widths unlike any released model.
 """
 from __future__ import annotations
 
-import pytest
+import os
+
+# Tests run on CPUs: every Triton kernel they run is interpreted, and Triton decides that when
+# it is first imported (some test-extra packages, e.g. transformers, import it early).
+os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest  # noqa: E402
 
 from rwkv7_core import ModelConfig, named_config, write_random_checkpoint
 from tests.shapes import ODD_CONFIG

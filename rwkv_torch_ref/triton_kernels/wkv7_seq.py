@@ -40,8 +40,9 @@ def _wkv7_seq_kernel(r_ptr, w_ptr, k_ptr, v_ptr, kk_ptr, a_ptr, s_in_ptr, y_ptr,
     tl.store(s_out_ptr + s_off, S)
 
 
-INTERPRETED = type(_wkv7_seq_kernel).__name__ == "InterpretedFunction"
-"""Whether the kernels were built for the Triton interpreter (TRITON_INTERPRET=1 at import)."""
+INTERPRETED = all(type(f).__name__ == "InterpretedFunction" for f in (_wkv7_seq_kernel, tl.sum))
+"""Whether the kernels, and Triton's own library they call (``tl.sum``: built when triton was
+first imported), were built for the Triton interpreter (TRITON_INTERPRET=1 at both imports)."""
 KERNEL = _wkv7_seq_kernel  # for ahead-of-time compiles (rwkv_torch_ref.triton_aot)
 
 

@@ -185,3 +185,20 @@ def test_bad_load_arguments(tiny_ckpt):
         rwkv_torch_ref.load(tiny_ckpt, kernels="cuda")
     with pytest.raises(ValueError, match="float64"):
         rwkv_torch_ref.load(tiny_ckpt, dtype="float64", kernels="triton")
+
+
+def test_triton_imported_before_the_interpreter_was_asked_for_fails_in_one_line(tiny_ckpt):
+    """Triton fixes interpreted or compiled when it is first imported: a process that imported
+    it (through another package) without TRITON_INTERPRET gets a clear error at load, not an
+    interpreter failure inside the first kernel call."""
+    import os
+    import subprocess
+    import sys
+
+    code = ("import triton, rwkv_torch_ref\n"
+            f"try:\n    rwkv_torch_ref.load({str(tiny_ckpt)!r}, kernels='triton', device='cpu')\n"
+            "except ValueError as e:\n    print(e)\n")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "TRITON_INTERPRET=1 set before triton is first imported" in out.stdout, out.stdout + out.stderr[-2000:]
