@@ -23,7 +23,8 @@ from scheduler.interface import SchedulerInterface
 
 from .engines import cache_dir, random_model_path
 from .jsonl_io import InputError, InputRequest, ResultWriter
-from .options import add_engine_options, add_model_options, add_sampling_options, check_engine_args, sampling_defaults
+from .options import (add_engine_options, add_model_options, add_replica_options, add_sampling_options,
+                      check_engine_args, sampling_defaults)
 from .states import RunStates, model_fingerprint, register_states, state_option
 
 EXIT_BAD_ARGS = 2
@@ -51,12 +52,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "request with \"state\": \"NAME\" starts from it (repeatable)")
     p.add_argument("--save-states", metavar="DIR",
                    help="write each successful request's final state as DIR/<id>.safetensors")
-    p.add_argument("--data-parallel", default="auto", metavar="N|auto",
-                   help="replicas, one engine + scheduler per device, requests routed to the least loaded "
-                        "(auto: every local accelerator, 1 on the CPU; see docs/states-and-scale-out.md)")
-    p.add_argument("--ray", metavar="ADDRESS|local",
-                   help="run the --data-parallel replicas as Ray actors on this cluster ('local': start one "
-                        "here); needs the [ray] extra")
+    add_replica_options(p, "auto", "requests routed to the least loaded")
     p.add_argument("--metrics", metavar="METRICS.json", help="write run metrics as JSON")
     p.add_argument("--plot", metavar="RUN.png", help="write a PNG of batch size, bucket and tok/s over time")
     p.add_argument("--max-prompt-tokens", type=int, default=MAX_PROMPT_TOKENS, metavar="N",

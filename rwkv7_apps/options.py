@@ -63,6 +63,17 @@ def add_engine_options(p: argparse.ArgumentParser) -> None:
                    help=f"most max_tokens a request may ask for (default {MAX_TOKENS_LIMIT}; more is refused)")
 
 
+def add_replica_options(p, default: str, routing: str) -> None:
+    """``--data-parallel N|auto`` (default ``default``; ``routing``: how requests pick a
+    replica) and ``--ray``, as ``rwkv7_apps.scheduler_setup.build_scheduler`` reads them."""
+    p.add_argument("--data-parallel", default=default, metavar="N|auto",
+                   help=f"replicas, one engine + scheduler per device, {routing} (auto: every local "
+                        f"accelerator, 1 on the CPU; default {default}; see docs/states-and-scale-out.md)")
+    p.add_argument("--ray", metavar="ADDRESS|local",
+                   help="run the --data-parallel replicas as Ray actors on this cluster ('local': start one "
+                        "here); needs the [ray] extra")
+
+
 def add_sampling_options(p: argparse.ArgumentParser, overridable_by: str) -> None:
     """The sampling defaults (each overridable per request)."""
     s = p.add_argument_group(f"sampling defaults (each overridable per request in {overridable_by})")

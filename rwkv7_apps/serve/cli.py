@@ -23,8 +23,8 @@ import time
 import urllib.request
 
 from ..engines import random_model_path
-from ..options import add_engine_options, add_model_options, add_sampling_options, check_engine_args, \
-    sampling_defaults
+from ..options import add_engine_options, add_model_options, add_replica_options, add_sampling_options, \
+    check_engine_args, sampling_defaults
 from ..states import register_states, state_option
 from .response_store import DEFAULT_MAX_COUNT, DEFAULT_MAX_MB
 
@@ -57,12 +57,7 @@ def build_parser() -> argparse.ArgumentParser:
     h.add_argument("--state", action="append", type=state_option, default=None, metavar="NAME=FILE",
                    help="register an initial state (state file or tuned-state .pth/.safetensors); a request "
                         "with \"state\": \"NAME\" starts from it (repeatable)")
-    h.add_argument("--data-parallel", default="1", metavar="N|auto",
-                   help="replicas, one engine + scheduler per device; a conversation's turns prefer the replica "
-                        "of its previous turn (auto: every local accelerator, 1 on the CPU; default 1)")
-    h.add_argument("--ray", metavar="ADDRESS|local",
-                   help="run the --data-parallel replicas as Ray actors on this cluster ('local': start one here); "
-                        "needs the [ray] extra")
+    add_replica_options(h, "1", "a conversation's turns preferring the replica of its previous turn")
     add_engine_options(p)
     # a server holds conversations: compile before ready, and keep finished turns' states (a
     # chat's next turn prefills only its new message) unless told otherwise
