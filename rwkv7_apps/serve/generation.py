@@ -172,7 +172,7 @@ def tokenize(ctx: Context, body) -> list[int]:
         if ctx.tokenizer is None:
             raise APIError(400, f"messages need the World vocabulary; this model has {ctx.vocab_size} tokens",
                            "messages")
-        return chat.encode(ctx.tokenizer, [(m.role, m.text()) for m in body.messages], ctx.replies)
+        return _chat_prompt(ctx, body, None, None)[0][0]  # as chat completions render them
     return _tokens(ctx, body.prompt, "prompt")
 
 
