@@ -109,12 +109,12 @@ def _job(ctx: Context, store: ResponseStore, body: ResponseRequest):
 # ----------------------------------------------------------------------------- objects
 def _object(ctx: Context, job: Job, body: ResponseRequest, status: str, text: str | None,
             error: APIError | None = None) -> dict[str, Any]:
-    """The response object (``text`` None: no output yet)."""
-    choice = job.choices[0]
+    """The response object (``text`` None: no output yet; usage from ``generation.usage``,
+    the chat endpoints' counts: one prompt, one choice)."""
     output = []
     if text is not None:
         output.append(_message(job, "completed" if status == "completed" else "incomplete", text))
-    prompt, generated = len(job.prompts[0]), len(choice.tokens)
+    counts = generation.usage(job)
     return {
         "id": "resp_" + job.id, "object": "response", "created_at": job.created, "status": status,
         "completed_at": int(time.time()) if status in ("completed", "incomplete") else None,
@@ -126,10 +126,9 @@ def _object(ctx: Context, job: Job, body: ResponseRequest, status: str, text: st
         "temperature": body.temperature, "top_p": body.top_p, "text": {"format": {"type": "text"}},
         "tool_choice": "none", "tools": [], "truncation": "disabled", "metadata": body.metadata or {},
         "usage": None if text is None else {
-            "input_tokens": prompt,
-            "input_tokens_details": {"cached_tokens": generation.usage(job)["prompt_tokens_details"]["cached_tokens"]},
-            "output_tokens": generated, "output_tokens_details": {"reasoning_tokens": 0},
-            "total_tokens": prompt + generated},
+            "input_tokens": counts["prompt_tokens"], "input_tokens_details": counts["prompt_tokens_details"],
+            "output_tokens": counts["completion_tokens"], "output_tokens_details": {"reasoning_tokens": 0},
+            "total_tokens": counts["total_tokens"]},
     }
 
 
