@@ -46,7 +46,8 @@ def test_next_turn_prefills_only_what_is_new_and_equals_a_cold_run():
     rng = np.random.default_rng()
     prompts = [rng.integers(1, V, int(rng.integers(5, 40))).tolist() for _ in range(3)]
     free = generate(FakeEngine(V), [Request(f"f{i}", p, _greedy(10)) for i, p in enumerate(prompts)])
-    stop = free[1].tokens[4]
+    first = free[1].tokens[0]
+    stop = next(t for t in free[1].tokens[1:] if t != first)  # stops after >= 1 consumed token
     turn1 = [Request("length", prompts[0], _greedy(10)), Request("stop_token", prompts[1], _greedy(10, [stop])),
              Request("one", prompts[2], _greedy(1))]
     scheduler = Scheduler(FakeEngine(V), SchedulerConfig(max_batch=4, prefix_cache_bytes=1 << 20, prefix_block=16))
