@@ -35,7 +35,7 @@ from .config import PrefillPolicy, SchedulerConfig, bucket_for, shrink_pays
 from .grammar import fill_masks
 from .prefill import PiecesFailed, Prefill, PrefillReport, draw_first
 from .request import RequestOutput, RequestState
-from .slots import SlotTable
+from .slots import SlotTable, each
 from .stats import BucketSwitch, CompileEvent, RequestRecord, Stats
 
 log = logging.getLogger(__name__)
@@ -254,7 +254,7 @@ class StepLoop:
                 self._finish(entry, grammar)
             elif len(entry.tokens) >= entry.params.max_tokens:
                 self._finish(entry, "length")
-            elif entry.params.stop and self._stop_string_hit(entry):
+            elif entry.params.stop and self._stop_string_hit(entry, token):
                 self._finish(entry, "stop")
             else:
                 return False
@@ -285,25 +285,27 @@ class StepLoop:
         """int32 [bucket, W] packed allowed-token masks of this step (rows without a grammar
         allow everything), or None when no live row has one (the unmasked step runs)."""
         slots = self._slots
-        rows = np.flatnonzero(slots.constrained & slots.live).tolist()
-        if not rows:
+        if not slots.constrained.any():  # only live rows are
             return None
+        rows = np.flatnonzero(slots.constrained).tolist()
         start = time.perf_counter()
         allowed = all_allowed(slots.bucket, self.engine.vocab_size)
         fill_masks([(r, slots.matchers[r]) for r in rows], allowed)
         self.stats.record_masks(len(rows), time.perf_counter() - start)
         return allowed
 
-    def _stop_string_hit(self, entry: Entry) -> bool:
-        """True when the newest token completes a stop string (called once per token; the
-        matcher reads each token's bytes once: rwkv7_core/stop_strings.py)."""
+    def _stop_string_hit(self, entry: Entry, token: int) -> bool:
+        """True when ``token``, the newest, completes a stop string (called once per token;
+        the matcher reads each token's bytes once: rwkv7_core/stop_strings.py)."""
         if entry.stop_matcher is None:
             entry.stop_matcher = StopMatcher(entry.params.stop)
-        return entry.stop_matcher.feed_bytes(self.tokenizer.decode_bytes(entry.tokens[-1:]))[1] >= 0
+        return entry.stop_matcher.feed_bytes(self.tokenizer.decode_bytes([token]))[1] >= 0
 
     def _finish(self, entry: Entry, reason: str) -> None:
         """Make a READY or RUNNING request final (``entry.stop_token`` set: it ended on a stop
         token, which the state has not consumed and never will); its row and slot are freed."""
+        if entry.slot >= 0:
+            self._slots.settle(entry)
         if entry.request.return_state and reason in ("length", "stop"):
             try:
                 entry.final_state = self._final_state(entry, pending=bool(entry.tokens) and entry.stop_token is None)
@@ -376,7 +378,7 @@ class StepLoop:
         try:
             if target != slots.bucket:
                 self._resize(target)
-            free = iter(slots.free_slots())
+            free = iter(slots.free_slots() if admitted else ())
             for entry in admitted:
                 slot = next(free)
                 engine.insert(slot, entry.row, entry.params)
@@ -445,36 +447,31 @@ class StepLoop:
         live = slots.live
         drawn = slots.advance(out, NONFINITE_TOKEN, time.perf_counter())
         self.stats.inter_token.add_many(drawn.gaps)
-        tokens = out.tolist()
-        entries = slots.entries
-        on_token, on_logprobs = self._on_token, self._on_logprobs
-        emitted = np.flatnonzero(drawn.emit).tolist()
-        for slot in emitted:  # the per-row work every step does: kept to one append
-            entries[slot].tokens.append(tokens[slot])
-        if scored is not None and on_logprobs is not None:
-            for slot in emitted:
-                if slots.wants_logprobs[slot]:
-                    on_logprobs(entries[slot].id, scored.row(slot))
-        if on_token is not None:
-            for slot in emitted:
-                on_token(entries[slot].id, tokens[slot])
-        stopped = live & drawn.stop_hit
-        for slot in np.flatnonzero(drawn.emit & slots.has_stop_str).tolist():
-            stopped[slot] = self._stop_string_hit(entries[slot])
-        broken = np.zeros_like(live)
-        for slot in np.flatnonzero(drawn.emit & slots.constrained).tolist():
-            grammar = self._grammar_advance(entries[slot], tokens[slot])
-            stopped[slot] |= grammar == "stop"
-            broken[slot] = grammar == "error"
-        ended = live & (drawn.nonfinite | broken | stopped | (slots.remaining <= 0))
+        entries, emit = slots.entries, drawn.emit
+        if scored is not None and self._on_logprobs is not None:
+            for slot in np.flatnonzero(emit & slots.wants_logprobs).tolist():
+                self._on_logprobs(entries[slot].id, scored.row(slot))
+        if self._on_token is not None:
+            each(self._on_token, slots.ids[emit], out[emit].tolist())
+        ended = live & (drawn.nonfinite | drawn.stop_hit | (slots.remaining <= 0))
+        stopped, broken = drawn.stop_hit, None
+        if slots.has_stop_str.any() or slots.constrained.any():
+            stopped, broken = stopped.copy(), np.zeros_like(live)
+            for slot in np.flatnonzero(emit & slots.has_stop_str).tolist():
+                stopped[slot] = self._stop_string_hit(entries[slot], int(out[slot]))
+            for slot in np.flatnonzero(emit & slots.constrained).tolist():
+                grammar = self._grammar_advance(entries[slot], int(out[slot]))
+                stopped[slot] |= grammar == "stop"
+                broken[slot] = grammar == "error"
+            ended |= live & (stopped | broken)
         for slot in np.flatnonzero(ended).tolist():
             entry = entries[slot]
-            if drawn.nonfinite[slot] or broken[slot]:
+            if drawn.nonfinite[slot] or (broken is not None and broken[slot]):
                 entry.error = entry.error or "non-finite logits"
                 self._finish(entry, "error")
             else:
                 if drawn.stop_hit[slot]:
-                    entry.stop_token = tokens[slot]
+                    entry.stop_token = int(out[slot])
                     if scored is not None and slots.wants_logprobs[slot]:
                         entry.stop_logprobs = scored.row(slot)
                 self._finish(entry, "stop" if stopped[slot] else "length")
