@@ -81,46 +81,18 @@ def main(argv=None) -> int:
     try:
         buckets = [deviceless.Bucket.parse(b) for b in args.buckets.split(",") if b.strip()]
         target = deviceless.load_target(args.target)
-        if args.model:
-            if not (os.path.isfile(args.model) or os.path.isdir(args.model)):
-                raise ValueError(f"--model {args.model}: no such file or model directory")
-            from rwkv7_core.checkpoint import read_checkpoint
-            config = read_checkpoint(args.model)[1]
-        else:
-            config = named_config(args.shape)
-        if args.json:
-            json_dir = os.path.dirname(os.path.abspath(args.json))
-            if not os.access(json_dir, os.W_OK):
-                raise ValueError(f"--json {args.json}: directory not writable")
+        config = _model_config(args)
+        if args.json and not os.access(os.path.dirname(os.path.abspath(args.json)), os.W_OK):
+            raise ValueError(f"--json {args.json}: directory not writable")
         engines = {k: deviceless.abstract_engine(config, args.dtype, k, target, args.plugin_dir) for k in args.kernels}
     except (ValueError, RuntimeError) as e:
         print(f"rwkv7-gpu-compile: {e}", file=sys.stderr)
         return 2
-    import jax
-
-    from rwkv_jax.gpu_dump import ptxas
-    found = ptxas()
-    tools = {"jax": jax.__version__, "cuda_plugin": deviceless.cuda_plugin(),
-             "ptxas": f"{found[1][0]}.{found[1][1]} ({found[0]})" if found else None}
+    tools = _tool_versions()
     print(f"{target.device} ({target.arch}, {target.sm_count} SMs, {target.shared_memory_optin} B opt-in shared "
           f"memory); {args.model or args.shape} {args.dtype}; "
           + "; ".join(f"{k} {v}" for k, v in tools.items()))
-    results, problems = [], []
-    for kernels, engine in engines.items():
-        print(f"\nkernels={kernels}")
-        print(f"{'bucket':>12} {'kind':>7} {'path':>14} {'compile':>8} {'launches':>8} {'copies':>6} {'copy MB':>9} "
-              f"{'pallas':>7} {'regs':>5} {'spill B':>7} {'smem B':>8}")
-        for bucket in buckets:
-            result = deviceless.compile_bucket(engine, bucket, target,
-                                               entry_prefix=PALLAS_PREFIX if args.pallas_only_ptxas else "")
-            results.append((kernels, result))
-            print(bucket_line(result), flush=True)
-            problems += [f"{kernels} {bucket.label()} {p}"
-                         for p in deviceless.resource_problems(result.report, target, no_spill=True)]
-            if result.report and result.report.ptxas_error:
-                problems.append(f"{kernels} {bucket.label()} {result.report.ptxas_error}")
-            if result.ok and any(k.registers is None for k in pallas_rows(result)):
-                problems.append(f"{kernels} {bucket.label()}: Pallas kernels without registers (ptxas did not run)")
+    results, problems = _compile_all(engines, buckets, target, args.pallas_only_ptxas)
     print("\nPallas kernels per bucket (registers and spills per thread, shared memory per block):")
     for kernels, r in results:
         for k in pallas_rows(r):
@@ -132,7 +104,7 @@ def main(argv=None) -> int:
     print(f"\n{len(results) - len(failed)}/{len(results)} buckets compiled" + (f"; FAILED: {failed}" if failed else "")
           + (f"; {len(problems)} resource problems" if problems else ""))
     if args.json:
-        doc = {"target": target.name, "device": target.device, "jax_version": jax.__version__, **tools,
+        doc = {"target": target.name, "device": target.device, **tools,
                "model": args.model or args.shape, "dtype": args.dtype, "kernels": args.kernels,
                "resource_problems": problems,
                "buckets": [{"kernels": kernels, **r.as_dict()} for kernels, r in results]}
@@ -140,6 +112,50 @@ def main(argv=None) -> int:
             json.dump(doc, f, indent=1)
     return 1 if failed or (args.strict and problems) else 0
 
+
+def _model_config(args: argparse.Namespace):
+    """The ModelConfig of --model (its checkpoint's) or else of --shape."""
+    if not args.model:
+        return named_config(args.shape)
+    if not (os.path.isfile(args.model) or os.path.isdir(args.model)):
+        raise ValueError(f"--model {args.model}: no such file or model directory")
+    from rwkv7_core.checkpoint import read_checkpoint
+    return read_checkpoint(args.model)[1]
+
+
+def _tool_versions() -> dict:
+    """{"jax_version", "cuda_plugin", "ptxas"} of this compile."""
+    import jax
+
+    from rwkv_jax import deviceless
+    from rwkv_jax.gpu_dump import ptxas
+    found = ptxas()
+    return {"jax_version": jax.__version__, "cuda_plugin": deviceless.cuda_plugin(),
+            "ptxas": f"{found[1][0]}.{found[1][1]} ({found[0]})" if found else None}
+
+
+def _compile_all(engines: dict, buckets: list, target, pallas_only_ptxas: bool) -> tuple[list, list[str]]:
+    """Compile every bucket for every kernel choice, printing a row each: [(kernels,
+    BucketResult)] and the resource problems found (spills, ptxas errors, missing registers)."""
+    from rwkv_jax import deviceless
+
+    results, problems = [], []
+    for kernels, engine in engines.items():
+        print(f"\nkernels={kernels}")
+        print(f"{'bucket':>12} {'kind':>7} {'path':>14} {'compile':>8} {'launches':>8} {'copies':>6} {'copy MB':>9} "
+              f"{'pallas':>7} {'regs':>5} {'spill B':>7} {'smem B':>8}")
+        for bucket in buckets:
+            result = deviceless.compile_bucket(engine, bucket, target,
+                                               entry_prefix=PALLAS_PREFIX if pallas_only_ptxas else "")
+            results.append((kernels, result))
+            print(bucket_line(result), flush=True)
+            label = f"{kernels} {bucket.label()}"
+            problems += [f"{label} {p}" for p in deviceless.resource_problems(result.report, target, no_spill=True)]
+            if result.report and result.report.ptxas_error:
+                problems.append(f"{label} {result.report.ptxas_error}")
+            if result.ok and any(k.registers is None for k in pallas_rows(result)):
+                problems.append(f"{label}: Pallas kernels without registers (ptxas did not run)")
+    return results, problems
 
 if __name__ == "__main__":
     sys.exit(main())

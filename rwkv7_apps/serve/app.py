@@ -73,7 +73,6 @@ def create_app(ctx: Context, metrics: ServerMetrics, ready, api_key: str | None 
     """``ready()``: True once the model is loaded and compiled (before: 503); ``responses``:
     the store of the Responses API (default: ResponseStore's default bounds)."""
     app = FastAPI(title="rwkv7-serve", docs_url=None, redoc_url=None, openapi_url=None)
-    started = int(time.time())  # /v1/models "created"
 
     def authorized(request: Request) -> None:
         if api_key is None:
@@ -90,6 +89,26 @@ def create_app(ctx: Context, metrics: ServerMetrics, ready, api_key: str | None 
         if not ready():
             raise APIError(503, "the model is still loading or compiling; retry shortly")
 
+    _add_error_handlers(app, metrics)
+    _add_status_routes(app, ctx, metrics, ready, Depends(authorized))
+    _add_tokenizer_routes(app, ctx, metrics, Depends(authorized))
+    guarded = [Depends(authorized), Depends(serving)]
+
+    @app.post("/v1/completions", dependencies=guarded)
+    async def completions(body: CompletionRequest, request: Request):
+        return await _handle(ctx, metrics, body, request, "completion")
+
+    @app.post("/v1/chat/completions", dependencies=guarded)
+    async def chat_completions(body: ChatCompletionRequest, request: Request):
+        return await _handle(ctx, metrics, body, request, "chat")
+
+    add_response_routes(app, ctx, responses if responses is not None else ResponseStore(), metrics, authorized,
+                        serving)
+    return BodyLimit(app, max_body_bytes)
+
+
+def _add_error_handlers(app: FastAPI, metrics: ServerMetrics) -> None:
+    """Every error leaves as OpenAI's error body, counted by path and status."""
     @app.exception_handler(APIError)
     async def api_error(request: Request, e: APIError):
         metrics.count_http(request.url.path, e.status)
@@ -102,6 +121,12 @@ def create_app(ctx: Context, metrics: ServerMetrics, ready, api_key: str | None 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, e: StarletteHTTPException):
         return await api_error(request, APIError(e.status_code, str(e.detail)))
+
+
+def _add_status_routes(app: FastAPI, ctx: Context, metrics: ServerMetrics, ready, key) -> None:
+    """/health and /metrics (no key needed: probes and scrapers), /v1/models (``key``: the
+    API-key dependency)."""
+    started = int(time.time())  # /v1/models "created"
 
     @app.api_route("/health", methods=["GET", "HEAD"])
     async def health():
@@ -116,46 +141,37 @@ def create_app(ctx: Context, metrics: ServerMetrics, ready, api_key: str | None 
     async def prometheus():
         return Response(metrics.render(), media_type=CONTENT_TYPE)
 
-    @app.get("/v1/models", dependencies=[Depends(authorized)])
+    @app.get("/v1/models", dependencies=[key])
     async def models():
         return {"object": "list", "data": [{"id": ctx.model_name, "object": "model", "created": started,
                                             "owned_by": "rwkv7-engine",
                                             "max_tokens_limit": ctx.limits.max_tokens_limit}]}
 
-    @app.post("/tokenize", dependencies=[Depends(authorized)])
+
+def _add_tokenizer_routes(app: FastAPI, ctx: Context, metrics: ServerMetrics, key) -> None:
+    """/tokenize, /tokenizer_info and /detokenize (vLLM's shapes; ``key``: the API-key dependency)."""
+    @app.post("/tokenize", dependencies=[key])
     async def tokenize(body: TokenizeRequest, request: Request):
         _check_text(body)
         tokens = generation.tokenize(ctx, body)
         metrics.count_http(request.url.path, 200)
         return {"count": len(tokens), "max_model_len": ctx.limits.max_prompt_tokens, "tokens": tokens}
 
-    @app.get("/tokenizer_info", dependencies=[Depends(authorized)])
+    @app.get("/tokenizer_info", dependencies=[key])
     async def tokenizer_info(request: Request):
-        """vLLM's shape (lm-eval's remote tokenizer reads it, then uses /tokenize): the stop
-        token 0 has no text, so no eos/bos string."""
+        """lm-eval's remote tokenizer reads it, then uses /tokenize: the stop token 0 has no
+        text, so no eos/bos string."""
         if ctx.tokenizer is None:
             raise APIError(400, f"text needs the World vocabulary; this model has {ctx.vocab_size} tokens")
         metrics.count_http(request.url.path, 200)
         return {"tokenizer_class": type(ctx.tokenizer).__name__, "eos_token": None, "bos_token": None,
                 "pad_token": None, "model_max_length": ctx.limits.max_prompt_tokens}
 
-    @app.post("/detokenize", dependencies=[Depends(authorized)])
+    @app.post("/detokenize", dependencies=[key])
     async def detokenize(body: DetokenizeRequest, request: Request):
         text = generation.detokenize(ctx, body)
         metrics.count_http(request.url.path, 200)
         return {"prompt": text}
-
-    @app.post("/v1/completions", dependencies=[Depends(authorized), Depends(serving)])
-    async def completions(body: CompletionRequest, request: Request):
-        return await _handle(ctx, metrics, body, request, "completion")
-
-    @app.post("/v1/chat/completions", dependencies=[Depends(authorized), Depends(serving)])
-    async def chat_completions(body: ChatCompletionRequest, request: Request):
-        return await _handle(ctx, metrics, body, request, "chat")
-
-    add_response_routes(app, ctx, responses if responses is not None else ResponseStore(), metrics, authorized,
-                        serving)
-    return BodyLimit(app, max_body_bytes)
 
 
 def _validation_error(e: RequestValidationError) -> APIError:

@@ -124,7 +124,6 @@ def main(argv: list[str] | None = None) -> int:
     from ..scheduler_setup import build_scheduler
     from .generation import Limits
     from .response_store import ResponseStore
-    from .service import ServiceClosed
     from .shutdown import DrainingServer
 
     parser = build_parser()
@@ -149,49 +148,57 @@ def main(argv: list[str] | None = None) -> int:
                              api_key=args.api_key, max_body_bytes=args.max_body_bytes, states=states,
                              responses=ResponseStore(args.response_store_count, int(args.response_store_mb * 2**20)))
 
-    def warm_up() -> None:
-        log = logging.getLogger("rwkv7_serve")
-        try:
-            if sched.config.precompile:
-                start = time.perf_counter()
-                sched.precompile()
-                log.warning("precompiled in %.1f s (%d executables; --no-precompile skips this)",
-                            time.perf_counter() - start, sum(n for n, _ in sched.stats.compiles_by_kind().values()))
-        except Exception as e:  # cannot serve: the server stops (exit status 1)
-            service.fail(f"compiling failed: {type(e).__name__}: {e}")
-            return
-        service.start()
-        if sched.config.precompile:
-            try:
-                rehearse()
-            except ServiceClosed:  # draining or failed meanwhile: never ready
-                return
-        ready.set()
-        log.warning("ready: http://%s:%d/v1 (model %s)", args.host, args.port, name)
-
-    def rehearse() -> None:
-        """One request through the scheduler and one over HTTP (/v1/models) before ready, so
-        their first-call set-up (~10-100 ms on CPU) is not a client's first TTFT."""
-        service.rehearse([1, 2, 3])
-        deadline = time.monotonic() + 10
-        while not server.started and time.monotonic() < deadline:
-            time.sleep(0.05)
-        host = "127.0.0.1" if args.host in ("0.0.0.0", "::", "") else args.host
-        request = urllib.request.Request(f"http://{host}:{args.port}/v1/models",
-                                         headers={"Authorization": f"Bearer {args.api_key}"} if args.api_key else {})
-        try:
-            urllib.request.urlopen(request, timeout=10).close()
-        except OSError as e:  # only a rehearsal: serving goes on without it
-            logging.getLogger("rwkv7_serve").debug("HTTP warm-up request failed: %s", e)
-
     server = DrainingServer(uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
                                            timeout_graceful_shutdown=5), service, args.shutdown_grace)
-    threading.Thread(target=warm_up, name="warm-up", daemon=True).start()
+    threading.Thread(target=_warm_up, args=(sched, service, server, ready, args, name), name="warm-up",
+                     daemon=True).start()
     try:
         server.run()
     finally:
         service.stop()
     return 1 if server.failed else 0
+
+
+
+def _warm_up(sched, service, server, ready: threading.Event, args: argparse.Namespace, name: str) -> None:
+    """The warm-up thread: precompile (unless --no-precompile), start the service, rehearse,
+    then set ``ready``; a failed compile fails the service (the server exits with status 1)."""
+    from .service import ServiceClosed
+
+    log = logging.getLogger("rwkv7_serve")
+    try:
+        if sched.config.precompile:
+            start = time.perf_counter()
+            sched.precompile()
+            log.warning("precompiled in %.1f s (%d executables; --no-precompile skips this)",
+                        time.perf_counter() - start, sum(n for n, _ in sched.stats.compiles_by_kind().values()))
+    except Exception as e:  # cannot serve: the server stops (exit status 1)
+        service.fail(f"compiling failed: {type(e).__name__}: {e}")
+        return
+    service.start()
+    if sched.config.precompile:
+        try:
+            _rehearse(service, server, args)
+        except ServiceClosed:  # draining or failed meanwhile: never ready
+            return
+    ready.set()
+    log.warning("ready: http://%s:%d/v1 (model %s)", args.host, args.port, name)
+
+
+def _rehearse(service, server, args: argparse.Namespace) -> None:
+    """One request through the scheduler and one over HTTP (/v1/models) before ready, so
+    their first-call set-up (~10-100 ms on CPU) is not a client's first TTFT."""
+    service.rehearse([1, 2, 3])
+    deadline = time.monotonic() + 10
+    while not server.started and time.monotonic() < deadline:
+        time.sleep(0.05)
+    host = "127.0.0.1" if args.host in ("0.0.0.0", "::", "") else args.host
+    request = urllib.request.Request(f"http://{host}:{args.port}/v1/models",
+                                     headers={"Authorization": f"Bearer {args.api_key}"} if args.api_key else {})
+    try:
+        urllib.request.urlopen(request, timeout=10).close()
+    except OSError as e:  # only a rehearsal: serving goes on without it
+        logging.getLogger("rwkv7_serve").debug("HTTP warm-up request failed: %s", e)
 
 
 if __name__ == "__main__":
