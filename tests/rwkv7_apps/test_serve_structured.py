@@ -88,7 +88,7 @@ def test_tool_call_round_trip_and_streamed_deltas(client):
                        "required": ["city"], "additionalProperties": False}}}]
     messages = [{"role": "user", "content": "Weather in Paris?"}]
     first = client.chat.completions.create(model=MODEL, messages=messages, tools=tools, tool_choice="required",
-                                           seed=0, max_tokens=40)
+                                           parallel_tool_calls=False, seed=0, max_tokens=40)
     choice = first.choices[0]
     assert choice.finish_reason == "tool_calls", choice
     call = choice.message.tool_calls[0]
@@ -99,19 +99,40 @@ def test_tool_call_round_trip_and_streamed_deltas(client):
     assert second.choices[0].message.tool_calls is None  # "auto": the junk answer is text, not a call
     # the call and its result went into the prompt as turns
     assert second.usage.prompt_tokens >= first.usage.prompt_tokens + first.usage.completion_tokens + 5
-    named = {"type": "function", "function": {"name": "get_weather"}}
-    stream = client.chat.completions.create(model=MODEL, messages=messages[:1], tools=tools, tool_choice=named,
-                                            seed=0, max_tokens=40, stream=True)
-    calls, reasons = {}, []
-    for chunk in stream:
+    # streamed, the call's deltas (name first, then argument pieces) reassemble to the whole answer's call
+    named = dict(model=MODEL, messages=messages[:1], tools=tools, seed=3, max_tokens=40,
+                 tool_choice={"type": "function", "function": {"name": "get_weather"}})
+    whole = client.chat.completions.create(**named).choices[0]
+    calls, reasons, content = {}, [], ""
+    for chunk in client.chat.completions.create(**named, stream=True):
         for c in chunk.choices:
             reasons.append(c.finish_reason)
+            content += c.delta.content or ""
             for d in c.delta.tool_calls or []:
-                slot = calls.setdefault(d.index, {"name": "", "arguments": ""})
+                slot = calls.setdefault(d.index, {"name": "", "arguments": "", "pieces": 0})
                 slot["name"] += d.function.name or ""
                 slot["arguments"] += d.function.arguments or ""
-    assert reasons[-1] == "tool_calls" and calls[0]["name"] == "get_weather"
-    assert json.loads(calls[0]["arguments"])["city"] in ("Paris", "Oslo")
+                slot["pieces"] += 1
+    assert whole.finish_reason == reasons[-1] == "tool_calls" and content == "" and list(calls) == [0]
+    assert (calls[0]["name"], calls[0]["arguments"]) == (whole.message.tool_calls[0].function.name,
+                                                         whole.message.tool_calls[0].function.arguments)
+    assert calls[0]["pieces"] > 2 and json.loads(calls[0]["arguments"])["city"] in ("Paris", "Oslo")
+
+
+def test_auto_tool_choice_streams_text_as_it_comes(client):
+    """Under "auto" the random model's answer is text (it never writes the call marker, which
+    the grammar would then hold to a valid call): content, no tool_calls, streamed in several
+    deltas that join to the whole answer of the same seed."""
+    tools = [{"type": "function", "function": {"name": "clock", "parameters": {
+        "type": "object", "properties": {"zone": {"enum": ["UTC", "CET"]}}, "required": ["zone"]}}}]
+    base = dict(model=MODEL, messages=[{"role": "user", "content": "Time?"}], tools=tools, seed=11, max_tokens=12)
+    whole = client.chat.completions.create(**base).choices[0]
+    assert whole.message.tool_calls is None and whole.finish_reason in ("stop", "length")
+    assert whole.message.content and "<tool_call>" not in whole.message.content
+    deltas = [c.delta for chunk in client.chat.completions.create(**base, stream=True) for c in chunk.choices]
+    texts = [d.content for d in deltas if d.content]
+    assert len(texts) > 1 and "".join(texts) == whole.message.content
+    assert not any(d.tool_calls for d in deltas)
 
 
 @pytest.mark.parametrize("kw, field, words", [
