@@ -72,6 +72,10 @@ def test_every_constrained_answer_that_stops_matches(client):
     lark = client.completions.create(model=MODEL, prompt="Sum", max_tokens=12, seed=3,
                                      extra_body={"guided_grammar": 'start: NUM "+" NUM\nNUM: /[1-9]/'})
     assert lark.choices[0].finish_reason == "stop" and re.fullmatch("[1-9][+][1-9]", lark.choices[0].text)
+    closed = client.completions.create(model=MODEL, prompt="Obj", max_tokens=30, seed=4, extra_body={
+        "structured_outputs": {"json": {"type": "object", "properties": {"a": {"enum": [1, 2]}}, "required": ["a"]},
+                               "disable_additional_properties": True, "disable_any_whitespace": True}})
+    assert closed.choices[0].finish_reason == "stop" and json.loads(closed.choices[0].text) in ({"a": 1}, {"a": 2})
     # the same request gives the same answer whatever else shares its batch
     alone = client.completions.create(model=MODEL, prompt="Id", max_tokens=12, seed=2,
                                       extra_body={"guided_regex": "[A-Z]{2}-[0-9]{3}"})
@@ -143,6 +147,13 @@ def test_auto_tool_choice_streams_text_as_it_comes(client):
     (dict(extra_body={"guided_regex": "(["}), "guided_regex", "regex"),
     (dict(tools=[{"type": "function", "function": {"parameters": {}}}]), "tools", "name"),
     (dict(tool_choice="required"), "tool_choice", "no tools"),
+    (dict(extra_body={"structured_outputs": {"json_object": "yes"}}), "structured_outputs", "json_object"),
+    (dict(extra_body={"structured_outputs": {"regex": "a", "whitespace_pattern": " "}}), "structured_outputs",
+     "whitespace_pattern"),
+    (dict(extra_body={"structured_outputs": {"jsn": {}}}), "structured_outputs", "jsn"),
+    (dict(response_format={"type": "json_object"}, tools=[{"type": "function", "function": {"name": "f"}}]),
+     "response_format", "tool_choice"),
+    (dict(tools=[{"type": "function", "function": {"name": "f", "parameters": {"type": "nope"}}}]), "tools", "nope"),
 ])
 def test_bad_constraints_are_400_naming_the_problem(client, kw, field, words):
     with pytest.raises(openai.BadRequestError) as e:
