@@ -121,7 +121,7 @@ def build_job(ctx: Context, body, kind: str, chat_tokens: list[int] | None = Non
     if logprobs is not None and unsupported is not None:
         raise APIError(400, f"logprobs: {unsupported}", "logprobs")
     params = _params(ctx, body, stops, max_tokens, logprobs)
-    constraint = structured.request_constraint(ctx, body, plan)
+    constraint, plan = structured.request_constraint(ctx, body, plan)
     job = Job(kind, body, prompts, texts, [], logprobs, echo, plan)
     groups = []
     for p, tokens in enumerate(prompts):
@@ -130,7 +130,7 @@ def build_job(ctx: Context, body, kind: str, chat_tokens: list[int] | None = Non
             index = p * body.n + k
             seed = int(ctx.seeds.integers(2**32)) if body.seed is None else (body.seed + index) % (SEED_MAX + 1)
             rid = ctx.service.new_id(job.id)
-            reader = tool_calls.CallReader() if plan is not None and body.stream else None
+            reader = plan.reader() if plan is not None and body.stream else None
             job.choices.append(Choice(index, p, rid, TextStream(stops), reader=reader))
             group.append(Request(rid, tokens, params.replace(seed=seed), initial_state=initial,
                                  constraint=constraint))
@@ -350,7 +350,7 @@ def chat_answer(job: Job, choice: Choice, text: str) -> tuple[dict, str]:
         return {"content": text}, reason
     reader = choice.reader
     if reader is None:
-        reader = tool_calls.CallReader()
+        reader = job.tools.reader()
         reader.feed(text)
         reader.finish()
     message = reader.message()

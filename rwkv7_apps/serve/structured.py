@@ -19,6 +19,7 @@ vLLM's names were checked against its source (docs/server.md names the files and
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 from scheduler.constraint import Constraint
 from scheduler.grammar import grammars_for
@@ -151,22 +152,32 @@ def tool_plan(body) -> ToolPlan | None:
     return ToolPlan(params, descriptions, forced, parallel)
 
 
-def request_constraint(ctx, body, plan: ToolPlan | None) -> Constraint | None:
+def request_constraint(ctx, body, plan: ToolPlan | None) -> tuple[Constraint | None, ToolPlan | None]:
     """The body's one constraint (compiled now: 400 naming an invalid schema or grammar, or an
-    unsupported feature, before any decode work); None for free text."""
+    unsupported feature, before any decode work; None for free text), and its tool plan with
+    the JSON answer a ``response_format`` asks for under tool_choice "auto"."""
     found = _one(body)
     if len(found) > 1:
         raise APIError(400, f"{found[1][0]}: only one structured-output field per request "
                             f"(also given: {found[0][0]})", found[1][0])
+    if found:
+        _compile(ctx, *found[0])
     if plan is not None:
         if found:
-            raise APIError(400, f"{found[0][0]}: tools constrain the answer to text or tool calls; "
-                                "send tool_choice \"none\" to use a structured-output field with tools",
-                           found[0][0])
-        found.append(("tools", Constraint.grammar(plan.grammar())))
-    if not found:
-        return None
-    field, constraint = found[0]
+            field, constraint = found[0]
+            if field != "response_format" or plan.forced is not None:
+                raise APIError(400, f"{field}: with tools only response_format (under tool_choice \"auto\") "
+                                    "shapes the answer; send tool_choice \"none\" to use it without tools", field)
+            schema = json.loads(constraint.spec) if constraint.kind == "json_schema" else {"type": "object"}
+            plan = replace(plan, answer=schema if isinstance(schema, dict) else {} if schema else {"not": {}})
+        found = [("tools", Constraint.grammar(plan.grammar()))]
+        _compile(ctx, *found[0])
+    return (found[0][1] if found else None), plan
+
+
+def _compile(ctx, field: str, constraint: Constraint) -> None:
+    """Compile ``constraint`` now (cached for the scheduler): 400 naming ``field`` when it is
+    invalid or the server cannot constrain output."""
     engine = ctx.service.scheduler.engine
     if ctx.tokenizer is None or Capability.TOKEN_MASK not in engine.capabilities:
         raise APIError(400, f"{field}: structured output needs the World vocabulary and an engine with token "
@@ -175,7 +186,6 @@ def request_constraint(ctx, body, plan: ToolPlan | None) -> Constraint | None:
         grammars_for(ctx.tokenizer, ctx.vocab_size).compiled(constraint)
     except ValueError as e:
         raise APIError(400, f"{field}: {e}", field) from None
-    return constraint
 
 
 def history_text(message) -> str:

@@ -11,7 +11,8 @@ An answer with tools is free text, or text followed by one or more calls; each c
 
 Under ``tool_choice`` "auto" the grammar lets the text run free until it writes the marker;
 from there the call must be a declared tool with arguments valid under its schema. "required"
-or a named function allows no text before the first call (a space at most).
+or a named function allows no text before the first call (a space at most). With a JSON
+``response_format`` under "auto" the answer is that JSON, or calls from its start.
 """
 from __future__ import annotations
 
@@ -30,11 +31,13 @@ _HEAD = re.compile(r'\{"name": ("(?:[^"\\]|\\.)*"), "arguments": ')
 @dataclass(frozen=True)
 class ToolPlan:
     """A chat request's tools: ``tools`` {name: parameters schema}; ``forced``: None (auto),
-    "required" or the named function; ``parallel``: several calls allowed."""
+    "required" or the named function; ``parallel``: several calls allowed; ``answer``: the
+    JSON schema an answer that makes no call must follow (None: free text)."""
     tools: dict[str, dict]
     descriptions: dict[str, str]
     forced: str | None
     parallel: bool
+    answer: dict | None = None
 
     def call_schema(self) -> dict:
         """JSON schema of one call object (of the named function when one is forced)."""
@@ -49,6 +52,10 @@ class ToolPlan:
         the marker, so once it is written a valid call must follow."""
         schema = json.dumps({**self.call_schema(), "x-guidance": JSON_OPTIONS})
         more = f' ({json.dumps(SEPARATOR)} {json.dumps(MARKER)} call)*' if self.parallel else ""
+        if self.forced is None and self.answer is not None:
+            answer = json.dumps({**self.answer, "x-guidance": JSON_OPTIONS})
+            return (f'start: answer | " "? {json.dumps(MARKER)} call{more}\n'
+                    f"answer: %json {answer}\ncall: %json {schema}\n")
         if self.forced is None:
             marker = re.escape(MARKER)
             return (f"start: TEXT | intro call{more}\n"
@@ -56,6 +63,10 @@ class ToolPlan:
                     f"TEXT: /(?s:.*)/ & ~/(?s:.*){marker}(?s:.*)/\n"
                     f"call: %json {schema}\n")
         return f'start: " "? {json.dumps(MARKER)} call{more}\ncall: %json {schema}\n'
+
+    def reader(self) -> "CallReader":
+        """A reader of one answer (calls only from the start when no free text precedes them)."""
+        return CallReader(calls_first=self.forced is not None or self.answer is not None)
 
     def system_text(self) -> str:
         """The system turn that lists the tools to the model and shows the format."""
@@ -91,9 +102,13 @@ class CallReader:
     deltas) as soon as they are certain (text that could be the start of the marker, and
     leading whitespace, wait); ``finish()`` returns the rest. Deltas are OpenAI's: a call's
     first carries its index, id, type and name, later ones argument text. ``content`` and
-    ``calls`` hold the whole answer read so far; streamed and whole answers read the same."""
+    ``calls`` hold the whole answer read so far; streamed and whole answers read the same.
+    ``calls_first``: calls may only open the answer (after spaces); text that does not begin
+    with the marker is all content (a JSON answer may hold the marker in a string)."""
 
-    def __init__(self):
+    def __init__(self, calls_first: bool = False):
+        self.calls_first = calls_first
+        self._text_only = False
         self.content = ""
         self.calls: list[_Call] = []
         self._pending = ""      # text not yet given out
@@ -104,6 +119,15 @@ class CallReader:
     def feed(self, text: str) -> tuple[str, list[dict]]:
         self._pending += text
         content, deltas = "", []
+        if self.calls_first and not self._in_calls and not self._text_only:
+            lead = self._pending.lstrip(" ")
+            if MARKER.startswith(lead):
+                return "", []  # spaces, or the start of the marker, so far
+            self._text_only = not lead.startswith(MARKER)
+        if self._text_only:
+            ready, self._pending = self._pending, ""
+            self.content += ready
+            return ready, []
         if not self._in_calls:
             at = self._pending.find(MARKER)
             if at < 0:

@@ -137,6 +137,13 @@ def test_auto_tool_choice_streams_text_as_it_comes(client):
     texts = [d.content for d in deltas if d.content]
     assert len(texts) > 1 and "".join(texts) == whole.message.content
     assert not any(d.tool_calls for d in deltas)
+    # with a JSON response_format the answer that makes no call is that JSON
+    schema = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"],
+              "additionalProperties": False}
+    shaped = client.chat.completions.create(**{**base, "max_tokens": 20}, response_format={
+        "type": "json_schema", "json_schema": {"name": "s", "schema": schema}}).choices[0]
+    assert shaped.finish_reason == "stop" and shaped.message.tool_calls is None
+    assert isinstance(json.loads(shaped.message.content)["ok"], bool)
 
 
 @pytest.mark.parametrize("kw, field, words", [
@@ -151,8 +158,12 @@ def test_auto_tool_choice_streams_text_as_it_comes(client):
     (dict(extra_body={"structured_outputs": {"regex": "a", "whitespace_pattern": " "}}), "structured_outputs",
      "whitespace_pattern"),
     (dict(extra_body={"structured_outputs": {"jsn": {}}}), "structured_outputs", "jsn"),
-    (dict(response_format={"type": "json_object"}, tools=[{"type": "function", "function": {"name": "f"}}]),
-     "response_format", "tool_choice"),
+    (dict(response_format={"type": "json_object"}, tools=[{"type": "function", "function": {"name": "f"}}],
+          tool_choice="required"), "response_format", "tool_choice"),
+    (dict(extra_body={"guided_regex": "a+"}, tools=[{"type": "function", "function": {"name": "f"}}]),
+     "guided_regex", "tool_choice"),
+    (dict(response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "nope"}}},
+          tools=[{"type": "function", "function": {"name": "f"}}]), "response_format", "nope"),
     (dict(tools=[{"type": "function", "function": {"name": "f", "parameters": {"type": "nope"}}}]), "tools", "nope"),
 ])
 def test_bad_constraints_are_400_naming_the_problem(client, kw, field, words):

@@ -30,8 +30,8 @@ def tok():
     return WorldTokenizer()
 
 
-def plan(forced=None, parallel=True) -> ToolPlan:
-    return ToolPlan(TOOLS, {n: n for n in TOOLS}, forced, parallel)
+def plan(forced=None, parallel=True, answer=None) -> ToolPlan:
+    return ToolPlan(TOOLS, {n: n for n in TOOLS}, forced, parallel, answer)
 
 
 def matcher(tok, p: ToolPlan):
@@ -47,9 +47,9 @@ def accepts(tok, p: ToolPlan, text: str) -> bool:
     return m.ll.is_accepting()
 
 
-def read(text: str, cuts=()) -> tuple[str, list[dict], dict]:
+def read(text: str, cuts=(), reader=None) -> tuple[str, list[dict], dict]:
     """(content deltas joined, call deltas reassembled, message) of ``text`` fed in pieces."""
-    reader, content, calls, at = CallReader(), "", {}, 0
+    reader, content, calls, at = reader or CallReader(), "", {}, 0
     for cut in [*cuts, len(text)]:
         c, deltas = reader.feed(text[at:cut])
         content, at = content + c, cut
@@ -80,6 +80,19 @@ def test_auto_accepts_text_or_valid_calls_only(tok):
     assert not accepts(tok, plan("clock", parallel=False), call("weather", {"city": "Oslo", "days": 1}))
 
 
+def test_a_json_answer_or_calls_from_the_start(tok):
+    """response_format json_schema with tools under "auto": the answer is that JSON (the
+    marker inside one of its strings is text), or calls from its start."""
+    p = plan(answer={"type": "object", "properties": {"note": {"type": "string"}}, "required": ["note"],
+                     "additionalProperties": False})
+    note = '{"note": "see <tool_call> here"}'
+    assert accepts(tok, p, note) and accepts(tok, p, " " + call("clock", {"zone": "UTC"}))
+    assert not accepts(tok, p, "Free text") and not accepts(tok, p, "x" + call("clock", {"zone": "UTC"}))
+    for cuts in ([], [3, 15, 16, 20]):
+        assert read(note, cuts, p.reader())[2] == {"content": note}
+    assert read(" " + call("clock", {"zone": "UTC"}), [2, 5], p.reader())[1][0]["name"] == "clock"
+
+
 @pytest.mark.parametrize("forced, parallel, lead", [(None, True, "Checking now. "), ("required", True, ""),
                                                     ("weather", False, " ")])
 def test_random_walks_read_as_valid_calls_whole_or_streamed(tok, forced, parallel, lead):
@@ -101,7 +114,7 @@ def test_random_walks_read_as_valid_calls_whole_or_streamed(tok, forced, paralle
             ids.append(token)
         assert m.ll.is_accepting(), "a walk that ends must end on a complete answer"
         text += tok.decode(ids)
-        content, _, whole = read(text)
+        content, _, whole = read(text, reader=p.reader())
         assert whole["content"] == (lead if lead.strip() else None)  # the text before the calls
         assert content == (whole["content"] or "")
         assert whole["tool_calls"] and (parallel or len(whole["tool_calls"]) == 1)
@@ -110,7 +123,7 @@ def test_random_walks_read_as_valid_calls_whole_or_streamed(tok, forced, paralle
             assert name in TOOLS and (forced in (None, "required") or name == forced)
             jsonschema.validate(json.loads(c["function"]["arguments"]), TOOLS[name])
         cuts = sorted(rng.choice(len(text), size=min(len(text) - 1, 12), replace=False))
-        streamed_content, streamed_calls, _ = read(text, cuts)
+        streamed_content, streamed_calls, _ = read(text, cuts, p.reader())
         assert streamed_content == content
         assert [(c["name"], c["arguments"]) for c in streamed_calls] == [
             (c["function"]["name"], c["function"]["arguments"]) for c in whole["tool_calls"]]
