@@ -108,18 +108,21 @@ def test_tool_call_round_trip_and_streamed_deltas(client):
                  tool_choice={"type": "function", "function": {"name": "get_weather"}})
     whole = client.chat.completions.create(**named).choices[0]
     calls, reasons, content = {}, [], ""
-    for chunk in client.chat.completions.create(**named, stream=True):
-        for c in chunk.choices:
-            reasons.append(c.finish_reason)
-            content += c.delta.content or ""
-            for d in c.delta.tool_calls or []:
-                slot = calls.setdefault(d.index, {"name": "", "arguments": "", "pieces": 0})
-                slot["name"] += d.function.name or ""
-                slot["arguments"] += d.function.arguments or ""
-                slot["pieces"] += 1
-    assert whole.finish_reason == reasons[-1] == "tool_calls" and content == "" and list(calls) == [0]
-    assert (calls[0]["name"], calls[0]["arguments"]) == (whole.message.tool_calls[0].function.name,
-                                                         whole.message.tool_calls[0].function.arguments)
+    with client.chat.completions.stream(**named) as stream:  # the SDK's own reassembly, and the raw chunks
+        for event in stream:
+            for c in event.chunk.choices if event.type == "chunk" else []:
+                reasons.append(c.finish_reason)
+                content += c.delta.content or ""
+                for d in c.delta.tool_calls or []:
+                    slot = calls.setdefault(d.index, {"name": "", "arguments": "", "pieces": 0})
+                    slot["name"] += d.function.name or ""
+                    slot["arguments"] += d.function.arguments or ""
+                    slot["pieces"] += 1
+        final = stream.get_final_completion().choices[0]
+    assert whole.finish_reason == reasons[-1] == final.finish_reason == "tool_calls" and content == ""
+    expected = [(c.function.name, c.function.arguments) for c in whole.message.tool_calls]
+    assert [(c["name"], c["arguments"]) for c in calls.values()] == expected
+    assert [(c.function.name, c.function.arguments) for c in final.message.tool_calls] == expected
     assert calls[0]["pieces"] > 2 and json.loads(calls[0]["arguments"])["city"] in ("Paris", "Oslo")
 
 
