@@ -477,7 +477,7 @@ def stream_chunks(ctx: Context, job: Job, choice: Choice, delta: str, finished: 
         if choice.reader is not None:  # text as it comes, tool calls once the marker is written
             delta, calls = choice.reader.feed(delta)
             if finished:
-                delta += choice.reader.finish()[0]
+                delta += choice.reader.finish()
         item["delta"] = {"content": delta} if delta else {}
         if calls:
             item["delta"]["tool_calls"] = calls

@@ -100,9 +100,10 @@ class _Call:
 class CallReader:
     """Reads one answer in the format: ``feed(text)`` returns (content delta, tool-call
     deltas) as soon as they are certain (text that could be the start of the marker, and
-    leading whitespace, wait); ``finish()`` returns the rest. Deltas are OpenAI's: a call's
-    first carries its index, id, type and name, later ones argument text. ``content`` and
-    ``calls`` hold the whole answer read so far; streamed and whole answers read the same.
+    leading whitespace, wait); ``finish()`` returns the rest of the content. Deltas are
+    OpenAI's: a call's first carries its index, id, type and name, later ones argument text.
+    ``content`` and ``calls`` hold the whole answer read so far; streamed and whole answers
+    read the same.
     ``calls_first``: calls may only open the answer (after spaces); text that does not begin
     with the marker is all content (a JSON answer may hold the marker in a string)."""
 
@@ -170,11 +171,12 @@ class CallReader:
                 deltas.append({"index": call.index, "function": {"arguments": piece}})
         return content, _merged(deltas)
 
-    def finish(self) -> tuple[str, list[dict]]:
-        """The rest: held text (an answer that never wrote a call), else nothing."""
+    def finish(self) -> str:
+        """The held text of an answer that wrote no call ("" once calls began: what is left
+        then is an unfinished call's head)."""
         rest, self._pending = ("" if self._in_calls else self._pending), ""
         self.content += rest
-        return rest, []
+        return rest
 
     def _scan(self, text: str) -> tuple[int, bool]:
         """How many characters of ``text`` are arguments, and whether the call object closed

@@ -58,7 +58,7 @@ def read(text: str, cuts=(), reader=None) -> tuple[str, list[dict], dict]:
             slot["id"] += d.get("id", "")
             slot["name"] += d["function"].get("name", "")
             slot["arguments"] += d["function"].get("arguments", "")
-    content += reader.finish()[0]
+    content += reader.finish()
     return content, [calls[i] for i in sorted(calls)], reader.message()
 
 
@@ -74,7 +74,8 @@ def test_auto_accepts_text_or_valid_calls_only(tok):
     assert not accepts(tok, auto, "x" + call("stocks", {}))                          # no such tool
     assert not accepts(tok, auto, call("weather", {"city": "Rome", "days": 2}))      # not in the enum
     assert not accepts(tok, auto, call("weather", {"city": "Oslo", "days": 2}) + " and then text")
-    assert not accepts(tok, plan(parallel=False), call("clock", {"zone": "UTC"}) + "\n" + call("clock", {"zone": "CET"}))
+    two = call("clock", {"zone": "UTC"}) + "\n" + call("clock", {"zone": "CET"})
+    assert not accepts(tok, plan(parallel=False), two)
     assert not accepts(tok, plan("required"), "Text first" + call("clock", {"zone": "UTC"}))
     assert accepts(tok, plan("clock", parallel=False), " " + call("clock", {"zone": "CET"}))
     assert not accepts(tok, plan("clock", parallel=False), call("weather", {"city": "Oslo", "days": 1}))
