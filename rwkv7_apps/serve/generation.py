@@ -344,7 +344,7 @@ def finish_reason(choice: Choice) -> str:
 
 def chat_answer(job: Job, choice: Choice, text: str) -> tuple[dict, str]:
     """A finished chat choice's message fields and finish reason: with tools, its text read
-    in the tool-call format (tool_calls.py): "tool_calls" when it made calls and stopped."""
+    in the tool-call format (tool_calls.py): "tool_calls" when it stopped after whole calls."""
     reason = finish_reason(choice)
     if job.tools is None:
         return {"content": text}, reason
@@ -354,7 +354,7 @@ def chat_answer(job: Job, choice: Choice, text: str) -> tuple[dict, str]:
         reader.feed(text)
         reader.finish()
     message = reader.message()
-    return message, "tool_calls" if "tool_calls" in message and reason == "stop" else reason
+    return message, "tool_calls" if "tool_calls" in message and reason == "stop" and reader.complete else reason
 
 
 # ----------------------------------------------------------------------------- rendering

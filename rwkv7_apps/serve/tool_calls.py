@@ -196,6 +196,11 @@ class CallReader:
                     return i, True
         return len(text), False
 
+    @property
+    def complete(self) -> bool:
+        """Every call begun is whole (not cut by max_tokens or a stop string)."""
+        return not self._in_calls or (bool(self.calls) and all(c.done for c in self.calls))
+
     def message(self) -> dict:
         """The finished answer's message fields: its calls (content: the text before them,
         or None), else its text."""

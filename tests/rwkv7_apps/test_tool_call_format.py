@@ -91,6 +91,9 @@ def test_a_json_answer_or_calls_from_the_start(tok):
     assert not accepts(tok, p, "Free text") and not accepts(tok, p, "x" + call("clock", {"zone": "UTC"}))
     for cuts in ([], [3, 15, 16, 20]):
         assert read(note, cuts, p.reader())[2] == {"content": note}
+    cut = CallReader()  # a call cut short (max_tokens, a stop string) is read, but not complete
+    cut.feed("Hm." + call("clock", {"zone": "UTC"})[:-3])
+    assert cut.message()["tool_calls"][0]["function"]["arguments"] == '{"zone": "UTC' and not cut.complete
     assert read(" " + call("clock", {"zone": "UTC"}), [2, 5], p.reader())[1][0]["name"] == "clock"
 
 
