@@ -126,6 +126,24 @@ def test_tool_call_round_trip_and_streamed_deltas(client):
     assert calls[0]["pieces"] > 2 and json.loads(calls[0]["arguments"])["city"] in ("Paris", "Oslo")
 
 
+def test_required_parallel_calls_are_each_valid(client):
+    """tool_choice "required" with parallel calls (the default): every choice that finishes
+    "tool_calls" holds one or more calls, each of a listed tool with valid arguments."""
+    params = {"type": "object", "properties": {"n": {"type": "integer", "minimum": 0, "maximum": 9}},
+              "required": ["n"], "additionalProperties": False}
+    tools = [{"type": "function", "function": {"name": name, "parameters": params}} for name in ("inc", "dec")]
+    out = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Count"}], tools=tools,
+                                         tool_choice="required", n=4, seed=21, max_tokens=48)
+    finished = [c for c in out.choices if c.finish_reason == "tool_calls"]
+    assert finished and all(c.finish_reason == "length" for c in out.choices if c not in finished)
+    assert any(len(c.message.tool_calls) > 1 for c in finished)  # this seed's answers hold several calls
+    for c in finished:
+        assert c.message.content is None and len({t.id for t in c.message.tool_calls}) == len(c.message.tool_calls)
+        for t in c.message.tool_calls:
+            assert t.function.name in ("inc", "dec")
+            jsonschema.validate(json.loads(t.function.arguments), params)
+
+
 def test_auto_tool_choice_streams_text_as_it_comes(client):
     """Under "auto" the random model's answer is text (it never writes the call marker, which
     the grammar would then hold to a valid call): content, no tool_calls, streamed in several
