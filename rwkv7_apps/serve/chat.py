@@ -11,8 +11,9 @@
     Assistant:
 
 Roles map to ``System`` (``system``, ``developer``), ``User``, ``Assistant``, ``Tool`` (a
-tool's result; an assistant's tool calls are its turn's JSON, rwkv7_apps/serve/structured.py); turns are separated by a blank line; the
-prompt ends with ``Assistant:`` for the model to continue, and generation stops at the next
+tool's result; an assistant's tool calls are written into its turn in the tool-call format,
+rwkv7_apps/serve/tool_calls.py); turns are separated by a blank line; the prompt ends
+with ``Assistant:`` for the model to continue, and generation stops at the next
 ``\\n\\nUser:``. Blank lines inside a message would read as a turn boundary, so runs of
 newlines in message text collapse to one (as RWKV's own chat demos do).
 

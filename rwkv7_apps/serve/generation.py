@@ -21,7 +21,7 @@ from rwkv7_core.sampling import MAX_TOKENS_LIMIT, SEED_MAX, SamplingParams, Toke
 from scheduler import Request, RequestOutput
 from scheduler.validation import prompt_tokens, sampling_params
 
-from . import chat, structured
+from . import chat, structured, tool_calls
 from .protocol import BAN, APIError, prompt_list
 from .service import UNAVAILABLE, Service, ServiceClosed, Token
 from .streaming import TextStream, sse
@@ -63,7 +63,7 @@ class Choice:
     sent_role: bool = False
     content: str = ""          # the text sent so far
     logprobs_offset: int = 0   # text_offset of its next completion logprobs entry
-    held: str = ""             # text held back from a stream with tools (sent as tool calls or text at the end)
+    reader: tool_calls.CallReader | None = None  # a stream with tools: its text read as content or tool calls
 
 
 @dataclass
@@ -76,7 +76,7 @@ class Job:
     choices: list[Choice]
     logprobs: int | None            # alternatives per token (None = no logprobs)
     echo: bool
-    tools: structured.ToolPlan | None = None  # a chat request's tools (answers read as tool calls)
+    tools: tool_calls.ToolPlan | None = None  # a chat request's tools (answers read as tool calls)
     id: str = field(default_factory=lambda: uuid.uuid4().hex[:24])
     created: int = field(default_factory=lambda: int(time.time()))
 
@@ -121,7 +121,7 @@ def build_job(ctx: Context, body, kind: str, chat_tokens: list[int] | None = Non
     if logprobs is not None and unsupported is not None:
         raise APIError(400, f"logprobs: {unsupported}", "logprobs")
     params = _params(ctx, body, stops, max_tokens, logprobs)
-    constraint = structured.request_constraint(ctx, body, plan)
+    constraint, plan = structured.request_constraint(ctx, body, plan)
     job = Job(kind, body, prompts, texts, [], logprobs, echo, plan)
     groups = []
     for p, tokens in enumerate(prompts):
@@ -130,7 +130,8 @@ def build_job(ctx: Context, body, kind: str, chat_tokens: list[int] | None = Non
             index = p * body.n + k
             seed = int(ctx.seeds.integers(2**32)) if body.seed is None else (body.seed + index) % (SEED_MAX + 1)
             rid = ctx.service.new_id(job.id)
-            job.choices.append(Choice(index, p, rid, TextStream(stops)))
+            reader = plan.reader() if plan is not None and body.stream else None
+            job.choices.append(Choice(index, p, rid, TextStream(stops), reader=reader))
             group.append(Request(rid, tokens, params.replace(seed=seed), initial_state=initial,
                                  constraint=constraint))
         groups.append(group)
@@ -342,13 +343,18 @@ def finish_reason(choice: Choice) -> str:
 
 
 def chat_answer(job: Job, choice: Choice, text: str) -> tuple[dict, str]:
-    """A finished chat choice's message fields and finish reason: its tool calls ("tool_calls")
-    when the request has tools and the answer is a complete call, else its text."""
+    """A finished chat choice's message fields and finish reason: with tools, its text read
+    in the tool-call format (tool_calls.py): "tool_calls" when it stopped after whole calls."""
     reason = finish_reason(choice)
-    calls = structured.tool_calls(text, job.tools) if job.tools is not None and reason == "stop" else None
-    if calls is None:
+    if job.tools is None:
         return {"content": text}, reason
-    return {"content": None, "tool_calls": calls}, "tool_calls"
+    reader = choice.reader
+    if reader is None:
+        reader = job.tools.reader()
+        reader.feed(text)
+        reader.finish()
+    message = reader.message()
+    return message, "tool_calls" if "tool_calls" in message and reason == "stop" and reader.complete else reason
 
 
 # ----------------------------------------------------------------------------- rendering
@@ -459,7 +465,7 @@ def chunk(ctx: Context, job: Job, choices: list[dict], with_usage: bool = False)
 def stream_chunks(ctx: Context, job: Job, choice: Choice, delta: str, finished: bool,
                   prompt_scores: list, token: Token | None = None) -> list[str]:
     """SSE chunks for one event of a streamed response (``token``: the one this event drew)."""
-    chunks = []
+    chunks, calls = [], []
     item: dict[str, Any] = {"index": choice.index}
     new_tokens = [token.id] if token is not None else []
     new_scores = [token.logprobs] if token is not None and job.logprobs is not None else []
@@ -468,15 +474,14 @@ def stream_chunks(ctx: Context, job: Job, choice: Choice, delta: str, finished: 
             choice.sent_role = True
             chunks.append(chunk(ctx, job, [{"index": choice.index, "delta": {"role": "assistant", "content": ""},
                                             "logprobs": None, "finish_reason": None}]))
-        if job.tools is not None:  # held back until it is known to be text or tool calls
-            choice.held, delta = choice.held + delta, ""
+        if choice.reader is not None:  # text as it comes, tool calls once the marker is written
+            delta, calls = choice.reader.feed(delta)
+            if finished:
+                delta += choice.reader.finish()
         item["delta"] = {"content": delta} if delta else {}
+        if calls:
+            item["delta"]["tool_calls"] = calls
         item["logprobs"] = chat_logprobs(ctx, job, new_tokens, new_scores) if new_scores else None
-        if finished and job.tools is not None:
-            message, reason = chat_answer(job, choice, choice.held)
-            calls = [{"index": i, **call} for i, call in enumerate(message.get("tool_calls") or [])]
-            item["delta"] = {"tool_calls": calls} if calls else {"content": choice.held} if choice.held else {}
-            delta = choice.held
     else:
         if job.echo and not choice.sent_role:
             choice.sent_role = True
@@ -493,11 +498,11 @@ def stream_chunks(ctx: Context, job: Job, choice: Choice, delta: str, finished: 
         item["logprobs"] = (completion_logprobs(ctx, job, choice, None, False, new_scores, new_tokens,
                                                 with_stop=finished)
                             if new_scores or stop_scored else None)
-    item["finish_reason"] = (chat_answer(job, choice, choice.held)[1] if finished and job.tools is not None
+    item["finish_reason"] = (chat_answer(job, choice, "")[1] if finished and job.kind == "chat"
                              else finish_reason(choice) if finished else None)
     if job.body.return_token_ids:
         item["token_ids"] = new_tokens
-    if finished or delta or new_scores or job.body.return_token_ids:
+    if finished or delta or calls or new_scores or job.body.return_token_ids:
         chunks.append(chunk(ctx, job, [item]))
     return chunks
 

@@ -71,11 +71,11 @@ class SamplingFields(BaseModel):
     ignore_eos: StrictBool = False  # the default stop tokens do not end the output (stop_token_ids do)
     logit_bias: dict[StrictStr, float] | None = None  # BAN values only
     response_format: dict | None = None  # text, json_object, json_schema (structured.py)
-    guided_json: dict | StrictStr | None = None      # vLLM: a JSON schema
-    guided_regex: StrictStr | None = None            # vLLM: a regex
-    guided_choice: list[StrictStr] | None = None     # vLLM: one of these strings
-    guided_grammar: StrictStr | None = None          # vLLM: a Lark grammar (llguidance dialect)
-    structured_outputs: dict | None = None           # vLLM's newer form: {json|regex|choice|grammar|json_object}
+    guided_json: dict | StrictStr | None = None      # older vLLM: a JSON schema
+    guided_regex: StrictStr | None = None            # older vLLM: a regex
+    guided_choice: list[StrictStr] | None = None     # older vLLM: one of these strings
+    guided_grammar: StrictStr | None = None          # older vLLM: a Lark grammar (llguidance dialect)
+    structured_outputs: dict | None = None           # vLLM's StructuredOutputsParams (structured.py)
     store: StrictBool | None = None          # IGNORED
     metadata: dict[StrictStr, StrictStr] | None = None  # IGNORED
     service_tier: StrictStr | None = None    # IGNORED

@@ -6,53 +6,30 @@ Where a constraint comes from (at most one per request):
   ``{"type": "json_schema", "json_schema": {"name", "schema", "strict"}}``;
 - vLLM's extensions: ``guided_json``, ``guided_regex``, ``guided_choice``, ``guided_grammar``
   (Lark) and their newer form ``structured_outputs: {json|regex|choice|grammar|json_object}``;
-- tools (chat): ``tool_choice`` "required" or a named function constrains the answer to tool
-  calls (JSON, see ``calls_schema``); "auto" leaves it free and reads a tool call out of it
-  when the answer is one; "none" ignores the tools.
+- tools (chat): the answer follows the tool-call format (tool_calls.py): under ``tool_choice``
+  "auto" free text or calls, under "required" or a named function calls only; "none"
+  ignores the tools.
 
-The model writes tool calls as JSON: ``{"name": ..., "arguments": {...}}``, a list of them
-when ``parallel_tool_calls`` (the default) allows several. The tools are listed to the model
-in a system turn (chat.py renders it), and earlier calls and tool results are turns too.
+vLLM's names were checked against its source (docs/server.md names the files and commits):
+``structured_outputs`` is current vLLM's field (``json``, ``regex``, ``choice``, ``grammar``,
+``json_object: true``, and the options ``disable_any_whitespace``,
+``disable_additional_properties``, ``whitespace_pattern``, ``structural_tag``); the
+``guided_*`` fields are older vLLM's, kept for old clients.
 """
 from __future__ import annotations
 
 import json
-import uuid
-from dataclasses import dataclass
+from dataclasses import replace
 
 from scheduler.constraint import Constraint
 from scheduler.grammar import grammars_for
 from rwkv7_core.engine import Capability
 
 from .protocol import APIError
+from . import tool_calls
+from .tool_calls import ToolPlan
 
 GUIDED = {"guided_json": "json", "guided_regex": "regex", "guided_choice": "choice", "guided_grammar": "grammar"}
-
-
-@dataclass(frozen=True)
-class ToolPlan:
-    """A chat request's tools: ``tools`` {name: parameters schema}; ``forced``: the answer
-    must be tool calls (required or a named function); ``parallel``: several calls allowed."""
-    tools: dict[str, dict]
-    descriptions: dict[str, str]
-    forced: str | None      # None (auto), "required", or the named function
-    parallel: bool
-
-    def calls_schema(self) -> dict:
-        """JSON schema of the answer when tool calls are forced."""
-        names = [self.forced] if self.forced != "required" else list(self.tools)
-        one = [{"type": "object", "properties": {"name": {"const": n}, "arguments": self.tools[n]},
-                "required": ["name", "arguments"], "additionalProperties": False} for n in names]
-        call = one[0] if len(one) == 1 else {"anyOf": one}
-        return {"type": "array", "items": call, "minItems": 1} if self.parallel else call
-
-    def system_text(self) -> str:
-        """The system turn that lists the tools to the model."""
-        listed = [{"name": n, "description": self.descriptions[n], "parameters": p} for n, p in self.tools.items()]
-        shape = ('a JSON list of {"name": ..., "arguments": {...}} objects' if self.parallel
-                 else 'one JSON object {"name": ..., "arguments": {...}}')
-        return ("You can call these functions: " + json.dumps(listed)
-                + f". To call functions, answer with only {shape}.")
 
 
 def _one(body) -> list[tuple[str, Constraint]]:
@@ -71,13 +48,54 @@ def _one(body) -> list[tuple[str, Constraint]]:
             found.append((name, _constraint(name, kind, value)))
     so = body.structured_outputs
     if so is not None:
-        given = [k for k in ("json", "regex", "choice", "grammar", "json_object") if so.get(k) is not None]
-        unknown = sorted(set(so) - {"json", "regex", "choice", "grammar", "json_object"})
-        if unknown or len(given) != 1:
-            raise APIError(400, "structured_outputs: give exactly one of json, regex, choice, grammar, json_object"
-                           + (f" (unknown: {', '.join(unknown)})" if unknown else ""), "structured_outputs")
-        found.append(("structured_outputs", _constraint("structured_outputs", given[0], so[given[0]])))
+        found.append(("structured_outputs", _structured_outputs(so)))
     return found
+
+
+SO_KINDS = ("json", "regex", "choice", "grammar", "json_object")
+SO_OPTIONS = ("disable_any_whitespace", "disable_additional_properties", "whitespace_pattern", "structural_tag",
+              "disable_fallback")
+
+
+def _structured_outputs(so: dict) -> Constraint:
+    """vLLM's ``structured_outputs`` (its StructuredOutputsParams): exactly one of SO_KINDS
+    (``json_object`` as ``true``); the options: ``disable_any_whitespace`` (JSON here never
+    has any), ``disable_additional_properties`` (objects without ``additionalProperties``
+    take none) and ``disable_fallback`` (there is no other backend) are honoured, a
+    ``whitespace_pattern`` or ``structural_tag`` is a 400."""
+    field = "structured_outputs"
+    unknown = sorted(set(so) - set(SO_KINDS) - set(SO_OPTIONS))
+    if unknown:
+        raise APIError(400, f"{field}: unknown field(s) {', '.join(unknown)}; known: "
+                            + ", ".join(SO_KINDS + SO_OPTIONS), field)
+    for option in ("disable_any_whitespace", "disable_additional_properties", "disable_fallback"):
+        if not isinstance(so.get(option, False), bool):
+            raise APIError(400, f"{field}.{option}: must be true or false", field)
+    for option in ("whitespace_pattern", "structural_tag"):
+        if so.get(option) is not None:
+            raise APIError(400, f"{field}.{option}: not supported by this server", field)
+    if so.get("json_object") not in (None, True):
+        raise APIError(400, f"{field}.json_object: must be true when given", field)
+    given = [k for k in SO_KINDS if so.get(k) is not None]
+    if len(given) != 1:
+        raise APIError(400, f"{field}: give exactly one of {', '.join(SO_KINDS)}", field)
+    value = so[given[0]]
+    if given[0] == "json" and so.get("disable_additional_properties"):
+        value = _closed(json.loads(value) if isinstance(value, str) else value)
+    return _constraint(field, given[0], value)
+
+
+def _closed(schema):
+    """``schema`` with ``additionalProperties: false`` on every object schema that lists
+    ``properties`` and says nothing about others (vLLM's disable_additional_properties)."""
+    if isinstance(schema, list):
+        return [_closed(s) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {k: _closed(v) for k, v in schema.items()}
+    if "properties" in out and "additionalProperties" not in out:
+        out["additionalProperties"] = False
+    return out
 
 
 def _constraint(field: str, kind: str, value) -> Constraint:
@@ -134,18 +152,32 @@ def tool_plan(body) -> ToolPlan | None:
     return ToolPlan(params, descriptions, forced, parallel)
 
 
-def request_constraint(ctx, body, plan: ToolPlan | None) -> Constraint | None:
+def request_constraint(ctx, body, plan: ToolPlan | None) -> tuple[Constraint | None, ToolPlan | None]:
     """The body's one constraint (compiled now: 400 naming an invalid schema or grammar, or an
-    unsupported feature, before any decode work); None for free text."""
+    unsupported feature, before any decode work; None for free text), and its tool plan with
+    the JSON answer a ``response_format`` asks for under tool_choice "auto"."""
     found = _one(body)
-    if plan is not None and plan.forced is not None:
-        found.append(("tool_choice", Constraint.json_schema(plan.calls_schema())))
-    if not found:
-        return None
     if len(found) > 1:
         raise APIError(400, f"{found[1][0]}: only one structured-output field per request "
                             f"(also given: {found[0][0]})", found[1][0])
-    field, constraint = found[0]
+    if found:
+        _compile(ctx, *found[0])
+    if plan is not None:
+        if found:
+            field, constraint = found[0]
+            if field != "response_format" or plan.forced is not None:
+                raise APIError(400, f"{field}: with tools only response_format (under tool_choice \"auto\") "
+                                    "shapes the answer; send tool_choice \"none\" to use it without tools", field)
+            schema = json.loads(constraint.spec) if constraint.kind == "json_schema" else {"type": "object"}
+            plan = replace(plan, answer=schema if isinstance(schema, dict) else {} if schema else {"not": {}})
+        found = [("tools", Constraint.grammar(plan.grammar()))]
+        _compile(ctx, *found[0])
+    return (found[0][1] if found else None), plan
+
+
+def _compile(ctx, field: str, constraint: Constraint) -> None:
+    """Compile ``constraint`` now (cached for the scheduler): 400 naming ``field`` when it is
+    invalid or the server cannot constrain output."""
     engine = ctx.service.scheduler.engine
     if ctx.tokenizer is None or Capability.TOKEN_MASK not in engine.capabilities:
         raise APIError(400, f"{field}: structured output needs the World vocabulary and an engine with token "
@@ -154,35 +186,11 @@ def request_constraint(ctx, body, plan: ToolPlan | None) -> Constraint | None:
         grammars_for(ctx.tokenizer, ctx.vocab_size).compiled(constraint)
     except ValueError as e:
         raise APIError(400, f"{field}: {e}", field) from None
-    return constraint
-
-
-def tool_calls(text: str, plan: ToolPlan) -> list[dict] | None:
-    """The OpenAI ``tool_calls`` an answer stands for (None when it is not a tool call: free
-    text under "auto", or JSON that names no tool)."""
-    try:
-        value = json.loads(text)
-    except ValueError:
-        return None
-    calls = value if isinstance(value, list) else [value]
-    if not calls or not all(isinstance(c, dict) and c.get("name") in plan.tools and isinstance(c.get("arguments"), dict)
-                            for c in calls):
-        return None
-    return [{"id": "call_" + uuid.uuid4().hex[:24], "type": "function",
-             "function": {"name": c["name"], "arguments": json.dumps(c["arguments"])}} for c in calls]
 
 
 def history_text(message) -> str:
-    """A chat message's text for the prompt: an assistant's tool calls as the JSON it would
-    have written, a tool result as its content."""
+    """A chat message's text for the prompt: an assistant's tool calls written in the
+    tool-call format after its content, a tool result as its content."""
     if message.role == "assistant" and message.tool_calls:
-        calls = []
-        for call in message.tool_calls:
-            function = call.get("function") or {}
-            try:
-                arguments = json.loads(function.get("arguments") or "{}")
-            except ValueError:
-                arguments = function.get("arguments")
-            calls.append({"name": function.get("name"), "arguments": arguments})
-        return json.dumps(calls if len(calls) > 1 else calls[0])
+        return tool_calls.history_text(message.text(), message.tool_calls)
     return message.text()

@@ -4,10 +4,12 @@ test_data_parallel_cli.py) with a named initial state and a small response store
 the official openai client: the Responses API (plain, streamed, a 3-turn
 previous_response_id chain equal to single requests of the whole history's tokens,
 retrieve, delete, eviction, bad ids and models), completions and chat on both replicas,
-conversation affinity in /metrics, and a --state that changes completions and chat exactly
-as rwkv7-generate's --state does. One server."""
+conversation affinity in /metrics, a --state that changes completions and chat exactly
+as rwkv7-generate's --state does, and structured output and tool calls on both replicas.
+One server."""
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import sys
@@ -190,6 +192,35 @@ def test_both_replicas_answer_completions_alike(server, client):
     assert outs[0].choices[0].model_extra["token_ids"] == outs[1].choices[0].model_extra["token_ids"]
     assert server.metric("rwkv7_replica_requests_total", 'replica="0"') > 0
     assert server.metric("rwkv7_replica_requests_total", 'replica="1"') > 0
+
+
+def test_structured_output_and_tool_calls_on_both_replicas(server, client):
+    """A json_schema answer and a tool call, each sent twice at once (one per replica): every
+    answer is valid, and a seed gives the same answer on either replica."""
+    schema = {"type": "object", "properties": {"label": {"enum": ["a", "b", "c"]},
+                                               "n": {"type": "integer", "minimum": 0, "maximum": 9}},
+              "required": ["label", "n"], "additionalProperties": False}
+    tools = [{"type": "function", "function": {"name": "lookup", "parameters": {
+        "type": "object", "properties": {"key": {"enum": ["x", "y"]}}, "required": ["key"],
+        "additionalProperties": False}}}]
+    seed = int(np.random.default_rng().integers(1 << 30))
+    sends = {"json": dict(response_format={"type": "json_schema", "json_schema": {"name": "s", "schema": schema}}),
+             "tool": dict(tools=tools, tool_choice="required", parallel_tool_calls=False)}
+    for kind, extra in sends.items():
+        before = _routed(server)
+        with ThreadPoolExecutor(2) as pool:
+            outs = list(pool.map(lambda _: client.chat.completions.create(
+                model=MODEL, messages=[{"role": "user", "content": "Go"}], max_tokens=64, seed=seed, **extra)
+                .choices[0], range(2)))
+        assert [a - b for a, b in zip(_routed(server), before)] == [1, 1]
+        for out in outs:
+            if kind == "json":
+                assert out.finish_reason == "stop" and json.loads(out.message.content)["label"] in "abc"
+            else:
+                call = out.message.tool_calls[0].function
+                assert out.finish_reason == "tool_calls" and call.name == "lookup"
+                assert json.loads(call.arguments)["key"] in ("x", "y")
+        assert outs[0].message.model_dump(exclude={"tool_calls"}) == outs[1].message.model_dump(exclude={"tool_calls"})
 
 
 def test_a_named_state_changes_the_output_as_the_batch_cli_does(server, client, state_file, tmp_path):
