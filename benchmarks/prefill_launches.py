@@ -2,11 +2,15 @@
 
 The varlen prefill (``rwkv_jax.forward.varlen_forward_fn``: P prompts flattened into one
 stream of T tokens) is compiled for an H200 from this CPU machine twice, with the model's widths
-and 1 and 2 layers; the second compile's launches minus the first's are exactly one layer's
-(everything outside the layers, embedding, LN0/LN_out, head, logits gather, is in both).
+and 2 and 3 layers; the second compile's launches minus the first's are exactly one layer's
+(everything outside the layers, embedding, LN0/LN_out, head, logits gather, the final stack of
+the shift state rows, is in both; 1 layer is not used: its state needs no stacking).
 Each launch of that layer is classified by what it is:
 
 - ``gemm``: a matrix product XLA hands to cuBLAS / cuBLASLt or emits as a Triton GEMM fusion;
+- ``gemm_aux``: the second kernel of a split-K GEMM (the ``loop_reduce_fusion`` summing its K
+  partials) or the slice of a GEMM XLA merged from two products on one input, i.e. launches
+  that exist only because of how XLA emits its GEMMs;
 - ``pallas``: one of our Pallas kernels (name ``rwkv7_*``);
 - ``fusion``: any other XLA kernel (elementwise, reductions, gathers: the pieces between);
 - ``copy``: a device-to-device copy.
@@ -34,14 +38,18 @@ import jax.numpy as jnp  # noqa: E402
 GEMM_KINDS = ("kGemm", "kCublasLtMatmul", "kCuDnn")
 
 
-def kind_of(thunk) -> str:
-    """gemm | pallas | fusion | copy for one rwkv_jax.gpu_dump.Thunk."""
+def kind_of(thunk, previous=None) -> str:
+    """gemm | gemm_aux | pallas | fusion | copy for one rwkv_jax.gpu_dump.Thunk (`previous`: the
+    launch issued just before it)."""
     from rwkv_jax.gpu_dump import COPIES
     name = thunk.name or ""
     if thunk.kind in COPIES or (thunk.hlo or "").startswith(("wrapped_slice", "copy")):
         return "copy"
     if thunk.kind in GEMM_KINDS or "gemm" in name or "cublas" in name or "gemm" in (thunk.hlo or ""):
         return "gemm"
+    if previous is not None and kind_of(previous) == "gemm" and name.startswith(("loop_reduce_fusion",
+                                                                                  "loop_slice_fusion")):
+        return "gemm_aux"
     if name.startswith("rwkv7"):
         return "pallas"
     return "fusion"
@@ -76,11 +84,13 @@ def layer_launches(one, two) -> list:
     multiset difference of (kind, base name) so XLA's renumbering does not matter."""
     from rwkv_jax.gpu_dump import base_name
 
-    def key(t):
-        return kind_of(t), re.sub(r"[._]\d+$", "", base_name(t.name or t.hlo or t.kind))
+    def keys(report):
+        issued = sorted(report.launches + report.copies, key=lambda t: t.id)
+        return collections.Counter((kind_of(t, p), re.sub(r"[._]\d+$", "", base_name(t.name or t.hlo or t.kind)))
+                                   for p, t in zip([None] + issued[:-1], issued))
 
-    extra = collections.Counter(key(t) for t in two.launches + two.copies)
-    extra.subtract(collections.Counter(key(t) for t in one.launches + one.copies))
+    extra = keys(two)
+    extra.subtract(keys(one))
     return sorted((k, n) for k, n in extra.items() if n)
 
 
@@ -103,18 +113,18 @@ def main(argv=None) -> int:
     base = [1 + (7 * i) % (2 * a.tokens // a.prompts) for i in range(a.prompts)]
     base[-1] += a.tokens - sum(base)
     reports, seconds = {}, {}
-    for n in (1, 2):
+    for n in (2, 3):
         reports[n], seconds[n] = compile_layers(config, n, dtype, a.kernels, base, a.tokens, target, a.ptxas)
         print(f"{a.config} L={n}: {len(reports[n].launches)} launches, {len(reports[n].copies)} copies, "
               f"{reports[n].while_loops} while, {reports[n].conditionals} cond, compile {seconds[n]:.1f}s", flush=True)
-    per_layer = layer_launches(reports[1], reports[2])
+    per_layer = layer_launches(reports[2], reports[3])
     by_kind = collections.Counter()
     for (kind, _), n in per_layer:
         by_kind[kind] += n
     print(f"per layer: {sum(by_kind.values())} = " + ", ".join(f"{k} {v}" for k, v in sorted(by_kind.items())))
     for (kind, name), n in per_layer:
         print(f"  {kind:7s} {n:3d}  {name}")
-    pallas = [k for k in reports[2].kernels if k.name.startswith("rwkv7")]
+    pallas = [k for k in reports[3].kernels if k.name.startswith("rwkv7")]
     for k in pallas:
         print(f"  pallas {k.name}: grid {k.grid} regs {k.registers} spill {k.spill_bytes} B smem {k.shared_bytes} B")
     if a.json:
@@ -122,7 +132,7 @@ def main(argv=None) -> int:
                "lengths": base, "compile_s": seconds, "per_layer_total": sum(by_kind.values()),
                "per_layer_by_kind": dict(by_kind),
                "per_layer_launches": [{"kind": k, "name": n, "count": c} for (k, n), c in per_layer],
-               "model_L2": reports[2].summary(), "pallas_kernels": [k.as_dict() for k in pallas]}
+               "model_L3": reports[3].summary(), "pallas_kernels": [k.as_dict() for k in pallas]}
         json.dump(row, open(a.json, "w"), indent=1)
     return 0
 

@@ -33,7 +33,8 @@ def row_links(cu_seqlens, n_rows: int):
     cu[-1] (padding) continue the stream (their outputs are never read)."""
     t = jnp.arange(n_rows, dtype=jnp.int32)
     P = cu_seqlens.shape[0] - 1
-    owner = jnp.searchsorted(cu_seqlens[1:], t, side="right").astype(jnp.int32)  # P for padding
+    # compare_all: one fusion of T x P compares; the default scan is a device while loop
+    owner = jnp.searchsorted(cu_seqlens[1:], t, side="right", method="compare_all").astype(jnp.int32)  # P: padding
     o = jnp.minimum(owner, P - 1)
     start = (owner < P) & (t == cu_seqlens[o])
     last = (owner < P) & (t == cu_seqlens[o + 1] - 1)

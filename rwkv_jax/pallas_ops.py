@@ -68,31 +68,45 @@ def channel_mix(xk, w_key, w_val_t, *, max_rows: int, interpret: bool):
     return XLA_OPS.channel_mix(xk, w_key, w_val_t)
 
 
-def wkv_varlen(r, w, k, v, kk, a, S: LayerSlice, segs: Segments, *, n_single: int = 0, interpret: bool):
-    """Contract wkv_varlen by the chunked kernel (length-1 sequences need no special case), on
-    a LayerSlice state (``RowsState``: the layer of the whole leaf updated in place)."""
+def _leaf(S):
+    """(whole leaf, layer) of a LayerSlice state (``RowsState``); (S, None) for plain rows."""
+    return (S.full, S.layer) if isinstance(S, LayerSlice) else (S, None)
+
+
+def _like(S, new):
+    """The kernel's state result in the form S came in (a LayerSlice keeps its layer)."""
+    return LayerSlice(new, S.layer) if isinstance(S, LayerSlice) else new
+
+
+def wkv_varlen(r, w, k, v, kk, a, S, segs: Segments, *, n_single: int = 0, interpret: bool):
+    """Contract wkv_varlen by the chunked kernel (length-1 sequences need no special case); on
+    a LayerSlice state (``RowsState``) the layer of the whole leaf is updated in place."""
     del n_single
-    y, full = chunk_kernel.wkv_chunk_varlen(r, w, k, v, kk, a, S.full, cu_seqlens(segs), layer=S.layer,
-                                            interpret=interpret)
-    return y, LayerSlice(full, S.layer)
+    full, layer = _leaf(S)
+    y, new = chunk_kernel.wkv_chunk_varlen(r, w, k, v, kk, a, full, cu_seqlens(segs), layer=layer,
+                                           interpret=interpret)
+    return y, _like(S, new)
 
 
-def wkv_seq(r, w, k, v, kk, a, S: LayerSlice, *, interpret: bool):
-    """Contract wkv_seq on a LayerSlice state: the chunked kernel on the flattened rows past one
-    chunk (in place), else the per-token sequence kernel on the layer's rows written back."""
+def wkv_seq(r, w, k, v, kk, a, S, *, interpret: bool):
+    """Contract wkv_seq (S rows or a LayerSlice, as in `wkv_varlen`): the chunked kernel on the
+    flattened rows past one chunk, else the per-token sequence kernel (on the layer's rows)."""
     B, T, H, N = r.shape
     if T <= chunk_kernel.CHUNK:
-        y, rows = wkv_seq_kernel.wkv_seq(r, w, k, v, kk, a, S.rows(), interpret=interpret)
-        return y, S.replace(rows)
+        rows = S.rows() if isinstance(S, LayerSlice) else S
+        y, rows = wkv_seq_kernel.wkv_seq(r, w, k, v, kk, a, rows, interpret=interpret)
+        return y, (S.replace(rows) if isinstance(S, LayerSlice) else rows)
     flat = (x.reshape(B * T, H, N) for x in (r, w, k, v, kk, a))
     cu = jnp.arange(0, B * T + 1, T, dtype=jnp.int32)
-    y, full = chunk_kernel.wkv_chunk_varlen(*flat, S.full, cu, layer=S.layer, interpret=interpret)
-    return y.reshape(B, T, H, N), LayerSlice(full, S.layer)
+    full, layer = _leaf(S)
+    y, new = chunk_kernel.wkv_chunk_varlen(*flat, full, cu, layer=layer, interpret=interpret)
+    return y.reshape(B, T, H, N), _like(S, new)
 
 
-def shift_mix_rows(h, delta, shift: LayerSlice, ln_w, ln_b, mix, links, *, interpret: bool):
-    """Contract shift_mix_rows reading the shift rows from the whole leaf of a LayerSlice."""
-    return shift_mix_rows_kernel.shift_mix_rows(h, delta, shift.full, ln_w, ln_b, mix, links, layer=shift.layer,
+def shift_mix_rows(h, delta, shift, ln_w, ln_b, mix, links, *, interpret: bool):
+    """Contract shift_mix_rows; a LayerSlice shift is read from its whole leaf (no slice copy)."""
+    full, layer = _leaf(shift)
+    return shift_mix_rows_kernel.shift_mix_rows(h, delta, full, ln_w, ln_b, mix, links, layer=layer,
                                                 interpret=interpret)
 
 
