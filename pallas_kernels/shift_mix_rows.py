@@ -53,6 +53,9 @@ class MixRows(tuple):
         return self[0].dtype
 
 
+jax.tree_util.register_pytree_node(MixRows, lambda m: (tuple(m), None), lambda _, rows: MixRows(rows))
+
+
 def shift_mix_rows_reference(h, delta, shift, ln_w, ln_b, mix, links):
     """Plain jnp: h, delta (or None) [M, C], shift [P, C], ln_w, ln_b [C], mix [n, C], links
     int32 [2, M] -> (h_out [M, C], MixRows of n [M, C], new_shift [P, C]) in h.dtype; rows of
