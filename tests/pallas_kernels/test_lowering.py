@@ -147,8 +147,9 @@ def _blocked_dims_not_tiling(fn, *args) -> list:
 
 
 def test_blocks_tile_arrays_exactly_except_in_the_masked_kernel():
-    """The Triton lowering does not bound-check blocks: only shift_mix (whose loads and
-    stores are masked) may use a block wider than its array, here C=192 in 256-wide blocks."""
+    """The Triton lowering does not bound-check blocks: only shift_mix and shift_mix_rows (whose
+    loads and stores are masked) may use a block wider than its array, here C=192 in 256-wide
+    blocks."""
     f32 = jnp.float32
     odd = [jnp.zeros(s, f32) for s in ((3, 3, 64),) * 6] + [jnp.zeros((3, 3, 64, 64), f32)]
     assert _blocked_dims_not_tiling(wkv_step.wkv_step, *odd) == []
@@ -160,6 +161,9 @@ def test_blocks_tile_arrays_exactly_except_in_the_masked_kernel():
     rows = jnp.zeros((5, 192))
     assert _blocked_dims_not_tiling(shift_mix.shift_mix, rows, rows, rows, jnp.zeros(192), jnp.zeros(192),
                                     jnp.zeros((6, 192))) != []
+    links = shift_mix_rows.dense_links(1, 5)
+    assert _blocked_dims_not_tiling(shift_mix_rows.shift_mix_rows, rows, rows, rows[:1], jnp.zeros(192),
+                                    jnp.zeros(192), jnp.zeros((6, 192)), jnp.asarray(links)) != []
 
 
 def _fused_layer(h, mixed, wts, S, v_first, shift_c, shift_t, ln, mix_c, mix_t, w_key, w_val_t):
