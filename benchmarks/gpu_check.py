@@ -41,14 +41,21 @@ seconds, times the slowest measured/recorded ratio so far, fit what is left of T
    compiles measured so far were that much faster.
 5. deviceless, ~15 s: a tiny forward compiled for the H200 description (no device), loaded on
    this GPU and run: it must equal the same forward compiled here.
-6. models, the rest of the budget: 2.9b decode B=1 and 256 (pallas-fused 43-64 s a compile,
+6. prefill, what fits of the rest (issue 24): whole-model 1.5b bf16 prefill with the kernels
+   "auto" runs for prefill on a GPU ("pallas": chunked wkv, fused shift-mix rows) at the
+   Albatross shapes, cheapest compile first: B=1 x T=1024 dense (~45 s), a varlen batch of 64
+   prompts in 4,096 flat tokens (~73 s), B=32 x T=1024 dense (~55 s); tok/s and the fraction of
+   the roofline that binds (FLOPs / bf16 matmul rate or bytes / copy bandwidth, both measured
+   in section 3; also FLOPs against the 989 TFLOP/s dense bf16 spec). A cold run reaches the
+   first row; a rerun with --cache-dir compiles nothing and measures all three.
+7. models, the rest of the budget: 2.9b decode B=1 and 256 (pallas-fused 43-64 s a compile,
    xla 55 s at B=1, pallas 126 s), prefill T=1024 (1.5b pallas ~45 s), other decode buckets.
-7. kernels, <= KERNEL_BUDGET_S: each kernel's time against the XLA op it replaces (29 cases,
+8. kernels, <= KERNEL_BUDGET_S: each kernel's time against the XLA op it replaces (29 cases,
    a Pallas and an XLA compile each).
-8. serving (<= SERVING_BUDGET_S), http_serving (<= HTTP_BUDGET_S), data_parallel (>= 2 GPUs).
+9. serving (<= SERVING_BUDGET_S), http_serving (<= HTTP_BUDGET_S), data_parallel (>= 2 GPUs).
 
-Start-up (~10 s) + 64 + 5 + 300 + 15 = ~394 s; then the models section starts what fits
-(2.9b pallas-fused B=1 at the recorded speed) and lists the rest as skipped, with the reason;
+Start-up (~10 s) + 64 + 5 + 300 + 15 = ~394 s; then the prefill section starts what fits
+(1.5b B=1 x T=1024 at the recorded speed), the models section lists the rest as skipped, with the reason;
 30 s of margin remain under 8 minutes.
 
 --smoke runs every section on the CPU with tiny shapes and interpret-mode kernels and no time
@@ -114,6 +121,11 @@ FIRST_COMPILE_GUESS_S = 60    # compile estimate of a shape with no recorded com
 DECODE_BATCHES = (1, 8, 32, 256)
 PREFILL_T = 1024
 VARLEN_LENGTHS = tuple(int(n) for n in np.random.default_rng(0).multinomial(4096 - 64, [1 / 64] * 64) + 1)
+PREFILL_ITEMS = (("dense", 1, PREFILL_T), ("varlen", 64, 4096), ("dense", 32, PREFILL_T))  # cheapest first
+# Deviceless 1.5b pallas prefill compiles, scaled like RECORDED_COMPILE_S's 1x1024 (44.5 s) by
+# their ratios in benchmarks/results/chunked_wkv_prefill_h200.md (69.6 / 114.2 / 85.6 s)
+PREFILL_COMPILE_S = {("dense", 1, PREFILL_T): 44.5, ("varlen", 64, 4096): 73.0, ("dense", 32, PREFILL_T): 54.7}
+BF16_SPEC_FLOPS = 989e12      # H200 dense bf16 tensor throughput (spec)
 TOL = 1e-4                    # float32 parity: max |diff| <= TOL * max(1, max |reference|)
 GOALS = {"pallas_over_xla_b1": 1.5, "b1_hbm_roofline_fraction": 0.7, "2.9b_b256_tok_s": 30000}
 ODD = ModelConfig(n_layer=3, n_embd=192, n_head=3, head_size=64, vocab_size=300, dim_ffn=768,
@@ -690,6 +702,97 @@ def run_models(smoke: bool, interpret: bool, roofline: dict, budget: Budget, clo
         yield out
 
 
+# ----------------------------------------------------------------------------- prefill
+def prefill_roofline(config: ModelConfig, params_bytes: int, itemsize: int, B: int, T: int, step_s: float,
+                     roofline: dict) -> dict:
+    """Fractions of the roofline for a forward of B x T tokens taking step_s: FLOPs / measured
+    bf16 matmul rate and bytes / measured copy bandwidth; the larger time binds."""
+    nbytes, flops = step_bytes_and_flops(config, params_bytes, itemsize, B, T)
+    bytes_s = nbytes / (roofline["copy_GBps"] * 1e9)
+    flops_s = flops / (roofline["bf16_matmul_TFLOPs"] * 1e12)
+    return {"binding": "compute" if flops_s >= bytes_s else "bandwidth",
+            "roofline_fraction": max(bytes_s, flops_s) / step_s, "compute_roofline_fraction": flops_s / step_s,
+            "hbm_roofline_fraction": bytes_s / step_s, "spec_compute_fraction": flops / BF16_SPEC_FLOPS / step_s}
+
+
+def measure_varlen_prefill(model: Model, lengths: tuple, n_tokens: int, smoke: bool, roofline: dict) -> dict:
+    """Compile and time the varlen prefill (rwkv_jax.forward.varlen_forward_fn) of prompts of
+    `lengths` packed into n_tokens flat tokens, each from its own fresh state row (donated)."""
+    from rwkv_jax.forward import varlen_forward_fn
+    from rwkv_jax.varlen import segments_from_lengths
+    P = len(lengths)
+    segs = segments_from_lengths(lengths)
+    tokens = jax.random.randint(jax.random.key(P), (n_tokens,), 0, model.config.vocab_size)
+    fn = jax.jit(functools.partial(varlen_forward_fn, config=model.config, kernels=model.kernels),
+                 donate_argnames="state")
+    args = (model.params, tokens, model.init_state(P), jnp.asarray(segs.starts), jnp.asarray(segs.lengths))
+    t0 = time.perf_counter()
+    exe = fn.lower(*args).compile()
+    compile_s = time.perf_counter() - t0
+    _, state = block(exe(*args))
+    n = 3 if smoke else 20
+    start = time.perf_counter()
+    for _ in range(n):
+        _, state = exe(model.params, tokens, state, args[3], args[4])
+    block(state)
+    step_s = (time.perf_counter() - start) / n
+    params_bytes = sum(x.nbytes for x in jax.tree.leaves(model.params))
+    # bytes and FLOPs as P sequences of equal length (the same tokens, weights and state rows)
+    cost = prefill_roofline(model.config, params_bytes, jnp.dtype(model.dtype).itemsize, P, n_tokens // P,
+                            step_s, roofline)
+    return {"compile_s": compile_s, "step_ms": step_s * 1e3, "tok_s": sum(lengths) / step_s, **cost}
+
+
+def measure_dense_prefill(model: Model, B: int, T: int, smoke: bool, roofline: dict) -> dict:
+    """measure_model's row of the B x T forward with prefill_roofline's fractions."""
+    row = measure_model(model, B, T, smoke, roofline)
+    params_bytes = sum(x.nbytes for x in jax.tree.leaves(model.params))
+    return {**row, **prefill_roofline(model.config, params_bytes, jnp.dtype(model.dtype).itemsize, B, T,
+                                      row["step_ms"] / 1e3, roofline)}
+
+
+def prefill_items(smoke: bool) -> list:
+    """(kind, B or prompts, T or flat tokens, lengths) of the prefill rows, in order."""
+    if smoke:
+        return [("dense", 1, 17, None), ("varlen", 3, 32, (1, 20, 7))]
+    return [(kind, B, T, VARLEN_LENGTHS if kind == "varlen" else None) for kind, B, T in PREFILL_ITEMS]
+
+
+def run_prefill(smoke: bool, interpret: bool, roofline: dict, budget: Budget, clock: CompileClock):
+    """Whole-model prefill rows (PREFILL_ITEMS; tiny float32 in --smoke) while the budget
+    lasts; yields after each item."""
+    name = "tiny" if smoke else "1.5b"
+    kernels = kernel_names(interpret)[1]  # what auto runs for prefill on a GPU (fused == pallas there)
+    model = model_for(named_config(name), jnp.float32 if smoke else jnp.bfloat16, kernels)
+    out = {"model": name, "kernels": kernels, "rows": []}
+    for kind, B, T, lengths in prefill_items(smoke):
+        row = {"model": name, "kernels": kernels, "kind": kind, "B": B, "T": T}
+        need = PREFILL_COMPILE_S.get((kind, B, T), FIRST_COMPILE_GUESS_S) * max(clock.ratios, default=1.0)
+        reason = None if smoke else budget.shortfall(need + 5)
+        if reason:
+            out["rows"].append({**row, "skipped": reason})
+        elif kind == "varlen":
+            out["rows"].append(attempt(row, measure_varlen_prefill, model, lengths, T, smoke, roofline))
+        else:
+            out["rows"].append(attempt(row, measure_dense_prefill, model, B, T, smoke, roofline))
+        if "compile_s" in out["rows"][-1]:
+            clock.measured(name, kernels, B, T, out["rows"][-1]["compile_s"])
+        yield out
+
+
+def _prefill_lines(p: dict) -> list:
+    lines = ["| kind | B (prompts) | T (tokens) | tok/s | step ms | binds | roofline fraction | "
+             "FLOPs / 989 TFLOP/s spec |", "|---|---|---|---|---|---|---|---|"]
+    for r in p.get("rows", []):
+        head = f"| {r['kind']} | {r['B']} | {r['T']} |"
+        if "tok_s" not in r:
+            lines.append(f"{head} {r.get('skipped') or r.get('error', '')} | | | | |")
+            continue
+        lines.append(f"{head} {r['tok_s']:,.0f} | {r['step_ms']:.2f} | {r['binding']} | "
+                     f"{r['roofline_fraction']:.2f} | {r['spec_compute_fraction']:.2f} |")
+    return lines
+
+
 # ----------------------------------------------------------------------------- kernels
 def _copies(args, reps, share_bytes):
     """reps argument sets: inputs under share_bytes are perturbed copies, larger ones shared
@@ -1017,7 +1120,7 @@ def markdown(results: dict) -> str:
               for name, p in sections.items()]
     tables = {"parity": _parity_lines, "torch_parity": _torch_lines, "kernels": _kernel_lines,
               "decode": lambda p: _rows_lines(p.get("rows", [])) + _engine_lines(p.get("engine", [])),
-              "models": lambda p: _rows_lines(p.get("rows", []))}
+              "models": lambda p: _rows_lines(p.get("rows", [])), "prefill": _prefill_lines}
     for name, p in sections.items():
         if p["status"] == "skipped":  # the table above says why
             continue
@@ -1066,6 +1169,7 @@ def main(argv=None) -> dict:
     roofline = report.section("roofline", run_roofline, args.smoke)
     report.section("decode", run_decode, args.smoke, interpret, roofline, budget, clock)
     report.section("deviceless", run_deviceless, args.smoke, budget)
+    report.section("prefill", run_prefill, args.smoke, interpret, roofline, budget, clock)
     report.section("models", run_models, args.smoke, interpret, roofline, budget, clock)
     report.section("kernels", run_kernel_times, args.smoke, interpret, budget)
     report.section("serving", run_serving, args.smoke, str(out_dir), budget)

@@ -140,11 +140,16 @@ def value_block(P: int, H: int, N: int) -> int:
     return bv
 
 
-def wkv_chunk_varlen(r, w, k, v, kk, a, S, cu_seqlens, *, interpret: bool = False):
+def wkv_chunk_varlen(r, w, k, v, kk, a, S, cu_seqlens, *, layer: int | None = None, interpret: bool = False):
     """Pallas kernel with the contract of `wkv_varlen_reference` (one launch); S is aliased to S'.
-    N must be a power of two >= 16."""
+    N must be a power of two >= 16. With `layer`, S is the whole [P, L, H, N, N] state leaf: its
+    layer is read and written in place and the whole leaf comes back (no slice copied out)."""
     T, H, N = r.shape
     P = S.shape[0]
+    if layer is not None:
+        require(S.ndim == 5 and 0 <= layer < S.shape[1], f"wkv_chunk_varlen: S must be [P, L, H, N, N] with "
+                f"layer < L, got {S.shape} and layer {layer}")
+        leaf, S = S, S[:, layer]  # the slice only for the checks below: the kernel reads the leaf
     for name, t in (("r", r), ("w", w), ("k", k), ("v", v), ("kk", kk), ("a", a)):
         require(t.shape == (T, H, N) and t.dtype == jnp.float32,
                 f"wkv_chunk_varlen: {name} must be float32 [T, H, N]={T, H, N}, got {t.dtype} {t.shape}")
@@ -161,11 +166,15 @@ def wkv_chunk_varlen(r, w, k, v, kk, a, S, cu_seqlens, *, interpret: bool = Fals
     bv = value_block(P, H, N)
     keys = pl.BlockSpec((Tp, None, N), lambda p, h, s: (0, h, 0))
     vals = pl.BlockSpec((Tp, None, bv), lambda p, h, s: (0, h, s))
-    state = pl.BlockSpec((None, None, bv, N), lambda p, h, s: (p, h, s, 0))
+    if layer is None:
+        state = pl.BlockSpec((None, None, bv, N), lambda p, h, s: (p, h, s, 0))
+    else:
+        S = leaf
+        state = pl.BlockSpec((None, None, None, bv, N), lambda p, h, s: (p, layer, h, s, 0))
     cu = pl.BlockSpec((P + 1,), lambda p, h, s: (0,))
     y, S = pl.pallas_call(
         functools.partial(_kernel, T=Tp, precision=_HIGHEST if interpret else GPU_PRECISION),
-        out_shape=(jax.ShapeDtypeStruct((Tp, H, N), jnp.float32), jax.ShapeDtypeStruct((P, H, N, N), jnp.float32)),
+        out_shape=(jax.ShapeDtypeStruct((Tp, H, N), jnp.float32), jax.ShapeDtypeStruct(S.shape, jnp.float32)),
         grid=(P, H, N // bv),
         in_specs=[cu, keys, keys, keys, vals, keys, keys, state, vals],
         out_specs=(vals, state),

@@ -8,10 +8,10 @@ back. Each layout implements those three:
 - ``StepRows``: B sequences, one token each (B1T1, BATCHED_DECODE): the fused
   ``Ops.shift_mix`` and one ``Ops.wkv_step``; M = B.
 - ``DenseRows(B, T, full_output)``: B sequences of T tokens, row b*T + t (DENSE): the shift
-  within each sequence and ``Ops.wkv_seq``; M = B*T.
+  within each sequence (``Ops.shift_mix_rows``) and ``Ops.wkv_seq``; M = B*T.
 - ``FlatRows(segments, n_single)``: P sequences of any lengths flattened into one stream
-  without padding between them (varlen prefill, mixed steps): the shift and the wkv
-  recurrence reset at every sequence start (``rwkv_jax.varlen``); M = the stream length.
+  without padding between them (varlen prefill, mixed steps): the shift (``Ops.shift_mix_rows``)
+  and the wkv recurrence reset at every sequence start (``rwkv_jax.varlen``); M = the stream length.
 """
 from __future__ import annotations
 
@@ -19,10 +19,10 @@ from typing import NamedTuple
 
 import jax.numpy as jnp
 
-from pallas_kernels.shift_mix import add_layer_norm, token_mix
+from pallas_kernels.shift_mix_rows import dense_links, row_links
 
 from .ops import Ops
-from .varlen import Segments, token_shift_varlen
+from .varlen import Segments, cu_seqlens
 
 
 class StepRows(NamedTuple):
@@ -48,12 +48,9 @@ class DenseRows(NamedTuple):
     full_output: bool
 
     def shift_mix(self, ops: Ops, h, delta, shift, ln_w, ln_b, mix):
-        """h, delta [B*T, C], shift [B, C] -> (h_out, mixed [n, B*T, C], new shift [B, C]);
+        """h, delta [B*T, C], shift [B, C] -> (h_out, mixed MixRows [n, B*T, C], new shift [B, C]);
         token t mixes with the LayerNorm output of t - 1 (the carried shift at t = 0)."""
-        h, x = add_layer_norm(h, delta, ln_w, ln_b)
-        seq = x.reshape(self.B, self.T, -1)
-        prev = jnp.concatenate([shift[:, None].astype(x.dtype), seq[:, :-1]], axis=1)
-        return h, token_mix(x, prev.reshape(x.shape), mix), seq[:, -1]
+        return ops.shift_mix_rows(h, delta, shift, ln_w, ln_b, mix, jnp.asarray(dense_links(self.B, self.T)))
 
     def wkv(self, ops: Ops, S, *operands):
         """operands [B*T, H, N], S [B, H, N, N] -> (y [B*T, H, N], S')."""
@@ -74,10 +71,10 @@ class FlatRows(NamedTuple):
     n_single: int = 0
 
     def shift_mix(self, ops: Ops, h, delta, shift, ln_w, ln_b, mix):
-        """h, delta [T, C], shift [P, C] -> (h_out, mixed [n, T, C], new shift [P, C])."""
-        h, x = add_layer_norm(h, delta, ln_w, ln_b)
-        prev, new_shift = token_shift_varlen(x, shift.astype(x.dtype), self.segments)
-        return h, token_mix(x, prev, mix), new_shift
+        """h, delta [T, C], shift [P, C] -> (h_out, mixed MixRows [n, T, C], new shift [P, C]);
+        the shift resets at every sequence start (``rwkv_jax.varlen``)."""
+        links = row_links(cu_seqlens(self.segments), h.shape[0])
+        return ops.shift_mix_rows(h, delta, shift, ln_w, ln_b, mix, links)
 
     def wkv(self, ops: Ops, S, *operands):
         """operands [T, H, N], S [P, H, N, N] -> (y [T, H, N], S')."""

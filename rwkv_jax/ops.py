@@ -11,6 +11,10 @@ dtypes (x dtype = the model dtype unless stated):
   -> (h_out [B, C], mixed [n, B, C], x_ln [B, C])``: h_out = h + delta (h if None);
   x_ln = LayerNorm(h_out) (eps 1e-5, statistics in float32); mixed[i] = x_ln + (shift -
   x_ln) * mix[i] (in float32); x_ln is the new shift state.
+- ``shift_mix_rows(h [M, C], delta [M, C] | None, shift [P, C], ln_w, ln_b, mix [n, C], links int32
+  [2, M]) -> (h_out [M, C], mixed MixRows of n [M, C], new shift [P, C])``: shift_mix over the flat
+  token rows of P sequences (dense or varlen prefill), the predecessor of each row and the last
+  row of each sequence given by ``links`` (``pallas_kernels.shift_mix_rows``).
 - ``wkv_step(r, w, k, v, kk, a [B, H, N] float32, S [B, H, N, N] float32) -> (y [B, H, N], S')``
 - ``wkv_seq(r, w, k, v, kk, a [B, T, H, N] float32, S [B, H, N, N] float32) -> (y [B, T, H, N], S')``
   One step: S' = S * w[None, :] + (S @ -kk)[:, None] * (kk * a)[None, :] + v[:, None] * k[None, :];
@@ -44,6 +48,7 @@ import functools
 from typing import Callable, NamedTuple
 
 from pallas_kernels.shift_mix import shift_mix_reference
+from pallas_kernels.shift_mix_rows import shift_mix_rows_reference
 from pallas_kernels.small_m_linear import linear_reference
 from pallas_kernels.sparse_channel_mix import channel_mix_reference
 from pallas_kernels.time_mix import time_mix_reference
@@ -65,6 +70,7 @@ class Ops(NamedTuple):
     time_mix: Callable
     state_views: Callable = SlicedState
     wkv_varlen: Callable = functools.partial(wkv_varlen, wkv_step=wkv_step_reference)
+    shift_mix_rows: Callable = shift_mix_rows_reference
 
 
 XLA_OPS = Ops(linear=linear_reference, shift_mix=shift_mix_reference, wkv_step=wkv_step_reference,

@@ -8,8 +8,10 @@
 - DENSE (T > 1, or very large B): the chunked wkv kernel for T > wkv_chunk_varlen.CHUNK (T / 16
   dependent chunk steps instead of T token steps, the same bytes), the per-token sequence kernel
   below; the varlen stream (``FlatRows``) always takes the chunked kernel (one launch instead of
-  a loop of per-token steps); matrix products, the sequence token shift and the channel-mix
-  stay XLA (compute-bound GEMMs XLA already does well).
+  a loop of per-token steps); the residual add + LayerNorm + token shift + mixes are one launch
+  (``shift_mix_rows``: the mixes as separate arrays, no slice copies); matrix products and the
+  channel-mix stay XLA; the state is ``RowsState`` (the wkv leaf updated in place by the chunked
+  kernel, the shift rows read from the whole leaves: no per-layer slice copies or updates) (compute-bound GEMMs XLA already does well).
 Shapes a kernel cannot serve (e.g. low-rank widths without a power-of-two divisor >= 16)
 fall back to the XLA op, decided at trace time from static shapes.
 
@@ -26,6 +28,7 @@ import functools
 import jax.numpy as jnp
 
 from pallas_kernels import shift_mix as shift_mix_kernel
+from pallas_kernels import shift_mix_rows as shift_mix_rows_kernel
 from pallas_kernels import small_m_linear as linear_kernel
 from pallas_kernels import sparse_channel_mix as sparse_kernel
 from pallas_kernels import wkv_chunk_varlen as chunk_kernel
@@ -36,7 +39,7 @@ from pallas_kernels.time_mix import time_mix_reference
 
 from .ops import XLA_OPS, Ops
 from .paths import Path
-from .state_views import InPlaceState, LayerSlice
+from .state_views import InPlaceState, LayerSlice, RowsState
 from .varlen import Segments, cu_seqlens
 
 # Rows up to which the sparse channel-mix is used on the decode paths. A guess until
@@ -65,22 +68,46 @@ def channel_mix(xk, w_key, w_val_t, *, max_rows: int, interpret: bool):
     return XLA_OPS.channel_mix(xk, w_key, w_val_t)
 
 
+def _leaf(S):
+    """(whole leaf, layer) of a LayerSlice state (``RowsState``); (S, None) for plain rows."""
+    return (S.full, S.layer) if isinstance(S, LayerSlice) else (S, None)
+
+
+def _like(S, new):
+    """The kernel's state result in the form S came in (a LayerSlice keeps its layer)."""
+    return LayerSlice(new, S.layer) if isinstance(S, LayerSlice) else new
+
+
 def wkv_varlen(r, w, k, v, kk, a, S, segs: Segments, *, n_single: int = 0, interpret: bool):
-    """Contract wkv_varlen by the chunked kernel (length-1 sequences need no special case)."""
+    """Contract wkv_varlen by the chunked kernel (length-1 sequences need no special case); on
+    a LayerSlice state (``RowsState``) the layer of the whole leaf is updated in place."""
     del n_single
-    return chunk_kernel.wkv_chunk_varlen(r, w, k, v, kk, a, S, cu_seqlens(segs), interpret=interpret)
+    full, layer = _leaf(S)
+    y, new = chunk_kernel.wkv_chunk_varlen(r, w, k, v, kk, a, full, cu_seqlens(segs), layer=layer,
+                                           interpret=interpret)
+    return y, _like(S, new)
 
 
 def wkv_seq(r, w, k, v, kk, a, S, *, interpret: bool):
-    """Contract wkv_seq: the chunked kernel on the flattened rows past one chunk, else the
-    per-token sequence kernel."""
+    """Contract wkv_seq (S rows or a LayerSlice, as in `wkv_varlen`): the chunked kernel on the
+    flattened rows past one chunk, else the per-token sequence kernel (on the layer's rows)."""
     B, T, H, N = r.shape
     if T <= chunk_kernel.CHUNK:
-        return wkv_seq_kernel.wkv_seq(r, w, k, v, kk, a, S, interpret=interpret)
+        rows = S.rows() if isinstance(S, LayerSlice) else S
+        y, rows = wkv_seq_kernel.wkv_seq(r, w, k, v, kk, a, rows, interpret=interpret)
+        return y, (S.replace(rows) if isinstance(S, LayerSlice) else rows)
     flat = (x.reshape(B * T, H, N) for x in (r, w, k, v, kk, a))
     cu = jnp.arange(0, B * T + 1, T, dtype=jnp.int32)
-    y, S = chunk_kernel.wkv_chunk_varlen(*flat, S, cu, interpret=interpret)
-    return y.reshape(B, T, H, N), S
+    full, layer = _leaf(S)
+    y, new = chunk_kernel.wkv_chunk_varlen(*flat, full, cu, layer=layer, interpret=interpret)
+    return y.reshape(B, T, H, N), _like(S, new)
+
+
+def shift_mix_rows(h, delta, shift, ln_w, ln_b, mix, links, *, interpret: bool):
+    """Contract shift_mix_rows; a LayerSlice shift is read from its whole leaf (no slice copy)."""
+    full, layer = _leaf(shift)
+    return shift_mix_rows_kernel.shift_mix_rows(h, delta, full, ln_w, ln_b, mix, links, layer=layer,
+                                                interpret=interpret)
 
 
 def pallas_ops(path: Path, interpret: bool) -> Ops:
@@ -89,7 +116,9 @@ def pallas_ops(path: Path, interpret: bool) -> Ops:
         raise ValueError(f"path must be a rwkv_jax.Path, got {path!r}")
     if path is Path.DENSE:
         return XLA_OPS._replace(wkv_seq=functools.partial(wkv_seq, interpret=interpret),
-                                wkv_varlen=functools.partial(wkv_varlen, interpret=interpret))
+                                wkv_varlen=functools.partial(wkv_varlen, interpret=interpret),
+                                shift_mix_rows=functools.partial(shift_mix_rows, interpret=interpret),
+                                state_views=RowsState)
     max_rows = 1 if path is Path.B1T1 else linear_kernel.MAX_M
     lin = functools.partial(linear, max_rows=max_rows, interpret=interpret)
     return Ops(

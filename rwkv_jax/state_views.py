@@ -7,7 +7,10 @@ instead made XLA:GPU copy the whole wkv state first: 100 MB per step at 1.5b, B=
 deviceless). ``InPlaceState`` (the fused decode kernels):
 layer i gets ``LayerSlice(leaf, i)``, the whole [B, L, ...] leaf and the layer its kernels read
 and write in place (their outputs alias their inputs), so no slice of the state is ever
-materialised; each layer's updated leaves are what the next layer reads.
+materialised; each layer's updated leaves are what the next layer reads. ``RowsState`` (prefill
+rows on the Pallas kernels): the same whole leaves in, the wkv leaf updated in place by the
+chunked kernel, each layer's new shift rows [B, C] kept and stacked once at the end (one launch
+per shift leaf for the whole model instead of a slice copy and an update per layer).
 """
 from __future__ import annotations
 
@@ -63,3 +66,25 @@ class InPlaceState:
 
     def result(self) -> tuple:
         return self.state
+
+
+class RowsState:
+    """Whole leaves with a layer index in; the wkv leaf comes back updated in place, the new
+    shift rows of every layer are stacked into fresh leaves by ``result`` (see module doc)."""
+
+    def __init__(self, state):
+        self.att_shift, self.wkv, self.ffn_shift = state
+        self.att_rows, self.ffn_rows = [], []
+
+    def layer(self, i: int) -> tuple:
+        return tuple(LayerSlice(leaf, i) for leaf in (self.att_shift, self.wkv, self.ffn_shift))
+
+    def set(self, i: int, layer_state: tuple) -> None:
+        att_rows, wkv, ffn_rows = layer_state
+        self.att_rows.append(att_rows)
+        self.ffn_rows.append(ffn_rows)
+        self.wkv = wkv.full
+
+    def result(self) -> tuple:
+        return (jnp.stack(self.att_rows, 1).astype(self.att_shift.dtype), self.wkv,
+                jnp.stack(self.ffn_rows, 1).astype(self.ffn_shift.dtype))

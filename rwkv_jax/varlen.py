@@ -5,8 +5,9 @@ positions [starts[p], starts[p] + lengths[p]). Every per-token matrix product ru
 the flat rows at once; only the two sequential pieces need to know where sequences
 begin:
 
-- the token shift (`token_shift_varlen`): a sequence's first token sees that
-  sequence's carried shift state, not the previous sequence's last token;
+- the token shift (``Ops.shift_mix_rows`` with ``pallas_kernels.shift_mix_rows.row_links``
+  built from `cu_seqlens`): a sequence's first token sees that sequence's carried shift state,
+  not the previous sequence's last token;
 - the wkv recurrence (`wkv_varlen`): each sequence starts from its own state row and
   its final state lands in its own row. Length-1 sequences (decode rows of a mixed
   step) take one batched `wkv_step`; longer ones run token by token through the flat
@@ -60,37 +61,6 @@ def cu_seqlens(segs: Segments) -> jax.Array:
     """int32 [P + 1]: sequence p spans [cu[p], cu[p + 1]) (fla's form). Segments are
     contiguous from position 0, as `segments_from_lengths` and the mixed step build them."""
     return jnp.concatenate([jnp.zeros(1, jnp.int32), jnp.cumsum(segs.lengths, dtype=jnp.int32)])
-
-
-def token_segment_ids(n_tokens: int, segs: Segments) -> tuple[jax.Array, jax.Array]:
-    """Per flat position: (segment id int32 [T] — P for padding, is_start bool [T])."""
-    t = jnp.arange(n_tokens, dtype=jnp.int32)
-    ends = segs.starts + segs.lengths
-    # The owning segment is the first whose end lies past t; empty segments
-    # (end == start) are skipped automatically.
-    seg = jnp.searchsorted(ends, t, side="right").astype(jnp.int32)
-    n_seqs = segs.starts.shape[0]
-    owner_start = segs.starts[jnp.minimum(seg, n_seqs - 1)]
-    is_start = (seg < n_seqs) & (t == owner_start)
-    return seg, is_start
-
-
-def token_shift_varlen(x: jax.Array, shift0: jax.Array, segs: Segments
-                       ) -> tuple[jax.Array, jax.Array]:
-    """Previous-token rows with a reset at every sequence start.
-
-    x [T, C] (this layer's LayerNorm output per flat token), shift0 [P, C] (carried
-    shift state per sequence). Returns prev [T, C] (x[t-1], or shift0[p] at p's first
-    token) and the new shift state [P, C] (x at each sequence's last token; shift0
-    for empty sequences).
-    """
-    n_tokens, n_seqs = x.shape[0], shift0.shape[0]
-    seg, is_start = token_segment_ids(n_tokens, segs)
-    shifted = jnp.concatenate([jnp.zeros_like(x[:1]), x[:-1]], axis=0)
-    prev = jnp.where(is_start[:, None], shift0[jnp.minimum(seg, n_seqs - 1)], shifted)
-    last = jnp.clip(segs.starts + segs.lengths - 1, 0, n_tokens - 1)
-    new_shift = jnp.where((segs.lengths > 0)[:, None], x[last], shift0)
-    return prev, new_shift
 
 
 WkvStep = Callable[..., tuple[jax.Array, jax.Array]]

@@ -1,5 +1,5 @@
 """benchmarks/gpu_check.py's full (GPU) schedule, simulated on a CPU: the decode and models
-sections run their real item lists and budget checks with every compile taking its recorded
+sections (and prefill) run their real item lists and budget checks with every compile taking its recorded
 deviceless time (RECORDED_COMPILE_S) on a simulated clock; the run must end within 8 minutes
 and keep the priorities: all of pallas-fused / pallas decode, xla at B=1 and 8, then the
 slow XLA compiles only if they fit."""
@@ -32,16 +32,28 @@ def test_cold_run_at_the_recorded_compile_speed_ends_within_8_minutes(monkeypatc
     monkeypatch.setattr(g, "model_for", lambda config, dtype, kernels, device=None: (config, kernels))
     monkeypatch.setattr(g, "measure_model", measure_model)
     monkeypatch.setattr(g, "measure_engine_step", measure_engine_step)
+
+    def measure_prefill(model, B, T, *args):
+        compile_s = g.PREFILL_COMPILE_S[next(k for k in g.PREFILL_COMPILE_S if k[1:] == (B, T))]
+        now[0] += compile_s + 5
+        return {"compile_s": compile_s, "step_ms": 1.0, "tok_s": 1.0}
+
+    monkeypatch.setattr(g, "measure_dense_prefill", measure_prefill)
+    monkeypatch.setattr(g, "measure_varlen_prefill", lambda model, lengths, T, *a: measure_prefill(model, 64, T))
     budget, clock = g.Budget(g.TOTAL_BUDGET_S, start=0.0), g.CompileClock()
     *_, decode = g.run_decode(False, False, ROOFLINE, budget, clock)
     now[0] += g.DEVICELESS_S
+    *_, prefill = g.run_prefill(False, False, ROOFLINE, budget, clock)
     *_, models = g.run_models(False, False, ROOFLINE, budget, clock)
     assert now[0] <= 8 * 60 - 30, now[0]
     ran = {(r["kernels"], r["B"]) for r in decode["rows"] if "tok_s" in r}
     assert ran == {(k, B) for k in ("pallas-fused", "pallas") for B in g.DECODE_BATCHES} | {("xla", 1), ("xla", 8)}
     assert all("engine_step_sampled_ms" in r for r in decode["engine"])
-    assert all(r["skipped"].startswith("time budget") for r in decode["rows"] + models["rows"] if "tok_s" not in r)
-    assert [r["model"] for r in models["rows"] if "tok_s" in r] == ["2.9b"]  # pallas-fused B=1
+    assert all(r["skipped"].startswith("time budget") for r in decode["rows"] + prefill["rows"] + models["rows"]
+               if "tok_s" not in r)
+    # issue 24: the 1.5b prefill at B=1 x T=1024 (the cheapest Albatross shape) before the 2.9b rows
+    assert [(r["kind"], r["B"], r["T"]) for r in prefill["rows"] if "tok_s" in r] == [("dense", 1, g.PREFILL_T)]
+    assert not [r for r in models["rows"] if "tok_s" in r]
 
 
 def test_sparse_threshold_is_the_largest_winning_row_count():

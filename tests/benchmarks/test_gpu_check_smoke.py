@@ -20,8 +20,8 @@ from rwkv_jax.deviceless import PLUGIN_DIR_ENV
 from tests.gpu_target import PLUGIN_DIR
 
 ROOT = Path(__file__).resolve().parents[2]
-SECTIONS = ["parity", "torch_parity", "roofline", "decode", "deviceless", "models", "kernels", "serving",
-            "http_serving", "data_parallel"]
+SECTIONS = ["parity", "torch_parity", "roofline", "decode", "deviceless", "prefill", "models", "kernels",
+            "serving", "http_serving", "data_parallel"]
 KERNELS = {"pallas-interpret", "pallas-fused-interpret", "xla"}
 
 
@@ -73,6 +73,10 @@ def test_gpu_check_smoke_writes_a_complete_report(tmp_path):
     assert engine["kernels"] == "xla", engine
     assert engine["engine_step_greedy_ms"] > 0 and engine["engine_step_sampled_ms"] > 0
     assert {(r["B"], r["T"]) for r in sections["models"]["rows"]} == {(1, 1)}
+    prefill = sections["prefill"]["rows"]  # dense and varlen prefill rows, with the roofline that binds
+    assert [r["kind"] for r in prefill] == ["dense", "varlen"], prefill
+    for row in prefill:
+        assert row["tok_s"] > 0 and row["binding"] in ("compute", "bandwidth") and row["roofline_fraction"] > 0, row
     kernels = sections["kernels"]
     assert all(r["pallas_us"] > 0 and r["xla_us"] > 0 for r in kernels["rows"])
     assert "value_sparse_us" in kernels["rows"][-1] and kernels["measured_sparse_max_rows"] in (0, 1)
@@ -81,6 +85,7 @@ def test_gpu_check_smoke_writes_a_complete_report(tmp_path):
     assert results["summary"]["goals"] and results["elapsed_s"] > 0
     markdown = (tmp_path / "gpu_check.md").read_text()
     assert "## parity: ok" in markdown and "## torch_parity: ok" in markdown and "## decode: ok" in markdown
+    assert "## prefill: ok" in markdown
     assert "whole decode step" in markdown
 
 

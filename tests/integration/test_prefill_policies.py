@@ -6,7 +6,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from rwkv_jax.varlen import (segments_from_lengths, token_shift_varlen, wkv_varlen,
+from pallas_kernels.shift_mix import add_layer_norm
+from pallas_kernels.shift_mix_rows import row_links, shift_mix_rows_reference
+from rwkv_jax.varlen import (cu_seqlens, segments_from_lengths, wkv_varlen,
                              wkv_varlen_reference)
 
 
@@ -61,17 +63,23 @@ def test_wkv_varlen_equals_per_sequence(lengths, pad, n_single_from_front):
 
 @pytest.mark.parametrize("lengths,pad", LENGTHS)
 def test_token_shift_varlen_resets_at_each_start(lengths, pad):
+    """The varlen rows' token shift (FlatRows -> Ops.shift_mix_rows, its XLA op): a sequence's
+    first token mixes with its own carried shift row, later ones with the previous token's
+    LayerNorm output; the new shift row is the last token's (the old one for empty sequences)."""
     rng = np.random.default_rng(len(lengths) + pad)
     C = 5
     n_tokens = sum(lengths) + pad
-    x = jnp.asarray(rng.standard_normal((n_tokens, C)), jnp.float32)
+    h = jnp.asarray(rng.standard_normal((n_tokens, C)), jnp.float32)
     shift0 = jnp.asarray(rng.standard_normal((len(lengths), C)), jnp.float32)
-    prev, new_shift = jax.jit(token_shift_varlen)(x, shift0, segments_from_lengths(lengths))
+    ln_w, ln_b, mix = jnp.ones(C), jnp.zeros(C), jnp.ones((1, C))  # mix 1: the mixed row is prev
+    links = row_links(cu_seqlens(segments_from_lengths(lengths)), n_tokens)
+    _, mixed, new_shift = jax.jit(shift_mix_rows_reference)(h, None, shift0, ln_w, ln_b, mix, links)
+    x = np.asarray(add_layer_norm(h, None, ln_w, ln_b)[1])
     pos = 0
     for p, n in enumerate(lengths):
-        expect_prev = np.concatenate([np.asarray(shift0[p:p + 1]), np.asarray(x[pos:pos + n])])
-        np.testing.assert_array_equal(np.asarray(prev[pos:pos + n]), expect_prev[:n])
-        np.testing.assert_array_equal(np.asarray(new_shift[p]), expect_prev[n])
+        expect_prev = np.concatenate([np.asarray(shift0[p:p + 1]), x[pos:pos + n]])
+        np.testing.assert_allclose(np.asarray(mixed[0][pos:pos + n]), expect_prev[:n], atol=1e-6)
+        np.testing.assert_allclose(np.asarray(new_shift[p]), expect_prev[n], atol=1e-6)
         pos += n
 
 

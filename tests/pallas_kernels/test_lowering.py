@@ -14,8 +14,8 @@ import pytest
 from flax import nnx
 
 import rwkv_jax
-from pallas_kernels import (fused_time_mix, shift_mix, small_m_linear, sparse_channel_mix, wkv_chunk_varlen, wkv_seq,
-                            wkv_step)
+from pallas_kernels import (fused_time_mix, shift_mix, shift_mix_rows, small_m_linear, sparse_channel_mix,
+                            wkv_chunk_varlen, wkv_seq, wkv_step)
 from pallas_kernels.time_mix import TimeMixWeights
 from rwkv7_core.config import named_config
 from rwkv_jax import deviceless
@@ -69,6 +69,23 @@ def test_chunked_varlen_kernel_compiles_without_spills():
     assert report.launch_counts("rwkv7") == {"rwkv7_wkv_chunk_varlen": 2}
     grids = {t.grid for t in report.launches if t.name.startswith("rwkv7")}
     assert grids == {(64, H, N // 32), (1, H, N // 16)}
+
+
+def test_prefill_row_kernels_compile_in_place_without_spills():
+    """The prefill layer's Pallas kernels on whole [P, L, ...] state leaves (``RowsState``): the
+    shift-mix rows (6 and 1 mixes, 2.9b width, bf16) and the chunked kernel updating layer 3 of
+    the wkv leaf in place; one launch each, no spill."""
+    bf16, f32, T, P, L = jnp.bfloat16, jnp.float32, 4096, 64, 4
+    rows = [SD((T, C), bf16), SD((T, C), bf16), SD((P, L, C), bf16), SD((C,), f32), SD((C,), f32)]
+    links = SD((2, T), jnp.int32)
+    cases = [(functools.partial(shift_mix_rows.shift_mix_rows, layer=3), rows + [SD((n, C), bf16), links])
+             for n in (6, 1)]
+    cases.append((functools.partial(wkv_chunk_varlen.wkv_chunk_varlen, layer=3),
+                  [SD((T, H, N), f32)] * 6 + [SD((P, L, H, N, N), f32), SD((P + 1,), jnp.int32)]))
+    report = compile_cases(cases)
+    assert report.launch_counts("rwkv7") == {"rwkv7_shift_mix_rows": 2, "rwkv7_wkv_chunk_varlen": 1}
+    # the only copy is of the whole wkv leaf, which this program does not donate (the engine does)
+    assert [c.shape for c in report.copies] == [f"f32[{P},{L},{H},{N},{N}]"]
 
 
 def _no_delta(h, s, w, b, m):
@@ -130,8 +147,9 @@ def _blocked_dims_not_tiling(fn, *args) -> list:
 
 
 def test_blocks_tile_arrays_exactly_except_in_the_masked_kernel():
-    """The Triton lowering does not bound-check blocks: only shift_mix (whose loads and
-    stores are masked) may use a block wider than its array, here C=192 in 256-wide blocks."""
+    """The Triton lowering does not bound-check blocks: only shift_mix and shift_mix_rows (whose
+    loads and stores are masked) may use a block wider than its array, here C=192 in 256-wide
+    blocks."""
     f32 = jnp.float32
     odd = [jnp.zeros(s, f32) for s in ((3, 3, 64),) * 6] + [jnp.zeros((3, 3, 64, 64), f32)]
     assert _blocked_dims_not_tiling(wkv_step.wkv_step, *odd) == []
@@ -143,6 +161,9 @@ def test_blocks_tile_arrays_exactly_except_in_the_masked_kernel():
     rows = jnp.zeros((5, 192))
     assert _blocked_dims_not_tiling(shift_mix.shift_mix, rows, rows, rows, jnp.zeros(192), jnp.zeros(192),
                                     jnp.zeros((6, 192))) != []
+    links = shift_mix_rows.dense_links(1, 5)
+    assert _blocked_dims_not_tiling(shift_mix_rows.shift_mix_rows, rows, rows, rows[:1], jnp.zeros(192),
+                                    jnp.zeros(192), jnp.zeros((6, 192)), jnp.asarray(links)) != []
 
 
 def _fused_layer(h, mixed, wts, S, v_first, shift_c, shift_t, ln, mix_c, mix_t, w_key, w_val_t):

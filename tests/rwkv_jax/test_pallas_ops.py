@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 
 from pallas_kernels.small_m_linear import MAX_M
@@ -99,4 +100,23 @@ def test_fused_decode_ops_launch_the_fused_kernels_on_whole_state_leaves():
         shift = z((M, 4, C))
         assert kernels_called(lambda h, s: ops.shift_mix(h, None, LayerSlice(s, 1), z(C), z(C), z((6, C)))[2].full,
                               z((M, C)), shift) == ["rwkv7_shift_mix"]
-    assert fused_ops(Path.DENSE, interpret=True).state_views is XLA_OPS.state_views
+    from rwkv_jax.state_views import RowsState
+    assert fused_ops(Path.DENSE, interpret=True).state_views is RowsState  # prefill rows: see below
+
+
+def test_prefill_ops_update_the_wkv_leaf_in_place_and_read_shift_rows_from_the_leaf():
+    from rwkv_jax.state_views import LayerSlice
+    ops = pallas_ops(Path.DENSE, interpret=True)
+    T = 20
+    rng = np.random.default_rng(3)
+    xs = [jnp.asarray(rng.standard_normal((1, T, H, N)) * 0.1, jnp.float32) for _ in range(6)]
+    xs[1] = jnp.exp(-jnp.exp(xs[1] - 1.0))  # decays in (0, 1)
+    leaf = jnp.asarray(rng.standard_normal((1, 3, H, N, N)), jnp.float32)
+    y, S = ops.wkv_seq(*xs, LayerSlice(leaf, 1))
+    y_rows, rows = ops.wkv_seq(*xs, leaf[:, 1])
+    np.testing.assert_array_equal(np.asarray(y), np.asarray(y_rows))
+    np.testing.assert_array_equal(np.asarray(S.full[:, 1]), np.asarray(rows))
+    np.testing.assert_array_equal(np.asarray(S.full[:, [0, 2]]), np.asarray(leaf[:, [0, 2]]))
+    assert kernels_called(lambda *a: ops.wkv_seq(*a[:6], LayerSlice(a[6], 1))[1].full, *xs, leaf) == [
+        "rwkv7_wkv_chunk_varlen"]  # no slice or update of the leaf around the kernel
+
