@@ -141,9 +141,12 @@ def disallowed(banned: jax.Array, allowed: jax.Array | None) -> jax.Array:
 
 
 def update_counts(counts: jax.Array, tokens: jax.Array, decay: jax.Array) -> jax.Array:
-    """Penalty counts [B, V] after emitting tokens [B]: counts * decay + onehot(tokens)."""
-    rows = jnp.arange(tokens.shape[0])
-    return (counts * decay[:, None]).at[rows, tokens].add(1.0)
+    """Penalty counts [B, V] after emitting tokens [B]: counts * decay + onehot(tokens), one
+    elementwise pass, materialised on its own (behind an optimization barrier, so XLA writes
+    the donated buffer in place instead of making it an extra output of the sampler's first
+    fusion and copying it back)."""
+    onehot = jnp.arange(counts.shape[1], dtype=tokens.dtype)[None, :] == tokens[:, None]
+    return jax.lax.optimization_barrier(counts * decay[:, None] + onehot.astype(counts.dtype))
 
 
 def token_logprobs(logits: jax.Array, tokens: jax.Array, k: int = TOP_LOGPROBS) -> TokenLogprobs:
