@@ -41,15 +41,19 @@ seconds, times the slowest measured/recorded ratio so far, fit what is left of T
    compiles measured so far were that much faster.
 5. deviceless, ~15 s: a tiny forward compiled for the H200 description (no device), loaded on
    this GPU and run: it must equal the same forward compiled here.
+5b. quantized, <= QUANTIZED_BUDGET_S: decode with int8 (groups of 128) and fp8 weights on the
+   Pallas kernels that dequantize in registers (``run_quantized``): 1.5b and 2.9b, B = 1..256,
+   tok/s and the fraction of the HBM roofline of the quantized step's bytes; at the recorded
+   compile speed the 1.5b B=1 rows fit, the rest start only if compiles ran faster.
 6. models, the rest of the budget: 2.9b decode B=1 and 256 (pallas-fused 43-64 s a compile,
    xla 55 s at B=1, pallas 126 s), prefill T=1024 (1.5b pallas ~45 s), other decode buckets.
 7. kernels, <= KERNEL_BUDGET_S: each kernel's time against the XLA op it replaces (29 cases,
    a Pallas and an XLA compile each).
 8. serving (<= SERVING_BUDGET_S), http_serving (<= HTTP_BUDGET_S), data_parallel (>= 2 GPUs).
 
-Start-up (~10 s) + 64 + 5 + 300 + 15 = ~394 s; then the models section starts what fits
-(2.9b pallas-fused B=1 at the recorded speed) and lists the rest as skipped, with the reason;
-30 s of margin remain under 8 minutes.
+Start-up (~10 s) + 64 + 5 + 300 + 15 = ~394 s; then the quantized section's 1.5b B=1 rows
+(~35 s) and the models section starts what fits and lists the rest as skipped, with the
+reason; 30 s of margin remain under 8 minutes.
 
 --smoke runs every section on the CPU with tiny shapes and interpret-mode kernels and no time
 budget (a CI test); the deviceless section then compiles and serializes but cannot load.
@@ -89,6 +93,7 @@ import rwkv_jax
 from pallas_kernels import shift_mix, small_m_linear, sparse_channel_mix, wkv_chunk_varlen, wkv_seq, wkv_step
 from pallas_kernels.fused_time_mix import fused_channel_mix
 from rwkv7_core.config import ModelConfig, named_config
+from rwkv7_core.quantization import spec_for
 from rwkv7_core.cost import step_bytes_and_flops
 from rwkv7_core.random_weights import write_random_checkpoint
 from rwkv_jax.engine import JaxEngine
@@ -97,7 +102,7 @@ from rwkv_jax.model import Model
 from rwkv_jax.ops import XLA_OPS
 from rwkv_jax.pallas_ops import channel_mix as pallas_channel_mix
 from rwkv_jax.pallas_ops import wkv_seq as pallas_wkv_seq
-from rwkv_jax.random_params import random_params
+from rwkv_jax.random_params import params_struct, random_params
 from rwkv_jax.self_check import check_decode
 from rwkv_jax.varlen import Segments
 from tests.support.pallas_inputs import ffn_inputs, linear_inputs, mix_inputs, varlen_wkv_inputs, wkv_inputs
@@ -690,6 +695,97 @@ def run_models(smoke: bool, interpret: bool, roofline: dict, budget: Budget, clo
         yield out
 
 
+# ----------------------------------------------------------------------------- quantized decode
+QUANTIZED_BUDGET_S = 60       # quantized rows stop starting after this long
+QUANTIZED_SCHEMES = ("int8", "fp8")
+Q_STD = {"int8": 40.0, "fp8": 64.0}  # spread of the drawn quantized values (int8 within +-127)
+# Deviceless H200 compile seconds (2-core CPU) of the quantized bf16 decode step,
+# benchmarks/results/quant_decode_bytes_h200.json; kernels named "<kernels> <scheme>".
+QUANTIZED_RECORDED_COMPILE_S = {
+    ("1.5b", "pallas-fused int8", 1, 1): 16.0, ("1.5b", "pallas-fused fp8", 1, 1): 16.0,
+    ("1.5b", "pallas int8", 1, 1): 16.0, ("1.5b", "pallas fp8", 1, 1): 16.0,
+}
+RECORDED_COMPILE_S.update(QUANTIZED_RECORDED_COMPILE_S)
+
+
+def quantized_items(smoke: bool, fused: str, pallas: str) -> list:
+    """(model, kernels, scheme, B) in priority order: 1.5b B=1, 2.9b B=1, the other decode
+    buckets, then the unfused Pallas kernels at B=1. --smoke: the tiny model on xla (the code
+    path; the interpreted kernels are checked by the tests)."""
+    if smoke:
+        return [("tiny", "xla", "int8", 1)]
+    items = [(name, fused, q, 1) for name in ("1.5b", "2.9b") for q in QUANTIZED_SCHEMES]
+    items += [(name, fused, q, B) for name in ("1.5b", "2.9b") for B in (8, 32, 256, 2, 4, 16, 64, 128)
+              for q in QUANTIZED_SCHEMES]
+    return items + [(name, pallas, q, 1) for name in ("1.5b", "2.9b") for q in QUANTIZED_SCHEMES]
+
+
+def _draw_quantized(struct: dict, plain, key):
+    """params_struct's tree with every quantized weight drawn (q: normal x Q_STD rounded into the
+    scheme's type; scales 1 / (Q_STD sqrt(in)), so the weights are ~N(0, 1/in) as the plain
+    ones) and every other leaf taken from the plain random params."""
+    if isinstance(struct, dict) and set(struct) == {"q", "scale"}:
+        q, (out, width) = struct["q"], struct["q"].shape
+        scheme = "int8" if q.dtype == jnp.int8 else "fp8"
+        values = Q_STD[scheme] * jax.random.normal(key, q.shape)
+        values = jnp.clip(jnp.round(values), -127, 127) if scheme == "int8" else values
+        return {"q": values.astype(q.dtype),
+                "scale": jnp.full(struct["scale"].shape, 1 / (Q_STD[scheme] * math.sqrt(width)), jnp.float32)}
+    if isinstance(struct, dict):
+        return {k: _draw_quantized(v, plain[k], jax.random.fold_in(key, i)) for i, (k, v) in enumerate(struct.items())}
+    return plain
+
+
+@functools.lru_cache(maxsize=None)
+def quantized_params_for(config: ModelConfig, dtype, scheme: str) -> dict:
+    """Random params of a config with its large projections drawn quantized (`scheme`, the
+    library's default int8 group), on the default device; made once per run."""
+    struct = params_struct(config, dtype, spec_for(scheme))
+    return block(_draw_quantized(struct, params_for(config, dtype), jax.random.key(1)))
+
+
+def measure_quantized(config: ModelConfig, dtype, kernels: str, scheme: str, B: int, smoke: bool, roofline) -> dict:
+    """measure_model of a random model with `scheme` weights, and its params' bytes."""
+    params = quantized_params_for(config, dtype, scheme)
+    model = Model(params, config, dtype, kernels)
+    return {**measure_model(model, B, 1, smoke, roofline), "params_bytes": sum(x.nbytes for x in jax.tree.leaves(params))}
+
+
+def quantized_row(name, kernels, scheme, B, smoke, roofline, budget, clock) -> dict:
+    """One quantized decode row (measure_model: tok/s and the roofline fractions of the step's
+    bytes, the quantized weights' bytes), or why it was skipped."""
+    label = f"{kernels} {scheme}"
+    row = {"model": name, "kernels": kernels, "quantization": scheme, "B": B, "T": 1}
+    reason = budget.shortfall(clock.estimate(name, label, B, 1) + 5)
+    if reason:
+        return {**row, "skipped": reason}
+    dtype = jnp.float32 if smoke else jnp.bfloat16
+    attempt(row, measure_quantized, named_config(name), dtype, kernels, scheme, B, smoke, roofline)
+    if "compile_s" in row:
+        clock.measured(name, label, B, 1, row["compile_s"])
+    return row
+
+
+def run_quantized(smoke: bool, interpret: bool, roofline: dict, budget: Budget, clock: CompileClock):
+    """Quantized decode rows (quantized_items) within QUANTIZED_BUDGET_S; yields after each."""
+    fused, pallas, _ = kernel_names(interpret)
+    limit, out = budget.capped(QUANTIZED_BUDGET_S), {"rows": []}
+    for name, kernels, scheme, B in quantized_items(smoke, fused, pallas):
+        out["rows"].append(quantized_row(name, kernels, scheme, B, smoke, roofline, limit, clock))
+        yield out
+
+
+def _quantized_lines(p: dict) -> list:
+    lines = ["| model | kernels | weights | B | tok/s | step ms | HBM roofline fraction (quantized bytes) | "
+             "params GB | compile s |", "|---|---|---|---|---|---|---|---|---|"]
+    for r in p.get("rows", []):
+        head = f"| {r['model']} | {r['kernels']} | {r['quantization']} | {r['B']} |"
+        lines.append(f"{head} {_status(r)} | | | | |" if _status(r) else
+                     f"{head} {r['tok_s']:,.0f} | {r['step_ms']:.3f} | {r['hbm_roofline_fraction']:.2f} | "
+                     f"{r['params_bytes'] / 1e9:.2f} | {r['compile_s']:.1f} |")
+    return lines
+
+
 # ----------------------------------------------------------------------------- kernels
 def _copies(args, reps, share_bytes):
     """reps argument sets: inputs under share_bytes are perturbed copies, larger ones shared
@@ -1017,7 +1113,7 @@ def markdown(results: dict) -> str:
               for name, p in sections.items()]
     tables = {"parity": _parity_lines, "torch_parity": _torch_lines, "kernels": _kernel_lines,
               "decode": lambda p: _rows_lines(p.get("rows", [])) + _engine_lines(p.get("engine", [])),
-              "models": lambda p: _rows_lines(p.get("rows", []))}
+              "models": lambda p: _rows_lines(p.get("rows", [])), "quantized": _quantized_lines}
     for name, p in sections.items():
         if p["status"] == "skipped":  # the table above says why
             continue
@@ -1066,6 +1162,7 @@ def main(argv=None) -> dict:
     roofline = report.section("roofline", run_roofline, args.smoke)
     report.section("decode", run_decode, args.smoke, interpret, roofline, budget, clock)
     report.section("deviceless", run_deviceless, args.smoke, budget)
+    report.section("quantized", run_quantized, args.smoke, interpret, roofline, budget, clock)
     report.section("models", run_models, args.smoke, interpret, roofline, budget, clock)
     report.section("kernels", run_kernel_times, args.smoke, interpret, budget)
     report.section("serving", run_serving, args.smoke, str(out_dir), budget)

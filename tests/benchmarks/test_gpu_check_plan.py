@@ -2,7 +2,7 @@
 sections run their real item lists and budget checks with every compile taking its recorded
 deviceless time (RECORDED_COMPILE_S) on a simulated clock; the run must end within 8 minutes
 and keep the priorities: all of pallas-fused / pallas decode, xla at B=1 and 8, then the
-slow XLA compiles only if they fit."""
+slow XLA compiles only if they fit, then the quantized 1.5b B=1 rows."""
 from __future__ import annotations
 
 import types
@@ -32,16 +32,23 @@ def test_cold_run_at_the_recorded_compile_speed_ends_within_8_minutes(monkeypatc
     monkeypatch.setattr(g, "model_for", lambda config, dtype, kernels, device=None: (config, kernels))
     monkeypatch.setattr(g, "measure_model", measure_model)
     monkeypatch.setattr(g, "measure_engine_step", measure_engine_step)
+    monkeypatch.setattr(g, "measure_quantized", lambda config, dtype, kernels, scheme, B, smoke, roofline:
+                        measure_model((config, f"{kernels} {scheme}"), B, 1, smoke, roofline))
     budget, clock = g.Budget(g.TOTAL_BUDGET_S, start=0.0), g.CompileClock()
     *_, decode = g.run_decode(False, False, ROOFLINE, budget, clock)
     now[0] += g.DEVICELESS_S
+    *_, quantized = g.run_quantized(False, False, ROOFLINE, budget, clock)
     *_, models = g.run_models(False, False, ROOFLINE, budget, clock)
     assert now[0] <= 8 * 60 - 30, now[0]
     ran = {(r["kernels"], r["B"]) for r in decode["rows"] if "tok_s" in r}
     assert ran == {(k, B) for k in ("pallas-fused", "pallas") for B in g.DECODE_BATCHES} | {("xla", 1), ("xla", 8)}
     assert all("engine_step_sampled_ms" in r for r in decode["engine"])
-    assert all(r["skipped"].startswith("time budget") for r in decode["rows"] + models["rows"] if "tok_s" not in r)
-    assert [r["model"] for r in models["rows"] if "tok_s" in r] == ["2.9b"]  # pallas-fused B=1
+    assert all(r["skipped"].startswith("time budget") for r in decode["rows"] + quantized["rows"] + models["rows"]
+               if "tok_s" not in r)
+    # the quantized 1.5b B=1 rows take what the models section's 2.9b B=1 had at this speed
+    assert {(r["model"], r["quantization"], r["B"]) for r in quantized["rows"] if "tok_s" in r} == {
+        ("1.5b", "int8", 1), ("1.5b", "fp8", 1)}
+    assert [r["model"] for r in models["rows"] if "tok_s" in r] == []
 
 
 def test_sparse_threshold_is_the_largest_winning_row_count():

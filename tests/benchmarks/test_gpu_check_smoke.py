@@ -20,7 +20,7 @@ from rwkv_jax.deviceless import PLUGIN_DIR_ENV
 from tests.gpu_target import PLUGIN_DIR
 
 ROOT = Path(__file__).resolve().parents[2]
-SECTIONS = ["parity", "torch_parity", "roofline", "decode", "deviceless", "models", "kernels", "serving",
+SECTIONS = ["parity", "torch_parity", "roofline", "decode", "deviceless", "quantized", "models", "kernels", "serving",
             "http_serving", "data_parallel"]
 KERNELS = {"pallas-interpret", "pallas-fused-interpret", "xla"}
 
@@ -73,6 +73,9 @@ def test_gpu_check_smoke_writes_a_complete_report(tmp_path):
     assert engine["kernels"] == "xla", engine
     assert engine["engine_step_greedy_ms"] > 0 and engine["engine_step_sampled_ms"] > 0
     assert {(r["B"], r["T"]) for r in sections["models"]["rows"]} == {(1, 1)}
+    quantized, = sections["quantized"]["rows"]  # the int8 row's code path (params drawn quantized)
+    assert quantized["quantization"] == "int8" and quantized["tok_s"] > 0, quantized
+    assert 0 < quantized["hbm_roofline_fraction"] and quantized["params_bytes"] > 0
     kernels = sections["kernels"]
     assert all(r["pallas_us"] > 0 and r["xla_us"] > 0 for r in kernels["rows"])
     assert "value_sparse_us" in kernels["rows"][-1] and kernels["measured_sparse_max_rows"] in (0, 1)
