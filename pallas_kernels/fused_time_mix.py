@@ -3,7 +3,8 @@
 (the four up products), ``wkv_tail`` (operands, wkv step on the state in place, GroupNorm,
 bonus, gate) and the output projection; and the decode channel-mix in two (the key product,
 ``ffn_value``). The split-K partials go from one kernel to the next unreduced; both mixes
-return a ``SplitSum`` the next shift_mix reduces.
+return a ``SplitSum`` the next shift_mix reduces. Quantized weights (``QuantizedWeight`` r, k, v,
+output, FFN key and value) run through the same launches, dequantized in registers.
 """
 from __future__ import annotations
 
