@@ -31,7 +31,7 @@ from jax.experimental.pallas import triton as plgpu_triton
 
 from .common import pow2_divisor, require, triton_params
 from .quantized import QuantizedWeight
-from .quantized_linear import dequantized_product, group_size
+from .quantized_linear import dequantized_product, group_size, load_live_columns
 from .segment_linear import choose_splits, row_block, sum_splits
 from .sparse_channel_mix import channel_mix_reference, relu_square
 
@@ -84,8 +84,8 @@ def _quantized_body(p_ref, q_ref, s_ref, o_ref, *, splits_in, tiles, bf, dtype, 
         cols = pl.ds(start, bf)
         h = relu_square(sum_splits(lambda s: p_ref[s, :, cols], splits_in), dtype)
         if skip:
-            live = (jnp.max(h.astype(jnp.float32), axis=0) > 0)[None, :]
-            q = plgpu_triton.load(q_ref.at[:, cols], mask=jnp.broadcast_to(live, (q_ref.shape[0], bf)), other=0)
+            live = jnp.max(h.astype(jnp.float32), axis=0) > 0
+            q = load_live_columns(q_ref.at[:, cols], live, (q_ref.shape[0], bf), h.dtype)
         else:
             q = q_ref[:, cols]
         return acc + dequantized_product(h, q, s_ref[:, (first + start) // group], vector=o_ref.shape[0] == 1)

@@ -78,6 +78,14 @@ def dequantized_product(x, q, scale, *, vector: bool):
     return part * scale.astype(jnp.float32)[None, :]
 
 
+def load_live_columns(tile_ref, live, shape, dtype):
+    """A q tile [rows, width] with only the columns where live [width] holds read, converted
+    to dtype, the unread columns zero (selected after the convert: the Triton lowering cannot
+    fill masked float8 lanes with a constant)."""
+    mask = jnp.broadcast_to(live[None, :], shape)
+    return jnp.where(mask, plgpu_triton.load(tile_ref, mask=mask).astype(dtype), 0)
+
+
 def _kernel(x_ref, q_ref, s_ref, o_ref, *, tiles, bk, group, vector, skip):
     first = pl.program_id(1) * (tiles * bk)  # the split's first input channel
 
@@ -87,7 +95,7 @@ def _kernel(x_ref, q_ref, s_ref, o_ref, *, tiles, bk, group, vector, skip):
         x = x_ref[:, cols]
         if skip:
             live = jnp.max(jnp.abs(x.astype(jnp.float32)), axis=0) > 0  # no reduce_or in Triton
-            q = plgpu_triton.load(q_ref.at[:, cols], mask=jnp.broadcast_to(live[None, :], (q_ref.shape[0], bk)), other=0)
+            q = load_live_columns(q_ref.at[:, cols], live, (q_ref.shape[0], bk), x.dtype)
         else:
             q = q_ref[:, cols]
         scale = s_ref[:, (first + start) // group]
