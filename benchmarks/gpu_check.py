@@ -91,9 +91,11 @@ import numpy as np
 
 import rwkv_jax
 from pallas_kernels import shift_mix, small_m_linear, sparse_channel_mix, wkv_chunk_varlen, wkv_seq, wkv_step
+from pallas_kernels import quantized_channel_mix, quantized_linear
 from pallas_kernels.fused_time_mix import fused_channel_mix
+from pallas_kernels.quantized import QuantizedWeight
 from rwkv7_core.config import ModelConfig, named_config
-from rwkv7_core.quantization import spec_for
+from rwkv7_core.quantization import quantize, spec_for
 from rwkv7_core.cost import step_bytes_and_flops
 from rwkv7_core.random_weights import write_random_checkpoint
 from rwkv_jax.engine import JaxEngine
@@ -766,17 +768,53 @@ def quantized_row(name, kernels, scheme, B, smoke, roofline, budget, clock) -> d
     return row
 
 
+def quantized_weight(seed: int, out: int, width: int, scheme: str) -> QuantizedWeight:
+    """A random [out, width] weight quantized by rwkv7_core.quantization (library default group)."""
+    w = np.random.default_rng(seed).standard_normal((out, width), np.float32) / math.sqrt(width)
+    q, scale = quantize(w, spec_for(scheme))
+    return QuantizedWeight(jnp.asarray(q), jnp.asarray(scale))
+
+
+def quantized_parity(interpret: bool, smoke: bool) -> list:
+    """The quantized kernels on the device against their plain-jnp references: rows of
+    kernel_parity (float32 activations; 2.9b widths, tiny in --smoke)."""
+    C, F = (128, 512) if smoke else (2560, 10240)
+    p = functools.partial
+    linear = p(quantized_linear.quantized_linear, out_dtype=jnp.float32, interpret=interpret)
+    reference = p(quantized_linear.quantized_linear_reference, out_dtype=jnp.float32)
+    mix = p(quantized_channel_mix.quantized_channel_mix, interpret=interpret)
+    fused = lambda *a: fused_channel_mix(*a, skip=True, interpret=interpret).total()  # noqa: E731
+    x = lambda seed, M, K: jax.random.normal(jax.random.key(seed), (M, K))  # noqa: E731
+    cases = [("quantized_linear int8 M=1", linear, reference, (x(1, 1, F), quantized_weight(1, C, F, "int8")))]
+    if not smoke:
+        cases += [("quantized_linear fp8 M=8", linear, reference, (x(2, 8, C), quantized_weight(2, F, C, "fp8"))),
+                  ("quantized_linear int8 M=16 skip", p(linear, skip=True), reference,
+                   (jnp.maximum(x(3, 16, F), 0), quantized_weight(3, C, F, "int8")))]
+        for scheme, M in (("int8", 1), ("fp8", 4)):
+            args = (x(4, M, C), quantized_weight(4, F, C, scheme), quantized_weight(5, C, F, scheme))
+            cases += [(f"quantized_channel_mix {scheme} M={M}", mix,
+                       quantized_channel_mix.quantized_channel_mix_reference, args),
+                      (f"fused channel-mix {scheme} M={M}", fused,
+                       quantized_channel_mix.quantized_channel_mix_reference, args)]
+    with jax.default_matmul_precision("highest"):
+        return [attempt({"case": label}, kernel_parity, fn, ref, args, 1e-4) for label, fn, ref, args in cases]
+
+
 def run_quantized(smoke: bool, interpret: bool, roofline: dict, budget: Budget, clock: CompileClock):
-    """Quantized decode rows (quantized_items) within QUANTIZED_BUDGET_S; yields after each."""
+    """The quantized kernels' device parity, then the decode rows (quantized_items) within
+    QUANTIZED_BUDGET_S; yields after each."""
     fused, pallas, _ = kernel_names(interpret)
     limit, out = budget.capped(QUANTIZED_BUDGET_S), {"rows": []}
+    out["parity"] = quantized_parity(interpret, smoke)
+    yield out
     for name, kernels, scheme, B in quantized_items(smoke, fused, pallas):
         out["rows"].append(quantized_row(name, kernels, scheme, B, smoke, roofline, limit, clock))
         yield out
 
 
 def _quantized_lines(p: dict) -> list:
-    lines = ["| model | kernels | weights | B | tok/s | step ms | HBM roofline fraction (quantized bytes) | "
+    lines = [f"- parity {r['case']}: {_status(r) or format(r['max_abs_err'], '.2e')} (ok {r.get('ok')})"
+             for r in p.get("parity", [])] + ["", "| model | kernels | weights | B | tok/s | step ms | HBM roofline fraction (quantized bytes) | "
              "params GB | compile s |", "|---|---|---|---|---|---|---|---|---|"]
     for r in p.get("rows", []):
         head = f"| {r['model']} | {r['kernels']} | {r['quantization']} | {r['B']} |"

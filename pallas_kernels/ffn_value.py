@@ -31,7 +31,7 @@ from jax.experimental.pallas import triton as plgpu_triton
 
 from .common import pow2_divisor, require, triton_params
 from .quantized import QuantizedWeight
-from .quantized_linear import dequantized_product, group_size, load_live_columns
+from .quantized_linear import MAX_BLOCK_K as MAX_QUANTIZED_TILE, dequantized_product, group_size, load_live_columns
 from .segment_linear import choose_splits, row_block, sum_splits
 from .sparse_channel_mix import channel_mix_reference, relu_square
 
@@ -110,6 +110,8 @@ def ffn_value(pre_partials, w_val_t, *, M: int, dtype, splits: int | None = None
     # the dot path holds splits_in partial tiles [bm, bf] in registers: narrow F tiles keep it
     # spill-free (bm = 32, bf = 256 spilled 232 B in bf16)
     bf = pow2_divisor(group or F, MAX_BLOCK_F if bm == 1 else MAX_BLOCK_F_DOT)
+    if quantized:  # skip and not the same tiles (bit-identical sums); see quantized_linear.MAX_BLOCK_K
+        bf = min(bf, MAX_QUANTIZED_TILE)
     bc = pow2_divisor(C, MAX_BLOCK_C)
     tiles = F // bf
     splits = splits or choose_splits((Mp // bm) * (C // bc), tiles, TARGET_PROGRAMS)

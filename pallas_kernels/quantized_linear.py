@@ -28,7 +28,7 @@ from .quantized import QuantizedWeight
 
 MAX_M = 16
 MAX_BLOCK_N = 64
-MAX_BLOCK_K = 256
+MAX_BLOCK_K = 128  # a masked (skip) fp8 tile 256 wide needs 192 registers, 128 wide 114 (ptxas sm_90a)
 MAX_BLOCK_K_F32_DOT = 64  # float32 M > 1 tiles are exact FMA dots: wider ones spill (small_m_linear)
 MIN_BLOCK = 16
 TARGET_PROGRAMS = 1024

@@ -73,6 +73,7 @@ def test_gpu_check_smoke_writes_a_complete_report(tmp_path):
     assert engine["kernels"] == "xla", engine
     assert engine["engine_step_greedy_ms"] > 0 and engine["engine_step_sampled_ms"] > 0
     assert {(r["B"], r["T"]) for r in sections["models"]["rows"]} == {(1, 1)}
+    assert [r["ok"] for r in sections["quantized"]["parity"]] == [True]  # interpreted on the CPU
     quantized, = sections["quantized"]["rows"]  # the int8 row's code path (params drawn quantized)
     assert quantized["quantization"] == "int8" and quantized["tok_s"] > 0, quantized
     assert 0 < quantized["hbm_roofline_fraction"] and quantized["params_bytes"] > 0
