@@ -701,8 +701,9 @@ def run_models(smoke: bool, interpret: bool, roofline: dict, budget: Budget, clo
 QUANTIZED_BUDGET_S = 60       # quantized rows stop starting after this long
 QUANTIZED_SCHEMES = ("int8", "fp8")
 Q_STD = {"int8": 40.0, "fp8": 64.0}  # spread of the drawn quantized values (int8 within +-127)
-# Deviceless H200 compile seconds (2-core CPU) of the quantized bf16 decode step,
-# benchmarks/results/quant_decode_bytes_h200.json; kernels named "<kernels> <scheme>".
+# Compile seconds of the quantized 1.5b decode step (kernels named "<kernels> <scheme>"): the
+# bf16 step's recorded ones plus ~20 % (deviceless, at load ~10: int8 102 s, fp8 127 s against
+# 110 s for bf16 with pallas-fused; benchmarks/quant_decode_kernels.py).
 QUANTIZED_RECORDED_COMPILE_S = {
     ("1.5b", "pallas-fused int8", 1, 1): 16.0, ("1.5b", "pallas-fused fp8", 1, 1): 16.0,
     ("1.5b", "pallas int8", 1, 1): 16.0, ("1.5b", "pallas fp8", 1, 1): 16.0,
