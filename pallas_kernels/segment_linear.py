@@ -202,7 +202,8 @@ def segment_linear(xs, weights, inputs, *, splits: int | None = None, target: in
         first, count = starts[i], nblocks[i]
         specs = [pl.BlockSpec((bn, k_chunk), lambda m, n, s: (jnp.clip(n - first, 0, count - 1), s))]
         if seg_groups[i]:
-            specs.append(pl.BlockSpec((bn, K // seg_groups[i]), lambda m, n, s: (jnp.clip(n - first, 0, count - 1), 0)))
+            specs.append(pl.BlockSpec((bn, K // seg_groups[i]),
+                                      lambda m, n, s: (jnp.clip(n - first, 0, count - 1), 0)))
         return specs
 
     operands = [a for w in weights for a in ((w.q, w.scale) if isinstance(w, QuantizedWeight) else (w,))]
