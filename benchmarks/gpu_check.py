@@ -41,22 +41,28 @@ seconds, times the slowest measured/recorded ratio so far, fit what is left of T
    compiles measured so far were that much faster.
 5. deviceless, ~15 s: a tiny forward compiled for the H200 description (no device), loaded on
    this GPU and run: it must equal the same forward compiled here.
+5b. quantized, <= QUANTIZED_BUDGET_S: decode with int8 (groups of 128) and fp8 weights on the
+   Pallas kernels that dequantize in registers (``run_quantized``): 1.5b and 2.9b, B = 1..256,
+   tok/s and the fraction of the HBM roofline of the quantized step's bytes; at the recorded
+   compile speed the 1.5b B=1 rows fit, the rest start only if compiles ran faster.
 6. prefill, what fits of the rest (issue 24): whole-model 1.5b bf16 prefill with the kernels
    "auto" runs for prefill on a GPU ("pallas": chunked wkv, fused shift-mix rows) at the
    Albatross shapes, cheapest compile first: B=1 x T=1024 dense (~45 s), a varlen batch of 64
    prompts in 4,096 flat tokens (~73 s), B=32 x T=1024 dense (~55 s); tok/s and the fraction of
    the roofline that binds (FLOPs / bf16 matmul rate or bytes / copy bandwidth, both measured
-   in section 3; also FLOPs against the 989 TFLOP/s dense bf16 spec). A cold run reaches the
-   first row; a rerun with --cache-dir compiles nothing and measures all three.
+   in section 3; also FLOPs against the 989 TFLOP/s dense bf16 spec). At the recorded compile
+   speed a cold run has no time left for it after the quantized rows; a rerun with --cache-dir
+   compiles nothing and measures all three.
 7. models, the rest of the budget: 2.9b decode B=1 and 256 (pallas-fused 43-64 s a compile,
    xla 55 s at B=1, pallas 126 s), prefill T=1024 (1.5b pallas ~45 s), other decode buckets.
 8. kernels, <= KERNEL_BUDGET_S: each kernel's time against the XLA op it replaces (29 cases,
    a Pallas and an XLA compile each).
 9. serving (<= SERVING_BUDGET_S), http_serving (<= HTTP_BUDGET_S), data_parallel (>= 2 GPUs).
 
-Start-up (~10 s) + 64 + 5 + 300 + 15 = ~394 s; then the prefill section starts what fits
-(1.5b B=1 x T=1024 at the recorded speed), the models section lists the rest as skipped, with the reason;
-30 s of margin remain under 8 minutes.
+Start-up (~10 s) + 64 + 5 + 300 + 15 = ~394 s; then the quantized section's 1.5b B=1 rows
+(~35 s); the prefill and models sections start what still fits and list the rest as skipped,
+with the reason (a rerun with --cache-dir compiles nothing and reaches them); 30 s of margin
+remain under 8 minutes.
 
 --smoke runs every section on the CPU with tiny shapes and interpret-mode kernels and no time
 budget (a CI test); the deviceless section then compiles and serializes but cannot load.
@@ -94,8 +100,11 @@ import numpy as np
 
 import rwkv_jax
 from pallas_kernels import shift_mix, small_m_linear, sparse_channel_mix, wkv_chunk_varlen, wkv_seq, wkv_step
+from pallas_kernels import quantized_channel_mix, quantized_linear
 from pallas_kernels.fused_time_mix import fused_channel_mix
+from pallas_kernels.quantized import QuantizedWeight
 from rwkv7_core.config import ModelConfig, named_config
+from rwkv7_core.quantization import quantize, spec_for
 from rwkv7_core.cost import step_bytes_and_flops
 from rwkv7_core.random_weights import write_random_checkpoint
 from rwkv_jax.engine import JaxEngine
@@ -104,7 +113,7 @@ from rwkv_jax.model import Model
 from rwkv_jax.ops import XLA_OPS
 from rwkv_jax.pallas_ops import channel_mix as pallas_channel_mix
 from rwkv_jax.pallas_ops import wkv_seq as pallas_wkv_seq
-from rwkv_jax.random_params import random_params
+from rwkv_jax.random_params import params_struct, random_params
 from rwkv_jax.self_check import check_decode
 from rwkv_jax.varlen import Segments
 from tests.support.pallas_inputs import ffn_inputs, linear_inputs, mix_inputs, varlen_wkv_inputs, wkv_inputs
@@ -790,6 +799,133 @@ def _prefill_lines(p: dict) -> list:
             continue
         lines.append(f"{head} {r['tok_s']:,.0f} | {r['step_ms']:.2f} | {r['binding']} | "
                      f"{r['roofline_fraction']:.2f} | {r['spec_compute_fraction']:.2f} |")
+
+
+# ----------------------------------------------------------------------------- quantized decode
+QUANTIZED_BUDGET_S = 60       # quantized rows stop starting after this long
+QUANTIZED_SCHEMES = ("int8", "fp8")
+Q_STD = {"int8": 40.0, "fp8": 64.0}  # spread of the drawn quantized values (int8 within +-127)
+# Compile seconds of the quantized 1.5b decode step (kernels named "<kernels> <scheme>"): the
+# bf16 step's recorded ones plus ~20 % (deviceless, at load ~10: int8 102 s, fp8 127 s against
+# 110 s for bf16 with pallas-fused; benchmarks/quant_decode_kernels.py).
+QUANTIZED_RECORDED_COMPILE_S = {
+    ("1.5b", "pallas-fused int8", 1, 1): 16.0, ("1.5b", "pallas-fused fp8", 1, 1): 16.0,
+    ("1.5b", "pallas int8", 1, 1): 16.0, ("1.5b", "pallas fp8", 1, 1): 16.0,
+}
+RECORDED_COMPILE_S.update(QUANTIZED_RECORDED_COMPILE_S)
+
+
+def quantized_items(smoke: bool, fused: str, pallas: str) -> list:
+    """(model, kernels, scheme, B) in priority order: 1.5b B=1, 2.9b B=1, the other decode
+    buckets, then the unfused Pallas kernels at B=1. --smoke: the tiny model on xla (the code
+    path; the interpreted kernels are checked by the tests)."""
+    if smoke:
+        return [("tiny", "xla", "int8", 1)]
+    items = [(name, fused, q, 1) for name in ("1.5b", "2.9b") for q in QUANTIZED_SCHEMES]
+    items += [(name, fused, q, B) for name in ("1.5b", "2.9b") for B in (8, 32, 256, 2, 4, 16, 64, 128)
+              for q in QUANTIZED_SCHEMES]
+    return items + [(name, pallas, q, 1) for name in ("1.5b", "2.9b") for q in QUANTIZED_SCHEMES]
+
+
+def _draw_quantized(struct: dict, plain, key):
+    """params_struct's tree with every quantized weight drawn (q: normal x Q_STD rounded into the
+    scheme's type; scales 1 / (Q_STD sqrt(in)), so the weights are ~N(0, 1/in) as the plain
+    ones) and every other leaf taken from the plain random params."""
+    if isinstance(struct, dict) and set(struct) == {"q", "scale"}:
+        q, width = struct["q"], struct["q"].shape[1]
+        scheme = "int8" if q.dtype == jnp.int8 else "fp8"
+        values = Q_STD[scheme] * jax.random.normal(key, q.shape)
+        values = jnp.clip(jnp.round(values), -127, 127) if scheme == "int8" else values
+        return {"q": values.astype(q.dtype),
+                "scale": jnp.full(struct["scale"].shape, 1 / (Q_STD[scheme] * math.sqrt(width)), jnp.float32)}
+    if isinstance(struct, dict):
+        return {k: _draw_quantized(v, plain[k], jax.random.fold_in(key, i)) for i, (k, v) in enumerate(struct.items())}
+    return plain
+
+
+@functools.lru_cache(maxsize=None)
+def quantized_params_for(config: ModelConfig, dtype, scheme: str) -> dict:
+    """Random params of a config with its large projections drawn quantized (`scheme`, the
+    library's default int8 group), on the default device; made once per run."""
+    struct = params_struct(config, dtype, spec_for(scheme))
+    return block(_draw_quantized(struct, params_for(config, dtype), jax.random.key(1)))
+
+
+def measure_quantized(config: ModelConfig, dtype, kernels: str, scheme: str, B: int, smoke: bool, roofline) -> dict:
+    """measure_model of a random model with `scheme` weights, and its params' bytes."""
+    params = quantized_params_for(config, dtype, scheme)
+    model = Model(params, config, dtype, kernels)
+    return {**measure_model(model, B, 1, smoke, roofline), "params_bytes": sum(x.nbytes for x in jax.tree.leaves(params))}
+
+
+def quantized_row(name, kernels, scheme, B, smoke, roofline, budget, clock) -> dict:
+    """One quantized decode row (measure_model: tok/s and the roofline fractions of the step's
+    bytes, the quantized weights' bytes), or why it was skipped."""
+    label = f"{kernels} {scheme}"
+    row = {"model": name, "kernels": kernels, "quantization": scheme, "B": B, "T": 1}
+    reason = budget.shortfall(clock.estimate(name, label, B, 1) + 5)
+    if reason:
+        return {**row, "skipped": reason}
+    dtype = jnp.float32 if smoke else jnp.bfloat16
+    attempt(row, measure_quantized, named_config(name), dtype, kernels, scheme, B, smoke, roofline)
+    if "compile_s" in row:
+        clock.measured(name, label, B, 1, row["compile_s"])
+    return row
+
+
+def quantized_weight(seed: int, out: int, width: int, scheme: str) -> QuantizedWeight:
+    """A random [out, width] weight quantized by rwkv7_core.quantization (library default group)."""
+    w = np.random.default_rng(seed).standard_normal((out, width), np.float32) / math.sqrt(width)
+    q, scale = quantize(w, spec_for(scheme))
+    return QuantizedWeight(jnp.asarray(q), jnp.asarray(scale))
+
+
+def quantized_parity(interpret: bool, smoke: bool) -> list:
+    """The quantized kernels on the device against their plain-jnp references: rows of
+    kernel_parity (float32 activations; 2.9b widths, tiny in --smoke)."""
+    C, F = (128, 512) if smoke else (2560, 10240)
+    p = functools.partial
+    linear = p(quantized_linear.quantized_linear, out_dtype=jnp.float32, interpret=interpret)
+    reference = p(quantized_linear.quantized_linear_reference, out_dtype=jnp.float32)
+    mix = p(quantized_channel_mix.quantized_channel_mix, interpret=interpret)
+    fused = lambda *a: fused_channel_mix(*a, skip=True, interpret=interpret).total()  # noqa: E731
+    x = lambda seed, M, K: jax.random.normal(jax.random.key(seed), (M, K))  # noqa: E731
+    cases = [("quantized_linear int8 M=1", linear, reference, (x(1, 1, F), quantized_weight(1, C, F, "int8")))]
+    if not smoke:
+        cases += [("quantized_linear fp8 M=8", linear, reference, (x(2, 8, C), quantized_weight(2, F, C, "fp8"))),
+                  ("quantized_linear int8 M=16 skip", p(linear, skip=True), reference,
+                   (jnp.maximum(x(3, 16, F), 0), quantized_weight(3, C, F, "int8")))]
+        for scheme, M in (("int8", 1), ("fp8", 4)):
+            args = (x(4, M, C), quantized_weight(4, F, C, scheme), quantized_weight(5, C, F, scheme))
+            cases += [(f"quantized_channel_mix {scheme} M={M}", mix,
+                       quantized_channel_mix.quantized_channel_mix_reference, args),
+                      (f"fused channel-mix {scheme} M={M}", fused,
+                       quantized_channel_mix.quantized_channel_mix_reference, args)]
+    with jax.default_matmul_precision("highest"):
+        return [attempt({"case": label}, kernel_parity, fn, ref, args, 1e-4) for label, fn, ref, args in cases]
+
+
+def run_quantized(smoke: bool, interpret: bool, roofline: dict, budget: Budget, clock: CompileClock):
+    """The quantized kernels' device parity, then the decode rows (quantized_items) within
+    QUANTIZED_BUDGET_S; yields after each."""
+    fused, pallas, _ = kernel_names(interpret)
+    limit, out = budget.capped(QUANTIZED_BUDGET_S), {"rows": []}
+    out["parity"] = quantized_parity(interpret, smoke)
+    yield out
+    for name, kernels, scheme, B in quantized_items(smoke, fused, pallas):
+        out["rows"].append(quantized_row(name, kernels, scheme, B, smoke, roofline, limit, clock))
+        yield out
+
+
+def _quantized_lines(p: dict) -> list:
+    lines = [f"- parity {r['case']}: {_status(r) or format(r['max_abs_err'], '.2e')} (ok {r.get('ok')})"
+             for r in p.get("parity", [])] + ["", "| model | kernels | weights | B | tok/s | step ms | HBM roofline fraction (quantized bytes) | "
+             "params GB | compile s |", "|---|---|---|---|---|---|---|---|---|"]
+    for r in p.get("rows", []):
+        head = f"| {r['model']} | {r['kernels']} | {r['quantization']} | {r['B']} |"
+        lines.append(f"{head} {_status(r)} | | | | |" if _status(r) else
+                     f"{head} {r['tok_s']:,.0f} | {r['step_ms']:.3f} | {r['hbm_roofline_fraction']:.2f} | "
+                     f"{r['params_bytes'] / 1e9:.2f} | {r['compile_s']:.1f} |")
     return lines
 
 
@@ -1120,7 +1256,8 @@ def markdown(results: dict) -> str:
               for name, p in sections.items()]
     tables = {"parity": _parity_lines, "torch_parity": _torch_lines, "kernels": _kernel_lines,
               "decode": lambda p: _rows_lines(p.get("rows", [])) + _engine_lines(p.get("engine", [])),
-              "models": lambda p: _rows_lines(p.get("rows", [])), "prefill": _prefill_lines}
+              "models": lambda p: _rows_lines(p.get("rows", [])), "prefill": _prefill_lines,
+              "quantized": _quantized_lines}
     for name, p in sections.items():
         if p["status"] == "skipped":  # the table above says why
             continue
@@ -1169,6 +1306,7 @@ def main(argv=None) -> dict:
     roofline = report.section("roofline", run_roofline, args.smoke)
     report.section("decode", run_decode, args.smoke, interpret, roofline, budget, clock)
     report.section("deviceless", run_deviceless, args.smoke, budget)
+    report.section("quantized", run_quantized, args.smoke, interpret, roofline, budget, clock)
     report.section("prefill", run_prefill, args.smoke, interpret, roofline, budget, clock)
     report.section("models", run_models, args.smoke, interpret, roofline, budget, clock)
     report.section("kernels", run_kernel_times, args.smoke, interpret, budget)

@@ -12,6 +12,13 @@ elements, whole 32-byte sectors), so at sparsity s the launch streams (1 - s) of
 weight, with no launch to list the active units (``sparse_channel_mix`` lists them in XLA). The
 masked rows load as zeros and meet zero activations, so the sums are bit-identical to the
 dense ones (tested).
+
+The value weight may be a ``QuantizedWeight`` in its [out, in] = [C, F] layout (q int8 |
+float8_e4m3fn, float32 scales [C, F / G]): each tile q [C block, F tile] (F tile a power of two
+dividing G: one scale per row) is converted to the hidden dtype in registers and its product
+multiplied by the scale column (``quantized_linear.dequantized_product``). In that layout a
+hidden unit is a column, one byte per row: ``skip`` masks the columns of zero units, which
+saves traffic only where a whole 32-byte sector (32 consecutive units) is zero.
 """
 from __future__ import annotations
 
@@ -23,6 +30,8 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu_triton
 
 from .common import pow2_divisor, require, triton_params
+from .quantized import QuantizedWeight
+from .quantized_linear import MAX_BLOCK_K as MAX_QUANTIZED_TILE, dequantized_product, group_size, load_live_columns
 from .segment_linear import choose_splits, row_block, sum_splits
 from .sparse_channel_mix import channel_mix_reference, relu_square
 
@@ -34,13 +43,20 @@ TARGET_PROGRAMS = 528
 ffn_value_reference = channel_mix_reference  # the value product is the channel-mix's second half
 
 
-def supports(F: int, C: int) -> bool:
-    return pow2_divisor(F, MAX_BLOCK_F) >= 16 and pow2_divisor(C, MAX_BLOCK_C) >= 16
+def supports(F: int, C: int, group: int | None = None) -> bool:
+    """Whether the kernel serves F units and C outputs (a quantized value weight: with scale
+    groups of `group` units)."""
+    return (pow2_divisor(F, MAX_BLOCK_F) >= 16 and pow2_divisor(C, MAX_BLOCK_C) >= 16
+            and (group is None or pow2_divisor(group, MAX_BLOCK_F) >= 16))
 
 
-def _kernel(p_ref, w_ref, o_ref, *, splits_in, tiles, bf, dtype, skip):
+def _kernel(p_ref, *refs, splits_in, tiles, bf, dtype, skip, group):
+    w_ref, o_ref = refs[0], refs[-1]
     bm = o_ref.shape[0]
     hidden_dtype = relu_square(jnp.zeros((), jnp.float32), dtype).dtype
+    if group:
+        return _quantized_body(p_ref, w_ref, refs[1], o_ref, splits_in=splits_in, tiles=tiles, bf=bf, dtype=dtype,
+                               skip=skip, group=group)
 
     def body(t, acc):
         cols = pl.ds(pl.multiple_of(t * bf, bf), bf)
@@ -59,20 +75,43 @@ def _kernel(p_ref, w_ref, o_ref, *, splits_in, tiles, bf, dtype, skip):
     o_ref[...] = jax.lax.fori_loop(0, tiles, body, jnp.zeros(o_ref.shape, jnp.float32))
 
 
+def _quantized_body(p_ref, q_ref, s_ref, o_ref, *, splits_in, tiles, bf, dtype, skip, group):
+    """The F loop over a quantized value weight q [C block, F range] (see module doc)."""
+    first = pl.program_id(2) * (tiles * bf)  # the split's first unit
+
+    def body(t, acc):
+        start = pl.multiple_of(t * bf, bf)
+        cols = pl.ds(start, bf)
+        h = relu_square(sum_splits(lambda s: p_ref[s, :, cols], splits_in), dtype)
+        if skip:
+            live = jnp.max(h.astype(jnp.float32), axis=0) > 0
+            q = load_live_columns(q_ref.at[:, cols], live, (q_ref.shape[0], bf), h.dtype)
+        else:
+            q = q_ref[:, cols]
+        return acc + dequantized_product(h, q, s_ref[:, (first + start) // group], vector=o_ref.shape[0] == 1)
+
+    o_ref[...] = jax.lax.fori_loop(0, tiles, body, jnp.zeros(o_ref.shape, jnp.float32))
+
+
 def ffn_value(pre_partials, w_val_t, *, M: int, dtype, splits: int | None = None, skip: bool = False,
               interpret: bool = False):
-    """Pallas: pre_partials float32 [splits_in, Mp, F] (the key product), w_val_t [F, C] ->
+    """Pallas: pre_partials float32 [splits_in, Mp, F] (the key product), w_val_t [F, C] (or a
+    QuantizedWeight [C, F]) ->
     value partials float32 [splits, Mp, C] (see module doc; M real rows, dtype the model's;
     skip: leave the value rows of all-zero activations unread)."""
     splits_in, Mp, F = pre_partials.shape
-    Fw, C = w_val_t.shape
-    require(Fw == F, f"ffn_value: w_val_t must be [F={F}, C], got {w_val_t.shape}")
-    require(supports(F, C), f"ffn_value: unsupported F={F}, C={C}")
+    quantized = isinstance(w_val_t, QuantizedWeight)
+    C, Fw = w_val_t.shape if quantized else w_val_t.shape[::-1]
+    group = group_size(w_val_t) if quantized else 0
+    require(Fw == F, f"ffn_value: the value weight must be [F={F}, C] (quantized: [C, F]), got {w_val_t.shape}")
+    require(supports(F, C, group or None), f"ffn_value: unsupported F={F}, C={C}, group {group}")
     bm = row_block(M)
     require(Mp % bm == 0, f"ffn_value: partials rows {Mp} must be a multiple of {bm}")
     # the dot path holds splits_in partial tiles [bm, bf] in registers: narrow F tiles keep it
     # spill-free (bm = 32, bf = 256 spilled 232 B in bf16)
-    bf = pow2_divisor(F, MAX_BLOCK_F if bm == 1 else MAX_BLOCK_F_DOT)
+    bf = pow2_divisor(group or F, MAX_BLOCK_F if bm == 1 else MAX_BLOCK_F_DOT)
+    if quantized:  # skip and not the same tiles (bit-identical sums); see quantized_linear.MAX_BLOCK_K
+        bf = min(bf, MAX_QUANTIZED_TILE)
     bc = pow2_divisor(C, MAX_BLOCK_C)
     tiles = F // bf
     splits = splits or choose_splits((Mp // bm) * (C // bc), tiles, TARGET_PROGRAMS)
@@ -80,13 +119,15 @@ def ffn_value(pre_partials, w_val_t, *, M: int, dtype, splits: int | None = None
     f_chunk = F // splits
     return pl.pallas_call(
         functools.partial(_kernel, splits_in=splits_in, tiles=f_chunk // bf, bf=bf, dtype=jnp.dtype(dtype),
-                          skip=skip),
+                          skip=skip, group=group),
         out_shape=jax.ShapeDtypeStruct((splits, Mp, C), jnp.float32),
         grid=(Mp // bm, C // bc, splits),
-        in_specs=[pl.BlockSpec((splits_in, bm, f_chunk), lambda m, c, s: (0, m, s)),
-                  pl.BlockSpec((f_chunk, bc), lambda m, c, s: (s, c))],
+        in_specs=[pl.BlockSpec((splits_in, bm, f_chunk), lambda m, c, s: (0, m, s))]
+                 + ([pl.BlockSpec((bc, f_chunk), lambda m, c, s: (c, s)),
+                     pl.BlockSpec((bc, F // group), lambda m, c, s: (c, 0))] if quantized
+                    else [pl.BlockSpec((f_chunk, bc), lambda m, c, s: (s, c))]),
         out_specs=pl.BlockSpec((None, bm, bc), lambda m, c, s: (s, m, c)),
         compiler_params=triton_params(num_warps=4, num_stages=3),
         name="rwkv7_ffn_value",
         interpret=interpret,
-    )(pre_partials, w_val_t)
+    )(pre_partials, *((w_val_t.q, w_val_t.scale) if quantized else (w_val_t,)))

@@ -3,7 +3,8 @@
 (the four up products), ``wkv_tail`` (operands, wkv step on the state in place, GroupNorm,
 bonus, gate) and the output projection; and the decode channel-mix in two (the key product,
 ``ffn_value``). The split-K partials go from one kernel to the next unreduced; both mixes
-return a ``SplitSum`` the next shift_mix reduces.
+return a ``SplitSum`` the next shift_mix reduces. Quantized weights (``QuantizedWeight`` r, k, v,
+output, FFN key and value) run through the same launches, dequantized in registers.
 """
 from __future__ import annotations
 
@@ -20,7 +21,8 @@ def supports(M: int, wts: TimeMixWeights) -> bool:
     downs, _ = wts.down(first=False)
     C = wts.receptance.shape[1]
     ups = wts.ups(first=False)
-    return (segment_kernel.supports(M, [w.shape[0] for w in downs], C)
+    return (segment_kernel.supports(M, [w.shape[0] for w in downs], C, segment_kernel.groups(downs))
+            and segment_kernel.supports(M, [C], C, segment_kernel.groups([wts.output]))
             and lora_up_kernel.supports(C, [u.shape[1] for u in ups]))
 
 
@@ -45,12 +47,16 @@ def fused_time_mix(mixed, wts: TimeMixWeights, S, v_first, *, first: bool, layer
 
 
 def channel_mix_supported(M: int, w_key, w_val_t) -> bool:
+    """Whether the two launches serve M rows (w_val_t [F, C], or a QuantizedWeight [C, F])."""
     F, C = w_key.shape
-    return segment_kernel.supports(M, [F], C) and ffn_value_kernel.supports(F, C)
+    value_groups = segment_kernel.groups([w_val_t])
+    return (segment_kernel.supports(M, [F], C, segment_kernel.groups([w_key]))
+            and ffn_value_kernel.supports(F, C, value_groups[0] if value_groups else None))
 
 
 def fused_channel_mix(xk, w_key, w_val_t, *, skip: bool = False, interpret: bool = False) -> SplitSum:
-    """xk [M, C], w_key [F, C], w_val_t [F, C] -> SplitSum [M, C] in xk.dtype:
+    """xk [M, C], w_key [F, C], w_val_t [F, C] (quantized weights: key [F, C], value [C, F])
+    -> SplitSum [M, C] in xk.dtype:
     ``channel_mix_reference`` as the key product and ``ffn_value`` (skip: the value rows of zero
     activations unread). The key product uses half the usual programs (>= 2 per SM): its
     partials are re-read by every value program."""

@@ -3,7 +3,7 @@ plain-jnp product (the XLA path; the math is ``rwkv7_core.quantization``'s).
 
 ``QuantizedWeight(q, scale)``: q int8 | float8_e4m3fn ``[N, K]`` and scale float32
 ``[N, K / G]``, always in the checkpoint's [out, in] layout, the channel-mix value included
-(its [F, C] view serves the sparse kernel, which does not take quantized weights yet), so a
+(the Pallas kernels read it so too: ``quantized_linear``, ``quantized_channel_mix``), so a
 product ignores the dense weight's ``w_in_axis``.
 
 The product dequantizes inside the jitted step, so XLA can fuse convert * scale into the

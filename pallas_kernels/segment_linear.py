@@ -9,6 +9,12 @@ float32 partial sums to partials [splits, Mp, sum N_i] (segments side by side, i
 rounded up to the row block, padded rows are zero). Consumers sum the splits themselves
 (``sum_splits``), so no reduction launch follows. M = 1 uses a broadcast multiply + row sum; M > 1
 a tensor-core dot on row blocks of 16..64.
+
+A weight may be a ``QuantizedWeight`` (q int8 | float8_e4m3fn [N_i, K], float32 scales
+[N_i, K / G]): its tiles are converted to the input dtype in registers and the tile's product
+is multiplied by the tile's scale column (K tiles are a power of two dividing G, so one scale
+per row and tile; ``pallas_kernels.quantized_linear``); plain and quantized segments share a
+launch (the quantized r/k/v beside the LoRA downs).
 """
 from __future__ import annotations
 
@@ -20,6 +26,8 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu_triton
 
 from .common import next_pow2, pow2_divisor, require, triton_params
+from .quantized import QuantizedWeight
+from .quantized_linear import dequantized_product, group_size
 from .small_m_linear import matmul_f32
 
 MAX_M = 256            # decode rows served (the batched-decode limit)
@@ -72,17 +80,26 @@ def sum_splits(load, splits: int, dtype=None):
     return total if dtype is None else total.astype(dtype).astype(jnp.float32)
 
 
-def supports(M: int, Ns, K: int) -> bool:
-    """Whether the kernel serves M rows, segment widths Ns and depth K (else use the reference)."""
+def groups(weights) -> list[int]:
+    """The scale group (input channels per scale) of each quantized weight."""
+    return [group_size(w) for w in weights if isinstance(w, QuantizedWeight)]
+
+
+def supports(M: int, Ns, K: int, quant_groups=()) -> bool:
+    """Whether the kernel serves M rows, segment widths Ns and depth K, with quantized
+    segments of these scale groups (``groups``), else use the reference."""
     return (1 <= M <= MAX_M and pow2_divisor(K, MAX_BLOCK_K) >= MIN_BLOCK
-            and min(pow2_divisor(n, MAX_BLOCK_N) for n in Ns) >= MIN_BLOCK)
+            and min(pow2_divisor(n, MAX_BLOCK_N) for n in Ns) >= MIN_BLOCK
+            and all(pow2_divisor(g, MAX_BLOCK_K) >= MIN_BLOCK for g in quant_groups))
 
 
-def _blocks(M, Ns, K, dtype):
+def _blocks(M, Ns, K, dtype, quant_groups=()):
     bm = row_block(M)
     bn = min(pow2_divisor(n, MAX_BLOCK_N) for n in Ns)
     cap = MAX_BLOCK_K if (bm == 1 or jnp.dtype(dtype) != jnp.float32) else MAX_BLOCK_K_F32_DOT
     bk = pow2_divisor(K, min(cap, 128 if bm >= 64 else cap))
+    for g in quant_groups:  # a K tile inside one scale group
+        bk = pow2_divisor(g, bk)
     return bm, bn, bk
 
 
@@ -94,14 +111,18 @@ def choose_splits(blocks: int, tiles: int, target: int = TARGET_PROGRAMS) -> int
     return tiles
 
 
-def _kernel(*refs, starts, inputs, M, tiles, bk, vector):
+def _kernel(*refs, starts, inputs, groups, M, tiles, bk, vector):
     n_seg = len(inputs)
-    x_ref, w_refs, o_ref = refs[0], refs[1:1 + n_seg], refs[-1]
+    x_ref, w_refs, o_ref = refs[0], refs[1:-1], refs[-1]
     n = pl.program_id(1)
     seg = sum((n >= s).astype(jnp.int32) for s in starts[1:])
     mix = sum(jnp.where(seg == i, jnp.int32(j), jnp.int32(0)) for i, j in enumerate(inputs))
     bm = o_ref.shape[0]
     row_ok = (pl.program_id(0) * bm + jnp.arange(bm)) < M
+
+    if any(groups):
+        return _quantized_body(x_ref, w_refs, o_ref, seg=seg, mix=mix, row_ok=row_ok, groups=groups,
+                               tiles=tiles, bk=bk, vector=vector)
 
     def body(t, acc):
         cols = pl.ds(pl.multiple_of(t * bk, bk), bk)
@@ -119,6 +140,38 @@ def _kernel(*refs, starts, inputs, M, tiles, bk, vector):
     o_ref[...] = jax.lax.fori_loop(0, tiles, body, jnp.zeros(o_ref.shape, jnp.float32))
 
 
+def _quantized_body(x_ref, w_refs, o_ref, *, seg, mix, row_ok, groups, tiles, bk, vector):
+    """The loop with quantized segments: each segment's tile comes as (tile in the input dtype,
+    scale column float32 [bn]); a plain segment's scale is one. w_refs: per segment its weight,
+    and after a quantized one its scales."""
+    first = pl.program_id(2) * (tiles * bk)  # the split's first input channel
+    dtype = x_ref.dtype
+    refs, at = [], 0
+    for g in groups:
+        refs.append((w_refs[at], w_refs[at + 1] if g else None))
+        at += 2 if g else 1
+
+    def body(t, acc):
+        start = pl.multiple_of(t * bk, bk)
+        cols = pl.ds(start, bk)
+
+        def tile(i):
+            w_ref, s_ref = refs[i]
+            if s_ref is None:
+                return w_ref[:, cols].astype(dtype), jnp.ones((w_ref.shape[0],), jnp.float32)
+            return w_ref[:, cols].astype(dtype), s_ref[:, (first + start) // groups[i]]
+
+        w, scale = jax.lax.switch(seg, [functools.partial(tile, i) for i in range(len(refs))]) \
+            if len(refs) > 1 else tile(0)
+        if vector:
+            x = x_ref[mix, :, cols]
+        else:
+            x = plgpu_triton.load(x_ref.at[mix, :, cols], mask=row_ok[:, None], other=0)
+        return acc + dequantized_product(x, w, scale, vector=vector)
+
+    o_ref[...] = jax.lax.fori_loop(0, tiles, body, jnp.zeros(o_ref.shape, jnp.float32))
+
+
 def segment_linear(xs, weights, inputs, *, splits: int | None = None, target: int = TARGET_PROGRAMS,
                    interpret: bool = False):
     """Pallas: xs [n_in, M, K], weights [w_i [N_i, K]], inputs [index into xs per segment]
@@ -129,10 +182,13 @@ def segment_linear(xs, weights, inputs, *, splits: int | None = None, target: in
     Ns = [w.shape[0] for w in weights]
     require(len(weights) == len(inputs) and all(0 <= j < n_in for j in inputs),
             "segment_linear: one input index in range per weight")
-    require(all(w.shape == (n, K) and w.dtype == xs.dtype for w, n in zip(weights, Ns)),
-            f"segment_linear: weights must be [N_i, K={K}] in {xs.dtype}")
-    require(supports(M, Ns, K), f"segment_linear: unsupported M={M}, N={Ns}, K={K}")
-    bm, bn, bk = _blocks(M, Ns, K, xs.dtype)
+    require(all(w.shape == (n, K) and (isinstance(w, QuantizedWeight) or w.dtype == xs.dtype)
+                for w, n in zip(weights, Ns)),
+            f"segment_linear: weights must be [N_i, K={K}] in {xs.dtype} (or quantized)")
+    seg_groups = tuple(group_size(w) if isinstance(w, QuantizedWeight) else 0 for w in weights)
+    require(supports(M, Ns, K, groups(weights)), f"segment_linear: unsupported M={M}, N={Ns}, K={K}, "
+                                                 f"groups {groups(weights)}")
+    bm, bn, bk = _blocks(M, Ns, K, xs.dtype, groups(weights))
     Mp = padded_rows(M)
     nblocks = [n // bn for n in Ns]
     starts = [sum(nblocks[:i]) for i in range(len(Ns))]
@@ -141,21 +197,27 @@ def segment_linear(xs, weights, inputs, *, splits: int | None = None, target: in
     require(tiles % splits == 0, f"segment_linear: splits={splits} must divide {tiles}")
     k_chunk = K // splits
 
-    def weight_spec(i):
+    def weight_specs(i):
+        """The weight's block (and its scales' block: the rows' whole scale rows)."""
         first, count = starts[i], nblocks[i]
-        return pl.BlockSpec((bn, k_chunk), lambda m, n, s: (jnp.clip(n - first, 0, count - 1), s))
+        specs = [pl.BlockSpec((bn, k_chunk), lambda m, n, s: (jnp.clip(n - first, 0, count - 1), s))]
+        if seg_groups[i]:
+            specs.append(pl.BlockSpec((bn, K // seg_groups[i]),
+                                      lambda m, n, s: (jnp.clip(n - first, 0, count - 1), 0)))
+        return specs
 
+    operands = [a for w in weights for a in ((w.q, w.scale) if isinstance(w, QuantizedWeight) else (w,))]
     return pl.pallas_call(
-        functools.partial(_kernel, starts=starts, inputs=tuple(inputs), M=M, tiles=k_chunk // bk, bk=bk,
-                          vector=bm == 1),
+        functools.partial(_kernel, starts=starts, inputs=tuple(inputs), groups=seg_groups, M=M,
+                          tiles=k_chunk // bk, bk=bk, vector=bm == 1),
         out_shape=jax.ShapeDtypeStruct((splits, Mp, sum(Ns)), jnp.float32),
         grid=(Mp // bm, sum(nblocks), splits),
         in_specs=[pl.BlockSpec((n_in, bm, k_chunk), lambda m, n, s: (0, m, s))]
-                 + [weight_spec(i) for i in range(len(Ns))],
+                 + [spec for i in range(len(Ns)) for spec in weight_specs(i)],
         out_specs=pl.BlockSpec((None, bm, bn), lambda m, n, s: (s, m, n)),
         # software pipelining of the switched weight loads overflows shared memory (336 KB at
         # 1.5b, M = 2): several segments stream unpipelined
         compiler_params=triton_params(num_warps=4, num_stages=3 if len(Ns) == 1 else 1),
         name="rwkv7_segment_linear",
         interpret=interpret,
-    )(xs, *weights)
+    )(xs, *operands)

@@ -75,7 +75,6 @@ def resolve(kernels: str | Kernels, self_check: SelfCheck | None = None) -> Kern
 
 
 GPU_KERNELS = (Kernels.PALLAS, Kernels.PALLAS_FUSED)
-QUANTIZED_KERNELS = (Kernels.XLA,)  # the kernels whose ops take a QuantizedWeight
 
 
 def straight_line_sampling(kernels: str | Kernels) -> bool:

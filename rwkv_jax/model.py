@@ -11,12 +11,12 @@ from flax import nnx
 
 from rwkv7_core.checkpoint import read_checkpoint
 from rwkv7_core.config import ModelConfig
-from rwkv7_core.quantization import resolve_spec, spec_for, stored_spec
+from rwkv7_core.quantization import resolve_spec, stored_spec
 from rwkv7_core.state import check_tokens
 
 from .compilation import compiler_options, platform_of
 from .forward import forward_fn
-from .kernels import QUANTIZED_KERNELS, Kernels, ops_for, resolve
+from .kernels import Kernels, ops_for, resolve
 from .modules import RWKV7
 from .paths import Path, select_path
 from .self_check import cached_check
@@ -85,19 +85,15 @@ def load(path: str | os.PathLike, dtype: str = "float32", kernels: str | Kernels
     default device). quantization: none | int8 | fp8 weight-only quantization of the large
     projections (``rwkv7_core.quantization``; group_size: int8 input channels per scale,
     default ``DEFAULT_GROUP_SIZE``); a checkpoint saved quantized loads only with its own
-    scheme. Quantized weights run on the xla kernels only for now (``auto`` picks them).
+    scheme. Every kernel choice takes quantized weights (the Pallas ones dequantize in
+    registers: ``pallas_kernels.quantized_linear``).
     """
     if dtype not in DTYPES:
         raise ValueError(f"dtype {dtype!r} not supported; choose one of {sorted(DTYPES)}")
     device = local_device(device)
-    if spec_for(quantization, group_size) is not None and kernels == Kernels.AUTO:
-        kernels = Kernels.XLA  # the kernels that take quantized weights (QUANTIZED_KERNELS)
     ops_for(Path.B1T1, kernels)  # fail now, not at the first call, if the kernels are missing
     tensors, config = read_checkpoint(path)
     quant = resolve_spec(quantization, group_size, stored_spec(tensors.metadata), str(path))
-    if quant is not None and resolve(kernels) not in QUANTIZED_KERNELS:
-        raise ValueError(f"quantization {quant.scheme} is not supported with kernels {Kernels(kernels).value} yet "
-                         f"(use kernels {', '.join(k.value for k in QUANTIZED_KERNELS)})")
     _, params = nnx.split(RWKV7(config, tensors, DTYPES[dtype], quant))
     return Model(nnx.to_pure_dict(params), config, DTYPES[dtype], kernels, device)
 

@@ -37,8 +37,8 @@ dtypes (x dtype = the model dtype unless stated):
   (``rwkv_jax.varlen``; each from its own state row; rows past the last sequence give 0).
 - Quantized models (``rwkv7_core.quantization``) pass a ``pallas_kernels.quantized.QuantizedWeight``
   for the large projections (always [out, in], the channel-mix value [C, F] too); the XLA ops
-  take it (``matmul_f32`` dequantizes inside the product), the Pallas ones not yet
-  (``rwkv_jax.kernels.QUANTIZED_KERNELS``).
+  take it (``matmul_f32`` dequantizes inside the product), the Pallas ones dequantize tiles in
+  registers (``pallas_kernels.quantized_linear``, ``rwkv_jax.pallas_ops``).
 - ``state_views(state) -> SlicedState | InPlaceState``: how the layer loop hands each layer its
   state (``rwkv_jax.state_views``): per-layer slices, or whole leaves updated in place.
 """

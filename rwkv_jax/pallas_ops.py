@@ -10,8 +10,12 @@
   below; the varlen stream (``FlatRows``) always takes the chunked kernel (one launch instead of
   a loop of per-token steps); the residual add + LayerNorm + token shift + mixes are one launch
   (``shift_mix_rows``: the mixes as separate arrays, no slice copies); matrix products and the
-  channel-mix stay XLA; the state is ``RowsState`` (the wkv leaf updated in place by the chunked
-  kernel, the shift rows read from the whole leaves: no per-layer slice copies or updates) (compute-bound GEMMs XLA already does well).
+  channel-mix stay XLA (compute-bound GEMMs XLA already does well); the state is ``RowsState``
+  (the wkv leaf updated in place by the chunked kernel, the shift rows read from the whole
+  leaves: no per-layer slice copies or updates).
+Quantized weights (``pallas_kernels.quantized.QuantizedWeight``) take the quantized variants:
+``quantized_linear`` for the products, ``quantized_channel_mix`` (its value product skipping
+the columns of zero units) and, in ``fused_ops``, the same launches with quantized tiles.
 Shapes a kernel cannot serve (e.g. low-rank widths without a power-of-two divisor >= 16)
 fall back to the XLA op, decided at trace time from static shapes.
 
@@ -35,6 +39,9 @@ from pallas_kernels import wkv_chunk_varlen as chunk_kernel
 from pallas_kernels import wkv_seq as wkv_seq_kernel
 from pallas_kernels import wkv_step as wkv_step_kernel
 from pallas_kernels import fused_time_mix as fused_time_mix_kernel
+from pallas_kernels import quantized_channel_mix as quantized_mix_kernel
+from pallas_kernels import quantized_linear as quantized_kernel
+from pallas_kernels.quantized import QuantizedWeight
 from pallas_kernels.time_mix import time_mix_reference
 
 from .ops import XLA_OPS, Ops
@@ -51,7 +58,10 @@ SPARSE_MAX_ROWS = 4
 def linear(x, w, *, max_rows: int, interpret: bool):
     """Small-M split-K product when x has <= max_rows rows and K suits the kernel, else XLA."""
     M, K = x.shape
-    if M <= max_rows and linear_kernel.supports(M, w.shape[0], K):
+    if isinstance(w, QuantizedWeight):
+        if M <= max_rows and quantized_kernel.supports(M, w):
+            return quantized_kernel.quantized_linear(x, w, interpret=interpret)
+    elif M <= max_rows and linear_kernel.supports(M, w.shape[0], K):
         return linear_kernel.small_m_linear(x, w, interpret=interpret)
     return XLA_OPS.linear(x, w)
 
@@ -62,7 +72,11 @@ def channel_mix(xk, w_key, w_val_t, *, max_rows: int, interpret: bool):
     (beyond that it walks every unit: a dense split-K product); XLA otherwise."""
     M, C = xk.shape
     F = w_key.shape[0]
-    if M <= max_rows and linear_kernel.supports(M, F, C) and sparse_kernel.supports(M, F, C):
+    if isinstance(w_key, QuantizedWeight):
+        if M <= max_rows and quantized_mix_kernel.supports(M, w_key, w_val_t):
+            return quantized_mix_kernel.quantized_channel_mix(xk, w_key, w_val_t, skip=M <= SPARSE_MAX_ROWS,
+                                                              interpret=interpret)
+    elif M <= max_rows and linear_kernel.supports(M, F, C) and sparse_kernel.supports(M, F, C):
         return sparse_kernel.sparse_channel_mix(xk, w_key, w_val_t, skip=M <= SPARSE_MAX_ROWS,
                                                 interpret=interpret)
     return XLA_OPS.channel_mix(xk, w_key, w_val_t)

@@ -4,7 +4,8 @@
 from the same random state and tokens, and returns None when logits and state agree within
 the dtype's tolerance, else the reason. ``cached_check`` keeps each verdict in a JSON file
 beside the persistent compilation cache (``jax_compilation_cache_dir``; in memory without
-one), keyed by device kind, jax version, model shape, dtype and candidate, so a process pays
+one), keyed by device kind, jax version, model shape, dtype, quantization (scheme and group size) and
+candidate, so a process pays
 the check (two compiles and a few milliseconds) once per combination.
 """
 from __future__ import annotations
@@ -19,8 +20,11 @@ import numpy as np
 
 from rwkv7_core.config import ModelConfig
 
+from rwkv7_core.quantization import QuantSpec
+
 from .forward import forward_fn
 from .kernels import Kernels
+from .modules import quant_spec_of
 from .paths import Path
 from .state import init_state
 
@@ -66,10 +70,12 @@ def _compare(params, config, dtype, candidate, forward, seed) -> str | None:
     return None
 
 
-def verdict_key(config: ModelConfig, dtype, candidate: Kernels) -> str:
-    """The combination a verdict holds for."""
+def verdict_key(config: ModelConfig, dtype, candidate: Kernels, quant: QuantSpec | None = None) -> str:
+    """The combination a verdict holds for (quant: the weights' quantization, None for plain)."""
     shape = ",".join(f"{k}={v}" for k, v in sorted(config._asdict().items()))
-    return "|".join((jax.devices()[0].device_kind, jax.__version__, shape, jnp.dtype(dtype).name, candidate.value))
+    scheme = "none" if quant is None else quant.describe()
+    return "|".join((jax.devices()[0].device_kind, jax.__version__, shape, jnp.dtype(dtype).name, scheme,
+                     candidate.value))
 
 
 def verdicts_path() -> FsPath | None:
@@ -81,7 +87,7 @@ def verdicts_path() -> FsPath | None:
 def cached_check(params: dict, config: ModelConfig, dtype, candidate: Kernels, *, forward=forward_fn,
                  device: jax.Device | None = None) -> str | None:
     """`check_decode`'s verdict, run once per `verdict_key` (kept in `verdicts_path()`)."""
-    key = verdict_key(config, dtype, candidate)
+    key = verdict_key(config, dtype, candidate, quant_spec_of(params))
     path = verdicts_path()
     stored = dict(_MEMORY)
     if path is not None and path.exists():

@@ -20,8 +20,8 @@ from rwkv_jax.deviceless import PLUGIN_DIR_ENV
 from tests.gpu_target import PLUGIN_DIR
 
 ROOT = Path(__file__).resolve().parents[2]
-SECTIONS = ["parity", "torch_parity", "roofline", "decode", "deviceless", "prefill", "models", "kernels",
-            "serving", "http_serving", "data_parallel"]
+SECTIONS = ["parity", "torch_parity", "roofline", "decode", "deviceless", "quantized", "prefill", "models",
+            "kernels", "serving", "http_serving", "data_parallel"]
 KERNELS = {"pallas-interpret", "pallas-fused-interpret", "xla"}
 
 
@@ -77,6 +77,10 @@ def test_gpu_check_smoke_writes_a_complete_report(tmp_path):
     assert [r["kind"] for r in prefill] == ["dense", "varlen"], prefill
     for row in prefill:
         assert row["tok_s"] > 0 and row["binding"] in ("compute", "bandwidth") and row["roofline_fraction"] > 0, row
+    assert [r["ok"] for r in sections["quantized"]["parity"]] == [True]  # interpreted on the CPU
+    quantized, = sections["quantized"]["rows"]  # the int8 row's code path (params drawn quantized)
+    assert quantized["quantization"] == "int8" and quantized["tok_s"] > 0, quantized
+    assert 0 < quantized["hbm_roofline_fraction"] and quantized["params_bytes"] > 0
     kernels = sections["kernels"]
     assert all(r["pallas_us"] > 0 and r["xla_us"] > 0 for r in kernels["rows"])
     assert "value_sparse_us" in kernels["rows"][-1] and kernels["measured_sparse_max_rows"] in (0, 1)

@@ -14,8 +14,9 @@ import pytest
 from flax import nnx
 
 import rwkv_jax
-from pallas_kernels import (fused_time_mix, shift_mix, shift_mix_rows, small_m_linear, sparse_channel_mix,
-                            wkv_chunk_varlen, wkv_seq, wkv_step)
+from pallas_kernels import (fused_time_mix, quantized_channel_mix, shift_mix, shift_mix_rows, small_m_linear,
+                            sparse_channel_mix, wkv_chunk_varlen, wkv_seq, wkv_step)
+from pallas_kernels.quantized import QuantizedWeight
 from pallas_kernels.time_mix import TimeMixWeights
 from rwkv7_core.config import named_config
 from rwkv_jax import deviceless
@@ -192,6 +193,30 @@ def test_fused_decode_kernels_compile(dtype):
     per_layer = {"rwkv7_segment_linear": 3, "rwkv7_lora_up": 1, "rwkv7_wkv_tail": 1, "rwkv7_ffn_value": 1,
                  "rwkv7_shift_mix": 2}
     assert report.launch_counts("rwkv7") == {k: n * len(FUSED_BUCKETS) for k, n in per_layer.items()}
+
+
+def _quantized(shape, dtype, group=None):
+    """A QuantizedWeight struct [out, in] (group: input channels per scale, default the whole row)."""
+    return QuantizedWeight(SD(shape, dtype), SD((shape[0], shape[1] // (group or shape[1])), jnp.float32))
+
+
+def test_quantized_decode_kernels_compile():
+    """The quantized kernels (int8 groups of 128, fp8) at the 2.9b shape: a fused decode layer
+    (int8 B = 1, fp8 B = 32) and the unfused channel-mix (int8 M = 16, fp8 M = 1), the masked
+    (skipping) loads included: no spills (the 1.5b step's in benchmarks/quant_decode_kernels.py)."""
+    L, f32, bf16 = 32, jnp.float32, jnp.bfloat16
+    cases = []
+    for dtype, group, B, M in ((jnp.int8, 128, 1, 16), (jnp.float8_e4m3fn, None, 32, 1)):
+        wts = TimeMixWeights(*[_quantized((C, C), dtype, group)] * 4,
+                             *[s for d in (96, 96, 64, 320) for s in (SD((d, C), bf16), SD((C, d), bf16))],
+                             SD((7, C), f32), SD((H, N), f32))
+        w_key, w_val = _quantized((F, C), dtype, group), _quantized((C, F), dtype, group)
+        cases += [(_fused_layer, [SD((B, C), bf16), SD((6, B, C), bf16), wts, SD((B, L, H, N, N), f32),
+                                  SD((B, C), f32), SD((B, L, C), bf16), SD((B, L, C), bf16), SD((4, C), f32),
+                                  SD((1, C), bf16), SD((6, C), bf16), w_key, w_val]),
+                  (quantized_channel_mix.quantized_channel_mix, [SD((M, C), bf16), w_key, w_val])]
+    report = compile_cases(cases)
+    assert report.launch_counts("rwkv7")["rwkv7_quantized_linear"] == 4
 
 
 def test_whole_model_compiles_with_fused_kernels():

@@ -81,6 +81,14 @@ def test_quantized_checkpoint_errors_name_the_tensor(tiny_ckpt, quantized_files,
         rwkv_jax.load(tmp_path / "f.safetensors", quantization="fp8")
 
 
-def test_pallas_kernels_refuse_quantized_weights(tiny_ckpt):
-    with pytest.raises(ValueError, match="quantization int8 is not supported with kernels pallas-fused-interpret yet"):
-        rwkv_jax.load(_safetensors(tiny_ckpt), quantization="int8", kernels="pallas-fused-interpret")
+@pytest.mark.parametrize("kernels,scheme,B", [("pallas-interpret", "int8", 1), ("pallas-fused-interpret", "fp8", 3)])
+def test_pallas_kernels_on_quantized_weights_match_xla(tiny_ckpt, kernels, scheme, B):
+    """The quantized decode kernels (dequantized in registers) give the XLA path's logits and state."""
+    path, group = _safetensors(tiny_ckpt), SCHEMES[scheme]
+    xla = rwkv_jax.load(path, quantization=scheme, group_size=group)
+    pallas = rwkv_jax.load(path, quantization=scheme, group_size=group, kernels=kernels)
+    tokens = np.random.default_rng(B).integers(0, xla.config.vocab_size, (B, 1))
+    (lx, sx), (lp, sp) = xla.forward(tokens, xla.init_state(B)), pallas.forward(tokens, pallas.init_state(B))
+    np.testing.assert_allclose(np.asarray(lp), np.asarray(lx), atol=1e-4, rtol=0)
+    for name, leaf_p, leaf_x in zip(sx._fields, sp, sx):
+        np.testing.assert_allclose(np.asarray(leaf_p), np.asarray(leaf_x), atol=1e-4, rtol=0, err_msg=name)

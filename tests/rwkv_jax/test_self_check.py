@@ -59,3 +59,19 @@ def test_verdicts_are_kept_beside_the_compilation_cache(model, tmp_path):
         assert cached_check(model.params, model.config, model.dtype, GUARD.preferred) == reason
     finally:
         jax.config.update("jax_compilation_cache_dir", before)
+
+
+def test_quantized_weights_are_checked_and_kept_under_their_own_verdict(tiny_ckpt, model, tmp_path):
+    """The guard runs the fused kernels on the quantized weights (against XLA on the same
+    weights) and keeps that verdict apart from the plain model's."""
+    quantized = rwkv_jax.load(tiny_ckpt.with_suffix(".safetensors"), dtype="float32", kernels="xla",
+                              quantization="int8", group_size=64)
+    before = jax.config.jax_compilation_cache_dir
+    jax.config.update("jax_compilation_cache_dir", str(tmp_path))
+    try:
+        assert cached_check(quantized.params, quantized.config, quantized.dtype, GUARD.preferred) is None
+        stored = json.loads(verdicts_path().read_text())
+        [key] = [k for k in stored if "|int8 (groups of 64)|" in k]
+        assert stored[key] is None and key != verdict_key(model.config, model.dtype, GUARD.preferred)
+    finally:
+        jax.config.update("jax_compilation_cache_dir", before)
