@@ -799,6 +799,7 @@ def _prefill_lines(p: dict) -> list:
             continue
         lines.append(f"{head} {r['tok_s']:,.0f} | {r['step_ms']:.2f} | {r['binding']} | "
                      f"{r['roofline_fraction']:.2f} | {r['spec_compute_fraction']:.2f} |")
+    return lines
 
 
 # ----------------------------------------------------------------------------- quantized decode
