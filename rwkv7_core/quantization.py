@@ -56,9 +56,12 @@ class QuantSpec(NamedTuple):
 
 def spec_for(scheme: str, group_size: int | None = None) -> QuantSpec | None:
     """The QuantSpec of a scheme name (None for ``none``); QuantizationError for an unknown
-    scheme or a group size that is not a positive multiple of 16."""
+    scheme, a group size with a scheme other than int8, or a group size that is not a
+    positive multiple of 16."""
     if scheme not in SCHEMES:
         raise QuantizationError(f"unknown quantization {scheme!r}; choose one of {', '.join(SCHEMES)}")
+    if group_size is not None and scheme != "int8":
+        raise QuantizationError(f"quantization group size {group_size} applies to int8 only (quantization {scheme})")
     if scheme == "none":
         return None
     if scheme == "fp8":
