@@ -84,3 +84,23 @@ def test_quantized_checkpoint_errors_name_the_tensor(tiny_ckpt, quantized_files,
 def test_pallas_kernels_refuse_quantized_weights(tiny_ckpt):
     with pytest.raises(ValueError, match="quantization int8 is not supported with kernels pallas-fused-interpret yet"):
         rwkv_jax.load(_safetensors(tiny_ckpt), quantization="int8", kernels="pallas-fused-interpret")
+
+
+def test_many_row_cpu_product_dequantizes_one_slice_at_a_time():
+    """More rows than CPU_ROW_PRODUCTS: the product equals x @ dequantized.T, and a weight of
+    more than CPU_SCRATCH_ELEMENTS is dequantized in slices whose float32 copies are not all
+    live at once (the compiled temporaries stay below one whole float32 copy)."""
+    import jax.numpy as jnp
+
+    from pallas_kernels import quantized
+    from rwkv7_core.quantization import quantize
+
+    rng = np.random.default_rng(5)
+    n, k = quantized.CPU_SCRATCH_ELEMENTS // 768 * 3 // 2, 768  # two slices
+    q, scale = quantize(rng.standard_normal((n, k)).astype(np.float32), spec_for("int8"))
+    w = quantized.QuantizedWeight(jnp.asarray(q), jnp.asarray(scale))
+    x = jnp.asarray(rng.standard_normal((quantized.CPU_ROW_PRODUCTS + 3, k)), jnp.float32)
+    fn = jax.jit(quantized.quantized_matmul_f32)
+    want = np.asarray(x) @ np.asarray(w.dequantize(jnp.float32)).T
+    np.testing.assert_allclose(np.asarray(fn(x, w)), want, atol=2e-3 * np.abs(want).max(), rtol=0)
+    assert fn.lower(x, w).compile().memory_analysis().temp_size_in_bytes < n * k * 4
