@@ -21,7 +21,8 @@ fusion). The form that fuses differs by backend:
   previous product through an exact zero computed from it (XLA:CPU otherwise makes every
   weight's copy at the start of the step: 516 MB of temporaries in the 0.1b B=32 step, 25 MB with the
   zeros), so one slice-sized scratch is live at a time. On the 0.1b decode step the row
-  products win at B <= 16, the scratch at B = 32 (docs/models.md).
+  products win at B = 4 (148 vs 151 CPU ms per step), the scratch from B = 8 (163 vs 210 ms;
+  B = 32: 404 vs 649 ms; docs/models.md).
 - XLA:GPU (deviceless H200 compile of the 1.5b step) turns a dot with the dequantize into a
   loop fusion writing the bf16 weight plus a GEMM for the channel-mix and head shapes (1.9x the
   bf16 step's bytes); a multiply + row reduction reads the int8 weight once per row inside one
@@ -36,7 +37,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-CPU_ROW_PRODUCTS = 16  # rows up to which XLA:CPU runs one fused one-row product per row (measured)
+CPU_ROW_PRODUCTS = 4  # rows up to which XLA:CPU runs one fused one-row product per row (measured)
 CPU_SCRATCH_ELEMENTS = 1 << 22  # most weight elements dequantized at once for a many-row CPU product (16 MB)
 GPU_REDUCE_ROWS = 8    # rows up to which the GPU product is a multiply + row reduction (see module doc)
 
