@@ -18,6 +18,11 @@ Checkpoint kinds (0.1b shape by default, float32, seeded; --config for another s
   deviation (heavy tails, as trained weights have), and 4 input channels per matrix (outlier
   features) scaled up 8x.
 
+``--embedding`` measures instead what quantizing the embedding too would cost: the embedding
+rows rounded through int8 with groups of 128 (``rwkv7_core.quantization.quantize`` then
+``dequantize``: the numbers a lookup of int8 rows would give), alone (projections float32) and
+with int8 projections (groups of 128); it writes quant_accuracy_embedding[_KIND].json/.md.
+
 Writes benchmarks/results/quant_accuracy[_KIND].json and .md. Run:
 ``python benchmarks/quant_accuracy.py`` (~20 min on 2 idle cores; --kind plain / trained-like runs
 one of them; --config tiny for a smoke run).
@@ -35,13 +40,14 @@ import numpy as np
 import rwkv_jax
 from rwkv7_core.checkpoint import write_checkpoint
 from rwkv7_core.config import named_config
-from rwkv7_core.quantization import quantized_key
+from rwkv7_core.quantization import dequantize, quantize, quantized_key, spec_for
 from rwkv7_core.random_weights import random_tensors
 from rwkv7_core.tokenizer import WorldTokenizer
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
 VARIANTS = {"int8-g64": ("int8", 64), "int8-g128": ("int8", 128), "fp8": ("fp8", None)}
+EMBEDDING_VARIANTS = {"emb-int8-g128": ("none", None), "int8-g128 + emb-int8-g128": ("int8", 128)}
 CHUNK = 256
 PROMPT = 64
 OUTLIER_CHANNELS, OUTLIER_SCALE, T_DOF = 4, 8.0, 3
@@ -59,6 +65,11 @@ def trained_like(tensors: dict, seed: int) -> dict:
         t[:, rng.choice(w.shape[1], OUTLIER_CHANNELS, replace=False)] *= OUTLIER_SCALE
         out[key] = t
     return out
+
+
+def int8_embedding(tensors: dict) -> dict:
+    """The checkpoint with its embedding rounded through int8 (groups of 128, see module doc)."""
+    return {**tensors, "emb.weight": dequantize(*quantize(tensors["emb.weight"], spec_for("int8", 128), "emb.weight"))}
 
 
 def text_tokens(n: int, vocab: int) -> np.ndarray:
@@ -96,7 +107,9 @@ def greedy(model, prompt: np.ndarray, n: int, follow: np.ndarray | None = None) 
     return np.asarray(out, np.int32)
 
 
-def measure(path: Path, tokens: np.ndarray, n_gen: int) -> dict:
+def measure(path: Path, tokens: np.ndarray, n_gen: int, variants: dict = VARIANTS, variant_path: Path | None = None) -> dict:
+    """The float32 model at `path` against each of `variants` (loaded from `variant_path`,
+    default `path`)."""
     base = rwkv_jax.load(path)
     ref_chunks = list(full_logits(base, tokens))
     prompt = tokens[:PROMPT]
@@ -106,9 +119,9 @@ def measure(path: Path, tokens: np.ndarray, n_gen: int) -> dict:
     forced_input = np.concatenate([prompt, ref_gen[:-1]])
     del base
     rows = {}
-    for name, (scheme, group) in VARIANTS.items():
+    for name, (scheme, group) in variants.items():
         t0 = time.perf_counter()
-        model = rwkv_jax.load(path, quantization=scheme, group_size=group)
+        model = rwkv_jax.load(variant_path or path, quantization=scheme, group_size=group)
         kl, max_err, top1 = [], 0.0, []
         for ref, got in zip(ref_chunks, full_logits(model, tokens)):
             lp, lq = log_softmax(ref.astype(np.float64)), log_softmax(got.astype(np.float64))
@@ -155,10 +168,13 @@ def main(argv=None) -> None:
     ap.add_argument("--generate", type=int, default=1000)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--kind", choices=("both", "plain", "trained-like"), default="both")
-    ap.add_argument("--output", type=Path, default=None, help="default benchmarks/results/quant_accuracy[_KIND].json")
+    ap.add_argument("--embedding", action="store_true", help="measure an int8 embedding instead (see module doc)")
+    ap.add_argument("--output", type=Path, default=None,
+                    help="default benchmarks/results/quant_accuracy[_embedding][_KIND].json")
     args = ap.parse_args(argv)
     if args.output is None:
-        args.output = RESULTS / ("quant_accuracy.json" if args.kind == "both" else f"quant_accuracy_{args.kind}.json")
+        stem = "quant_accuracy_embedding" if args.embedding else "quant_accuracy"
+        args.output = RESULTS / (f"{stem}.json" if args.kind == "both" else f"{stem}_{args.kind}.json")
     config = named_config(args.config)
     tokens = text_tokens(args.positions, config.vocab_size)
     out = {"config": args.config, "positions": args.positions, "generated": args.generate, "checkpoints": {}}
@@ -170,7 +186,12 @@ def main(argv=None) -> None:
             path = Path(tmp) / f"{kind}.safetensors"
             write_checkpoint(path, tensors)
             print(f"{kind}:", flush=True)
-            out["checkpoints"][kind] = measure(path, tokens, args.generate)
+            if args.embedding:
+                write_checkpoint(Path(tmp) / f"{kind}-emb.safetensors", int8_embedding(tensors))
+                out["checkpoints"][kind] = measure(path, tokens, args.generate, EMBEDDING_VARIANTS,
+                                                   Path(tmp) / f"{kind}-emb.safetensors")
+            else:
+                out["checkpoints"][kind] = measure(path, tokens, args.generate)
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text(json.dumps(out, indent=1) + "\n")
     args.output.with_suffix(".md").write_text(markdown(out))

@@ -8,7 +8,7 @@ weights at each --batch and counts them; ``--gpu-dump DIR`` checks instead the
 ``*gpu_after_optimizations.txt`` of a deviceless GPU compile, e.g. from
 ``benchmarks/decode_nodes.py --kernels xla --quantization int8 --keep-dumps DIR``.
 
-usage: python benchmarks/quant_hlo_check.py [--config 0.1b] [--batch 1,8] [--quantization int8,fp8]
+usage: python benchmarks/quant_hlo_check.py [--config 0.1b] [--batch 1,4] [--quantization int8,fp8]
        python benchmarks/quant_hlo_check.py --gpu-dump /tmp/dumps
 Exit status 1 when a copy is found.
 """
@@ -69,7 +69,9 @@ def cpu_hlo(config_name: str, scheme: str, B: int) -> str:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--config", default="0.1b")
-    ap.add_argument("--batch", default="1,8")
+    ap.add_argument("--batch", default="1,4",
+                    help="XLA:CPU dequantizes into slice-sized scratches on purpose past "
+                         "pallas_kernels.quantized.CPU_ROW_PRODUCTS rows")
     ap.add_argument("--quantization", default="int8,fp8")
     ap.add_argument("--gpu-dump", help="check the GPU dumps under this folder instead")
     a = ap.parse_args(argv)

@@ -39,18 +39,20 @@ def step_bytes(params: dict) -> int:
                if getattr(key[0], "key", None) != "emb")
 
 
-def decode_tok_s(engine: JaxEngine, B: int, seconds: float) -> float:
+def decode_tok_s(engine: JaxEngine, B: int, seconds: float) -> tuple[float, float]:
+    """(tok/s, process CPU seconds per step): CPU time counts the work of every thread and
+    not the time spent waiting for a core, so it varies less with the machine's load."""
     m, exe = engine.model, engine.executables.get(("forward", (B, 1, False)))
     tokens = jnp.asarray(np.random.default_rng(B).integers(0, m.config.vocab_size, (B, 1)), jnp.int32)
     state = m.init_state(B)
     logits, state = exe(m.params, tokens, state)
     logits.block_until_ready()
-    calls, start = 0, time.perf_counter()
+    calls, start, cpu = 0, time.perf_counter(), time.process_time()
     while calls < 3 or time.perf_counter() - start < seconds:
         logits, state = exe(m.params, tokens, state)
         logits.block_until_ready()
         calls += 1
-    return B * calls / (time.perf_counter() - start)
+    return B * calls / (time.perf_counter() - start), (time.process_time() - cpu) / calls
 
 
 def main(argv=None) -> None:
@@ -69,24 +71,31 @@ def main(argv=None) -> None:
         for B in BATCHES:
             engine.executables.get(("forward", (B, 1, False)))
     runs = {s: {B: [] for B in BATCHES} for s in SCHEMES}
+    cpu_runs = {s: {B: [] for B in BATCHES} for s in SCHEMES}
     for r in range(args.rounds):
         order = SCHEMES[r % len(SCHEMES):] + SCHEMES[:r % len(SCHEMES)]
         for B in BATCHES:
             for s in order:
-                runs[s][B].append(decode_tok_s(engines[s], B, args.seconds))
+                tok_s, cpu_s = decode_tok_s(engines[s], B, args.seconds)
+                runs[s][B].append(tok_s)
+                cpu_runs[s][B].append(cpu_s)
         print(f"round {r + 1}: " + ", ".join(f"{s} B{B} {runs[s][B][-1]:.1f}" for s in SCHEMES for B in BATCHES),
               flush=True)
     med = {s: {B: statistics.median(v) for B, v in runs[s].items()} for s in SCHEMES}
+    cpu = {s: {B: statistics.median(v) for B, v in cpu_runs[s].items()} for s in SCHEMES}
     out = {"config": args.config, "cpus": os.cpu_count(), "jax": jax.__version__, "rounds": args.rounds,
            "seconds_per_measurement": args.seconds, "load_average_at_end": os.getloadavg(),
            "step_weight_bytes": {s: step_bytes(e.model.params) for s, e in engines.items()},
-           "decode_tok_s_median": med, "decode_tok_s_runs": runs,
+           "decode_tok_s_median": med, "decode_tok_s_runs": runs, "cpu_ms_per_step_median": {
+               s: {B: 1e3 * v for B, v in cpu[s].items()} for s in SCHEMES},
            "ratio_vs_float32": {s: {B: med[s][B] / med["none"][B] for B in BATCHES} for s in SCHEMES if s != "none"}}
     out["goal_int8_b1_vs_float32 (>=2)"] = out["ratio_vs_float32"]["int8"][1]
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text(json.dumps(out, indent=1) + "\n")
     lines = [f"Decode tok/s, {args.config} shape, JAX xla on {os.cpu_count()} CPUs, median of {args.rounds} "
-             f"interleaved rounds (float32 activations).", "",
+             f"interleaved rounds (float32 activations); load average at the end "
+             f"{', '.join(f'{x:.1f}' for x in os.getloadavg())}. CPU ms/step: process CPU time per step (all "
+             f"threads, waiting for a core excluded).", "",
              "| weights | step weight bytes | " + " | ".join(f"B={B} tok/s (x float32)" for B in BATCHES) + " |",
              "|---|---|" + "---|" * len(BATCHES)]
     for s in SCHEMES:
@@ -94,6 +103,12 @@ def main(argv=None) -> None:
                  for B in BATCHES]
         lines.append(f"| {'float32' if s == 'none' else s} | {out['step_weight_bytes'][s] / 1e6:.0f} MB | "
                      + " | ".join(cells) + " |")
+    lines += ["", "| weights | " + " | ".join(f"B={B} CPU ms/step (x float32)" for B in BATCHES) + " |",
+              "|---|" + "---|" * len(BATCHES)]
+    for s in SCHEMES:
+        cells = [f"{1e3 * cpu[s][B]:.0f}" + ("" if s == "none" else f" ({cpu['none'][B] / cpu[s][B]:.2f}x)")
+                 for B in BATCHES]
+        lines.append(f"| {'float32' if s == 'none' else s} | " + " | ".join(cells) + " |")
     text = "\n".join(lines) + "\n"
     args.output.with_suffix(".md").write_text(text)
     print(text)

@@ -15,8 +15,14 @@ fusion). The form that fuses differs by backend:
   over the weight's axis 1, or a [K, N] weight, instead get a separate dequantize fusion
   writing a float32 copy (~100x slower on 40 [3072, 768] products), and a many-row dot with the
   fusion runs ~4x slower than the float32 GEMM. So up to ``CPU_ROW_PRODUCTS`` rows run as
-  one-row products (the weight, a quarter of float32's bytes, is re-read from cache), more rows
-  (prefill) one dequantized copy per product, its cost spread over the rows.
+  one-row products (each re-reads the int8 weight), more rows dequantize the weight into a
+  float32 scratch of at most ``CPU_SCRATCH_ELEMENTS`` (the head in slices of rows) that the
+  float32 GEMM reads, its cost spread over the rows. Each slice's copy is made to wait for the
+  previous product through an exact zero computed from it (XLA:CPU otherwise makes every
+  weight's copy at the start of the step: 516 MB of temporaries in the 0.1b B=32 step, 25 MB with the
+  zeros), so one slice-sized scratch is live at a time. On the 0.1b decode step the row
+  products win at B = 4 (148 vs 151 CPU ms per step), the scratch from B = 8 (163 vs 210 ms;
+  B = 32: 404 vs 649 ms; docs/models.md).
 - XLA:GPU (deviceless H200 compile of the 1.5b step) turns a dot with the dequantize into a
   loop fusion writing the bf16 weight plus a GEMM for the channel-mix and head shapes (1.9x the
   bf16 step's bytes); a multiply + row reduction reads the int8 weight once per row inside one
@@ -31,7 +37,8 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-CPU_ROW_PRODUCTS = 32  # rows up to which XLA:CPU runs one fused one-row product per row
+CPU_ROW_PRODUCTS = 4  # rows up to which XLA:CPU runs one fused one-row product per row (measured)
+CPU_SCRATCH_ELEMENTS = 1 << 22  # most weight elements dequantized at once for a many-row CPU product (16 MB)
 GPU_REDUCE_ROWS = 8    # rows up to which the GPU product is a multiply + row reduction (see module doc)
 
 
@@ -58,9 +65,15 @@ def quantized_matmul_f32(x, w: QuantizedWeight):
         return jnp.matmul(x.astype(dtype), w.dequantize(dtype).T, preferred_element_type=jnp.float32)
 
     def cpu(x):
-        if x.shape[0] > CPU_ROW_PRODUCTS:
-            return dot(x, jnp.float32)
-        return jnp.concatenate([dot(x[i:i + 1], jnp.float32) for i in range(x.shape[0])])
+        if x.shape[0] <= CPU_ROW_PRODUCTS:
+            return jnp.concatenate([dot(x[i:i + 1], jnp.float32) for i in range(x.shape[0])])
+        (n, k), x = w.q.shape, x.astype(jnp.float32)
+        rows, parts, last = max(1, CPU_SCRATCH_ELEMENTS // k), [], x
+        for start in range(0, n, rows):
+            zero = (last[0, 0] > 0).astype(jnp.float32) * 0.0  # exactly 0: orders this copy after `last`
+            part = QuantizedWeight(w.q[start:start + rows], w.scale[start:start + rows] + zero)
+            parts.append(last := jnp.matmul(x, part.dequantize(jnp.float32).T))
+        return jnp.concatenate(parts, axis=1)
 
     def gpu(x):
         if x.shape[0] > GPU_REDUCE_ROWS:

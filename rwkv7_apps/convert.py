@@ -18,8 +18,10 @@ import numpy as np
 
 from rwkv7_core.checkpoint import SUPPORTED_DTYPES, CheckpointError, read_checkpoint, write_checkpoint
 from rwkv7_core.hf_checkpoint import VOCAB_FILE, write_hf_dir
-from rwkv7_core.quantization import SCHEMES, metadata, quantize_tensors, spec_for, stored_spec
+from rwkv7_core.quantization import metadata, quantize_tensors, spec_for, stored_spec
 from rwkv7_core.tokenizer import WORLD_VOCAB_SIZE, world_vocab_file
+
+from .options import add_quantization_options
 
 EXIT_BAD_INPUT = 2
 
@@ -33,10 +35,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dtype", choices=sorted(SUPPORTED_DTYPES), help="cast every tensor (default: keep)")
     p.add_argument("--max-shard-mb", type=float, default=4096,
                    help="--to hf: shards of at most this size (default 4096; a shard is built in memory)")
-    p.add_argument("--quantization", choices=SCHEMES, default="none",
-                   help="--to safetensors: quantize the large projections (default none)")
-    p.add_argument("--group-size", type=int, default=None,
-                   help="int8 input channels per scale (default: rwkv7_core.quantization.DEFAULT_GROUP_SIZE)")
+    add_quantization_options(p, "; --to safetensors only")
     return p
 
 
@@ -49,6 +48,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.quantization != "none" and args.to != "safetensors":
         parser.error("--quantization needs --to safetensors (the scheme travels in its metadata)")
     try:
+        quant = spec_for(args.quantization, args.group_size)
         tensors, config = read_checkpoint(args.source)
         if stored_spec(tensors.metadata, args.source) is not None:
             raise CheckpointError(f"{args.source!r} is already quantized; convert its float checkpoint")
@@ -62,7 +62,6 @@ def main(argv: list[str] | None = None) -> int:
         else:
             target = SUPPORTED_DTYPES[dtype]
             cast = {k: tensors[k].astype(target) for k in tensors}
-            quant = spec_for(args.quantization, args.group_size)
             if quant is None:
                 write_checkpoint(args.out, cast)
             else:
@@ -70,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
     except (CheckpointError, OSError) as e:
         print(f"rwkv7-convert: error: {e}", file=sys.stderr)
         return EXIT_BAD_INPUT
-    quantized = "" if args.quantization == "none" else f", {args.quantization} projections"
+    quantized = "" if quant is None else f", {quant.describe()} projections"
     print(f"wrote {args.out} ({args.to}, {dtype}{quantized}): {config}")
     return 0
 

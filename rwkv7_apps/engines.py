@@ -64,16 +64,17 @@ def kernel_choices(backend: str) -> list[str]:
 
 
 def load_engine(backend: str, path: str | os.PathLike, dtype: str = "float32", kernels: str = "auto",
-                device=None, quantization: str = "none"):
+                device=None, quantization: str = "none", group_size: int | None = None):
     """The backend's engine for a checkpoint; ValueError for a bad backend, dtype, kernels or
     quantization (each backend's ``load`` checks its own kernels and resolves ``auto``). device:
     jax, an index into ``jax.local_devices()``; torch, a device string ("cuda:1", "cpu"); None =
-    the backend's default. quantization: none | int8 | fp8 (``rwkv7_core.quantization``)."""
-    return load_engines(backend, path, dtype, kernels, [device], quantization)[0]
+    the backend's default. quantization: none | int8 | fp8 (``rwkv7_core.quantization``);
+    group_size: int8 input channels per scale (None: the default, or a quantized checkpoint's)."""
+    return load_engines(backend, path, dtype, kernels, [device], quantization, group_size)[0]
 
 
 def load_engines(backend: str, path: str | os.PathLike, dtype: str, kernels: str, devices: list,
-                 quantization: str = "none") -> list:
+                 quantization: str = "none", group_size: int | None = None) -> list:
     """One engine per entry of ``devices`` (see ``load_engine``; ``replica_devices`` gives
     them). JAX reads the checkpoint once and puts a copy of the weights on each device."""
     if backend == "jax":
@@ -81,7 +82,8 @@ def load_engines(backend: str, path: str | os.PathLike, dtype: str, kernels: str
         from rwkv_jax.engine import JaxEngine
 
         rwkv_jax.enable_compilation_cache(compile_cache_dir())  # reruns and resumed runs skip compiling
-        first = rwkv_jax.load(path, dtype=dtype, kernels=kernels, device=devices[0], quantization=quantization)
+        first = rwkv_jax.load(path, dtype=dtype, kernels=kernels, device=devices[0], quantization=quantization,
+                               group_size=group_size)
         models = [first] + [rwkv_jax.Model(first.params, first.config, first.dtype, first.kernels,
                                            rwkv_jax.local_device(d)) for d in devices[1:]]
         return [JaxEngine(m) for m in models]
@@ -90,7 +92,8 @@ def load_engines(backend: str, path: str | os.PathLike, dtype: str, kernels: str
             import rwkv_torch_ref
             from rwkv_torch_ref.engine import TorchEngine
             return [TorchEngine(rwkv_torch_ref.load(path, dtype=dtype, kernels=kernels, device=d,
-                                                    quantization=quantization)) for d in devices]
+                                                    quantization=quantization, group_size=group_size))
+                    for d in devices]
         except ModuleNotFoundError as e:
             raise ValueError(f"--backend torch needs {e.name}: pip install 'rwkv7-engine[torch]'") from None
     raise ValueError(f"unknown backend {backend!r}; choose one of {BACKENDS}")

@@ -259,7 +259,8 @@ def _prefix_store(args, model_path: Path, engine):
         return None
     from scheduler.prefix_disk import DiskPrefixStore
 
-    fingerprint = model_fingerprint(model_path, args.backend, engine, args.dtype, cache_dir(), args.quantization)
+    fingerprint = model_fingerprint(model_path, args.backend, engine, args.dtype, cache_dir(), args.quantization,
+                                    args.group_size)
     return DiskPrefixStore(args.prefix_cache_dir, int(args.prefix_cache_disk_mb * 2**20), fingerprint)
 
 

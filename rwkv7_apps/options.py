@@ -1,4 +1,5 @@
-"""Command-line option groups shared by the commands (``rwkv7-generate``, ``rwkv7-serve``):
+"""Command-line option groups shared by the commands (``rwkv7-generate``, ``rwkv7-serve``;
+``rwkv7-convert`` the quantization options):
 the model source, the engine and scheduler options and the sampling defaults, with the
 checks and conversions that go with them."""
 from __future__ import annotations
@@ -6,7 +7,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from rwkv7_core.quantization import SCHEMES
+from rwkv7_core.quantization import DEFAULT_GROUP_SIZE, SCHEMES
 from rwkv7_core.sampling import MAX_TOKENS_LIMIT
 
 from .engines import BACKENDS, kernel_choices, random_model_names
@@ -34,6 +35,17 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
                           "written once under $XDG_CACHE_HOME/rwkv7 (default ~/.cache/rwkv7)")
 
 
+def add_quantization_options(p: argparse.ArgumentParser, note: str = "") -> None:
+    """``--quantization none|int8|fp8`` and ``--group-size N`` (int8 input channels per scale),
+    as ``rwkv_jax.load`` / ``rwkv_torch_ref.load`` take them (checked there, at load)."""
+    p.add_argument("--quantization", default="none", choices=SCHEMES,
+                   help=f"weight-only quantization of the large projections (int8: groups of --group-size input "
+                        f"channels; fp8: e4m3, one scale per row; see docs/models.md){note}")
+    p.add_argument("--group-size", type=int, default=None, metavar="N",
+                   help=f"int8 only: input channels per scale, a multiple of 16 dividing every projection's "
+                        f"width (default {DEFAULT_GROUP_SIZE}; a quantized checkpoint keeps its own)")
+
+
 def add_engine_options(p: argparse.ArgumentParser) -> None:
     """Backend, kernels, dtype and the scheduler options."""
     p.add_argument("--backend", default="jax", choices=BACKENDS)
@@ -41,9 +53,7 @@ def add_engine_options(p: argparse.ArgumentParser) -> None:
                    help="jax: auto|xla|pallas|pallas-fused|pallas-interpret|pallas-fused-interpret; torch: auto|torch|triton "
                         "(auto = the fastest available on this machine; checked by the backend)")
     p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
-    p.add_argument("--quantization", default="none", choices=SCHEMES,
-                   help="weight-only quantization of the large projections (int8: groups of 128 input "
-                        "channels; fp8: e4m3, one scale per row; see docs/quantization.md); jax: xla kernels only")
+    add_quantization_options(p)
     p.add_argument("--max-batch", type=int, default=None,
                    help="most sequences decoded together (default 256, or the largest of --buckets)")
     p.add_argument("--buckets", type=int_list, default=None, metavar="1,2,4,...",

@@ -21,7 +21,8 @@ class ReplicaActor:
     on this node if missing, instead of ``model_path``."""
 
     def __init__(self, backend: str, model_path: str | None, random_model: str | None, dtype: str, kernels: str,
-                 config: dict, fault: tuple | None, quantization: str = "none"):
+                 config: dict, fault: tuple | None, quantization: str = "none",
+                 group_size: int | None = None):
         from rwkv7_core.tokenizer import tokenizer_for
         from scheduler import Scheduler, SchedulerConfig
 
@@ -30,7 +31,7 @@ class ReplicaActor:
         from .replicas import MAX_FAILURES
 
         path = random_model_path(random_model) if random_model else model_path
-        engine = load_engine(backend, path, dtype, kernels, quantization=quantization)
+        engine = load_engine(backend, path, dtype, kernels, quantization=quantization, group_size=group_size)
         self.guard = EngineGuard(engine, Fault(*fault) if fault else None)
         self.scheduler = Scheduler(self.guard, SchedulerConfig(**config), tokenizer=tokenizer_for(engine.vocab_size))
         self.device = f"{os.uname().nodename}:{os.getpid()}/{engine_device(engine)}"

@@ -41,9 +41,11 @@ def build_scheduler(parser: argparse.ArgumentParser, args, model_path: Path,
     except ValueError as e:
         parser.error(str(e))
     try:
-        engines = ([load_engine(args.backend, model_path, args.dtype, args.kernels, quantization=args.quantization)]
+        engines = ([load_engine(args.backend, model_path, args.dtype, args.kernels, quantization=args.quantization,
+                                group_size=args.group_size)]
                    if len(devices) == 1 else
-                   load_engines(args.backend, model_path, args.dtype, args.kernels, devices, args.quantization))
+                   load_engines(args.backend, model_path, args.dtype, args.kernels, devices, args.quantization,
+                                args.group_size))
     except (OSError, ValueError) as e:
         fail(f"cannot load model {model_path}: {e}")
     tokenizer = tokenizer_for(engines[0].vocab_size, model_path)

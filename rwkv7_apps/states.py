@@ -70,17 +70,19 @@ def save_final_state(directory: str | os.PathLike, request_id: str | int, host_r
 
 # ----------------------------------------------------------------------------- fingerprint
 def model_fingerprint(model_path: str | os.PathLike, backend: str, engine, dtype: str, cache_dir: Path,
-                      quantization: str = "none") -> str:
+                      quantization: str = "none", group_size: int | None = None) -> str:
     """Names what produced the cached rows: the checkpoint's SHA-256 (memoized in
     ``cache_dir`` per file identity, so reruns do not rehash), the dtype, the weight
-    quantization, the backend, its resolved kernels and device."""
+    quantization (and int8 group size when one was asked for), the backend, its resolved
+    kernels and device."""
     if backend == "jax":
         import jax
         device = jax.devices()[0].device_kind
     else:
         device = engine.device
     return json.dumps({"checkpoint_sha256": checkpoint_digest(model_path, cache_dir), "dtype": dtype,
-                       **({"quantization": quantization} if quantization != "none" else {}), "backend": backend, "kernels": engine.kernels, "device": device})
+                       **({"quantization": quantization} if quantization != "none" else {}),
+                       **({"quantization_group_size": group_size} if group_size is not None else {}), "backend": backend, "kernels": engine.kernels, "device": device})
 
 
 def checkpoint_digest(path: str | os.PathLike, cache_dir: Path) -> str:

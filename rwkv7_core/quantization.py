@@ -27,7 +27,7 @@ import numpy as np
 from .tensor_files import CheckpointError
 
 SCHEMES = ("none", "int8", "fp8")
-DEFAULT_GROUP_SIZE = 128  # int8 groups; chosen by benchmarks/quant_accuracy.py (docs/quantization.md)
+DEFAULT_GROUP_SIZE = 128  # int8 groups; chosen by benchmarks/quant_accuracy.py (docs/models.md)
 STORAGE_DTYPES = {"int8": np.dtype(np.int8), "fp8": np.dtype(ml_dtypes.float8_e4m3fn)}
 QMAX = {"int8": 127.0, "fp8": float(ml_dtypes.finfo(ml_dtypes.float8_e4m3fn).max)}  # 448
 METADATA_SCHEME, METADATA_GROUP = "rwkv7_quantization", "rwkv7_quantization_group_size"
@@ -56,9 +56,12 @@ class QuantSpec(NamedTuple):
 
 def spec_for(scheme: str, group_size: int | None = None) -> QuantSpec | None:
     """The QuantSpec of a scheme name (None for ``none``); QuantizationError for an unknown
-    scheme or a group size that is not a positive multiple of 16."""
+    scheme, a group size with a scheme other than int8, or a group size that is not a
+    positive multiple of 16."""
     if scheme not in SCHEMES:
         raise QuantizationError(f"unknown quantization {scheme!r}; choose one of {', '.join(SCHEMES)}")
+    if group_size is not None and scheme != "int8":
+        raise QuantizationError(f"quantization group size {group_size} applies to int8 only (quantization {scheme})")
     if scheme == "none":
         return None
     if scheme == "fp8":

@@ -1,5 +1,6 @@
 """rwkv7-generate --quantization end to end on the tiny model, and rwkv7-convert --quantization."""
 import numpy as np
+import pytest
 
 import rwkv_torch_ref
 from rwkv7_apps.convert import main as convert
@@ -23,3 +24,38 @@ def test_generate_int8_matches_the_quantized_reference_and_convert_round_trips(t
                     tmp_path)
     assert wrong.returncode == 2
     assert "holds int8 (groups of 128) weights but quantization fp8 was requested" in wrong.stderr
+
+
+def test_group_size_option_reaches_the_model_and_bad_sizes_fail_at_load(tiny_ckpt, tmp_path, capsys):
+    """--group-size (declared once in rwkv7_apps.options) on rwkv7-convert and rwkv7-generate:
+    the converted file records it, generate from the float checkpoint with it matches the
+    torch reference quantized with it, and a size that does not divide a width, a size with
+    fp8, or a size other than the stored one fail at load with one line."""
+    from rwkv7_apps.generate import main as generate
+
+    ckpt = tiny_ckpt.with_suffix(".safetensors")
+    quantized = tmp_path / "int8-g32.safetensors"
+    assert convert([str(ckpt), "--to", "safetensors", "--out", str(quantized), "--quantization", "int8",
+                    "--group-size", "32"]) == 0
+    assert rwkv_torch_ref.load(quantized, quantization="int8").quant.group_size == 32
+    reqs = random_token_requests(np.random.default_rng(11), 2, 512, lengths=(4,), max_tokens=(5,))
+    ref = rwkv_torch_ref.load(ckpt, quantization="int8", group_size=32)
+    want = {r["id"]: greedy_reference(ref, r["tokens"], r["max_tokens"], as_torch=True) for r in reqs}
+    inp = write_jsonl(tmp_path / "in.jsonl", reqs)
+    out = tmp_path / "out.jsonl"
+    proc = run_cli(["--model", ckpt, "--quantization", "int8", "--group-size", 32, "--input", inp, "--output", out,
+                    "--max-batch", 2, "--buckets", "2"], tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert {r["id"]: r["tokens"] for r in read_results(out)} == want
+    capsys.readouterr()
+    for model, extra, message in [
+            (ckpt, ["--quantization", "int8", "--group-size", "48"],
+             "quantization group size 48 does not divide its width 128"),
+            (ckpt, ["--quantization", "fp8", "--group-size", "32"], "group size 32 applies to int8 only"),
+            (quantized, ["--quantization", "int8", "--group-size", "64"],
+             "holds int8 (groups of 32) weights but quantization int8 (groups of 64) was requested")]:
+        with pytest.raises(SystemExit) as exit_info:
+            generate(["--model", str(model), *extra, "--input", str(inp), "--output", str(tmp_path / "x.jsonl")])
+        err = capsys.readouterr().err
+        assert exit_info.value.code == 2 and message in err, err[-2000:]
+        assert len(err.strip().splitlines()) == 1, err[-2000:]

@@ -35,9 +35,9 @@ def test_quantized_jax_matches_quantized_torch(tiny_ckpt, scheme):
     m = rwkv_jax.load(path, quantization=scheme, group_size=group)
     ref = rwkv_torch_ref.load(path, quantization=scheme, group_size=group)
     plain = rwkv_torch_ref.load(path)
-    # int8: 36 rows, more than CPU_ROW_PRODUCTS (one dequantized product); fp8: 12 rows, the
-    # per-row products a decode step runs (int8's: test_cli_quantization)
-    B, T = (3, 12) if scheme == "int8" else (2, 6)
+    # int8: 36 rows, more than CPU_ROW_PRODUCTS (the dequantized scratch); fp8: 4 rows, the
+    # per-row products a small decode batch runs (int8's: test_cli_quantization)
+    B, T = (3, 12) if scheme == "int8" else (2, 2)
     tokens = np.random.default_rng(len(scheme)).integers(0, m.config.vocab_size, (B, T))
     seq, _ = m.forward(tokens, m.init_state(B), full_output=True)
     want, _ = ref.forward(tokens, ref.init_state(B), full_output=True)
@@ -92,3 +92,23 @@ def test_pallas_kernels_on_quantized_weights_match_xla(tiny_ckpt, kernels, schem
     np.testing.assert_allclose(np.asarray(lp), np.asarray(lx), atol=1e-4, rtol=0)
     for name, leaf_p, leaf_x in zip(sx._fields, sp, sx):
         np.testing.assert_allclose(np.asarray(leaf_p), np.asarray(leaf_x), atol=1e-4, rtol=0, err_msg=name)
+
+
+def test_many_row_cpu_product_dequantizes_one_slice_at_a_time():
+    """More rows than CPU_ROW_PRODUCTS: the product equals x @ dequantized.T, and a weight of
+    more than CPU_SCRATCH_ELEMENTS is dequantized in slices whose float32 copies are not all
+    live at once (the compiled temporaries stay below one whole float32 copy)."""
+    import jax.numpy as jnp
+
+    from pallas_kernels import quantized
+    from rwkv7_core.quantization import quantize
+
+    rng = np.random.default_rng(5)
+    n, k = quantized.CPU_SCRATCH_ELEMENTS // 768 * 3 // 2, 768  # two slices
+    q, scale = quantize(rng.standard_normal((n, k)).astype(np.float32), spec_for("int8"))
+    w = quantized.QuantizedWeight(jnp.asarray(q), jnp.asarray(scale))
+    x = jnp.asarray(rng.standard_normal((quantized.CPU_ROW_PRODUCTS + 3, k)), jnp.float32)
+    fn = jax.jit(quantized.quantized_matmul_f32)
+    want = np.asarray(x) @ np.asarray(w.dequantize(jnp.float32)).T
+    np.testing.assert_allclose(np.asarray(fn(x, w)), want, atol=2e-3 * np.abs(want).max(), rtol=0)
+    assert fn.lower(x, w).compile().memory_analysis().temp_size_in_bytes < n * k * 4
