@@ -18,8 +18,8 @@ B, precompiled, grammars compiled before the clock starts). Reported:
 
     python benchmarks/structured_output.py --model tiny-world --requests 500 --batch 64 \\
         --out benchmarks/results/structured_output_tiny.json
-    python benchmarks/structured_output.py --model 0.1b --requests 128 --batch 32 --max-tokens 48 \\
-        --out benchmarks/results/structured_output_0.1b.json
+    python benchmarks/structured_output.py --model 0.1b --requests 128 --batch 64 --max-tokens 48 \\
+        --repeats 2 --out benchmarks/results/structured_output_0.1b.json
 """
 from __future__ import annotations
 
