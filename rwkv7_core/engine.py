@@ -186,7 +186,10 @@ class TokenMask(Protocol):
     ``mixed_step`` take a keyword ``allowed`` (int32 [bucket, W] packed masks, or None = no row
     constrained, the unmasked executable) and ``sample`` takes ``allowed`` int32 [W] (or None):
     disallowed tokens get logits -inf before sampling, as banned tokens do. The draws of a
-    row whose mask allows everything equal the unmasked draws."""
+    row whose mask allows everything equal the unmasked draws. ``allowed`` may also be a
+    function returning the masks (token_mask.Masks): the engine calls it once per call, after
+    starting the model forward where it can (so the host computes masks while the device runs)
+    and before sampling."""
 
 
 class ReportsCompiles(Protocol):

@@ -5,14 +5,27 @@ A mask of a vocabulary of V tokens is int32 [..., W] with W = ``mask_words(V)``:
 without a constraint is ``ALL_ALLOWED`` in every word. Engines with
 ``Capability.TOKEN_MASK`` take a batch's masks [B, W] and set the logits of disallowed tokens
 to -inf before sampling, exactly as a banned token (rwkv7_core/sampling.py); this module is
-the numpy definition of the unpacking.
+the numpy definition of the unpacking. A step's masks may also come as a mask function
+(``Masks``): the engine calls it once, after it has started the step's model forward and
+before sampling, so the host computes the masks while the device runs the forward.
 """
 from __future__ import annotations
+
+from typing import Callable, Union
 
 import numpy as np
 
 ALL_ALLOWED = -1
 """A mask word with every bit set (int32)."""
+
+
+Masks = Union[np.ndarray, Callable[[], np.ndarray], None]
+"""A step's packed masks int32 [B, W], a function returning them, or None (no row constrained)."""
+
+
+def masks_now(allowed: Masks) -> np.ndarray | None:
+    """The masks of ``allowed``: a mask function is called now; an array or None is returned as is."""
+    return allowed() if callable(allowed) else allowed
 
 
 def mask_words(vocab_size: int) -> int:

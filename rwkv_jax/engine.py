@@ -18,9 +18,11 @@ size the varlen prefill and per (bucket, flat size) the mixed step
 (Capability.VARLEN_PREFILL, MIXED_STEP); for Capability.LOGPROBS (by compile_logprobs, else on first use): per
 bucket the step that also scores the drawn tokens, the first-token scoring, and per piece
 length the full-output prompt scoring (the plain step stays as lean as before); for
-Capability.TOKEN_MASK, compiled on first use: the "_masked" twins of the step, the scoring
-step, the first-token draw and the mixed step, which also take packed allowed-token masks
-(only batches holding a grammar-constrained row run them).
+Capability.TOKEN_MASK, compiled on first use: the "_masked" twins of the scoring step, the
+first-token draw and the mixed step, which also take packed allowed-token masks, and the
+masked decode step as two calls, its forward and its masked sampling, so that a mask function
+(rwkv7_core/token_mask.Masks) runs on the host while the dispatched forward computes (only
+batches holding a grammar-constrained row run them).
 """
 from __future__ import annotations
 
@@ -34,6 +36,7 @@ import numpy as np
 from rwkv7_core.engine import Capability, Slots
 from rwkv7_core.engine_checks import check_prompt, check_resize, check_slot
 from rwkv7_core.sampling import SamplingParams, TokenLogprobs, banned_mask, sampling_rows
+from rwkv7_core.token_mask import Masks, masks_now
 
 from .compilation import ExecutableCache, compiler_options, platform_of
 from .executables import lower, warm_up_args
@@ -141,8 +144,9 @@ class JaxEngine:
             offset += piece
         return jax.block_until_ready((state, logits))  # as prefill_varlen: callers time the call
 
-    def sample(self, row, params: SamplingParams, position: int = 0, allowed: np.ndarray | None = None) -> int:
+    def sample(self, row, params: SamplingParams, position: int = 0, allowed: Masks = None) -> int:
         args = (row[1], sampling_rows([params]), banned_mask([params], self.vocab_size), np.array([position], np.int32))
+        allowed = masks_now(allowed)
         if allowed is None:
             return int(self._run("sample", 1, *args))
         return int(self._run("sample_masked", 1, *args, np.asarray(allowed, np.int32).reshape(1, -1)))
@@ -165,16 +169,23 @@ class JaxEngine:
             self.slots = self._run("gather", (self.bucket, new_bucket), self.slots, index)
         self.bucket = new_bucket
 
-    def _decode_args(self, tokens, positions, allowed) -> tuple:
+    def _decode_args(self, tokens, positions, allowed: Masks) -> tuple:
         """The step's arguments after the slots (the packed masks last, when given)."""
         args = (np.asarray(tokens, np.int32), np.asarray(positions, np.int32))
+        allowed = masks_now(allowed)
         return args if allowed is None else (*args, np.asarray(allowed, np.int32))
 
-    def step(self, tokens: np.ndarray, positions: np.ndarray, allowed: np.ndarray | None = None) -> np.ndarray:
-        kind = "step" if allowed is None else "step_masked"
-        drawn, _, self.slots = self._run(kind, self.bucket, self.model.params, self.slots,
-                                         *self._decode_args(tokens, positions, allowed))
+    def step(self, tokens: np.ndarray, positions: np.ndarray, allowed: Masks = None) -> np.ndarray:
         self.last_path = select_path(self.bucket, 1).name
+        if allowed is None:
+            drawn, _, self.slots = self._run("step", self.bucket, self.model.params, self.slots,
+                                             *self._decode_args(tokens, positions, None))
+            return np.asarray(drawn)
+        # masked: the forward is dispatched (asynchronously) before the masks are asked for
+        logits, self.slots = self._run("step_forward", self.bucket, self.model.params, self.slots,
+                                       np.asarray(tokens, np.int32))
+        drawn = self._run("step_sample_masked", self.bucket, logits, self.slots, np.asarray(positions, np.int32),
+                          np.asarray(masks_now(allowed), np.int32))
         return np.asarray(drawn)
 
     # -- Capability.LOGPROBS ---------------------------------------------------------------
@@ -188,7 +199,7 @@ class JaxEngine:
                 for kind, shape in keys}
 
     def step_logprobs(self, tokens: np.ndarray, positions: np.ndarray,
-                      allowed: np.ndarray | None = None) -> tuple[np.ndarray, TokenLogprobs]:
+                      allowed: Masks = None) -> tuple[np.ndarray, TokenLogprobs]:
         kind = "step_logprobs" if allowed is None else "step_logprobs_masked"
         drawn, scored, self.slots = self._run(kind, self.bucket, self.model.params, self.slots,
                                               *self._decode_args(tokens, positions, allowed))
@@ -252,10 +263,11 @@ class JaxEngine:
         return list(jax.block_until_ready(out[:n]))
 
     def mixed_step(self, tokens: np.ndarray, positions: np.ndarray, prompts: Sequence[np.ndarray],
-                   starts: Sequence, token_rows: int, allowed: np.ndarray | None = None) -> tuple[np.ndarray, list]:
+                   starts: Sequence, token_rows: int, allowed: Masks = None) -> tuple[np.ndarray, list]:
         """``step`` for every slot plus prompt pieces (padded to ``token_rows`` tokens) in the
         same forward; returns (drawn int32 [bucket], one Row per piece)."""
         flat, rows, seg_starts, seg_lengths, n = self._pack(prompts, starts, token_rows)
+        allowed = masks_now(allowed)
         masks = () if allowed is None else (np.asarray(allowed, np.int32),)
         drawn, self.slots, out_rows = self._run(
             "mixed" if allowed is None else "mixed_masked", (self.bucket, token_rows), self.model.params, self.slots,

@@ -124,8 +124,13 @@ EXECUTABLES: dict[str, Executable] = {
     "step_logprobs": Executable(_model_jit(functools.partial(slot_fns.decode_step, with_logprobs=True), "slots"),
                                 _step_args, _on_path(lambda b: (b, 1))),
     # the same two with packed allowed-token masks [bucket, W] (Capability.TOKEN_MASK; first use)
-    "step_masked": Executable(_model_jit(slot_fns.decode_step, "slots"), _masked(_step_args),
-                              _on_path(lambda b: (b, 1))),
+    # the masked step as two calls: the forward, dispatched first, then the masked sampling, so
+    # the host computes the masks while the forward runs (rwkv7_core/token_mask.Masks)
+    "step_forward": Executable(_model_jit(slot_fns.decode_forward, "slots"),
+                               lambda model, b: (abstract_slots(model, b), _i32(b)), _on_path(lambda b: (b, 1))),
+    "step_sample_masked": Executable(jax.jit(slot_fns.decode_sample, static_argnames="kernels"),
+                                     _masked(lambda model, b: (_logits(model, b), abstract_slots(model, b), _i32(b))),
+                                     lambda model, b: dict(kernels=model.kernels), with_params=False),
     "step_logprobs_masked": Executable(
         _model_jit(functools.partial(slot_fns.decode_step, with_logprobs=True), "slots"), _masked(_step_args),
         _on_path(lambda b: (b, 1))),

@@ -20,12 +20,25 @@ from .state import State, init_state
 def decode_step(params, slots: Slots, tokens, positions, allowed=None, *, config, path, kernels, with_logprobs=False):
     """tokens, positions int32 [B] (allowed: packed token masks int32 [B, W] or None) ->
     (drawn int32 [B], TokenLogprobs of them or None, new slots)."""
+    logits, slots = decode_forward(params, slots, tokens, config=config, path=path, kernels=kernels)
+    drawn = decode_sample(logits, slots, positions, allowed, kernels=kernels)
+    scored = token_logprobs(logits, drawn) if with_logprobs else None
+    return drawn, scored, slots
+
+
+def decode_forward(params, slots: Slots, tokens, *, config, path, kernels):
+    """The first half of ``decode_step``: tokens int32 [B] counted and fed -> (logits [B, V],
+    slots with the new state and penalty counts)."""
     counts = update_counts(slots.counts, tokens, slots.rows.decay)
     logits, state = forward_fn(params, tokens[:, None], slots.state, config=config, path=path, kernels=kernels)
-    drawn = sample_rows(logits, counts, slots.rows, disallowed(slots.banned, allowed), positions,
-                        straight_line_sampling(kernels))
-    scored = token_logprobs(logits, drawn) if with_logprobs else None
-    return drawn, scored, slots._replace(state=state, counts=counts)
+    return logits, slots._replace(state=state, counts=counts)
+
+
+def decode_sample(logits, slots: Slots, positions, allowed=None, *, kernels):
+    """The second half of ``decode_step``: drawn int32 [B] from the forward's logits [B, V] and
+    slots, positions int32 [B] and packed masks int32 [B, W] (or None)."""
+    return sample_rows(logits, slots.counts, slots.rows, disallowed(slots.banned, allowed), positions,
+                       straight_line_sampling(kernels))
 
 
 def score_piece(params, tokens, next_tokens, state, *, config, path, kernels):

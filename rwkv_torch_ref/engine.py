@@ -18,6 +18,7 @@ import torch
 from rwkv7_core.engine import Capability, Slots
 from rwkv7_core.engine_checks import check_prompt, check_resize, check_slot
 from rwkv7_core.sampling import SamplingParams, SamplingRows, TokenLogprobs, banned_mask, sampling_rows
+from rwkv7_core.token_mask import Masks, masks_now
 
 from .sampling import disallowed, sample_rows, token_logprobs, update_counts
 from .state import State, select_rows
@@ -46,8 +47,10 @@ class TorchEngine:
         a = a.astype(np.int64) if a.dtype == np.uint32 else a
         return torch.from_numpy(np.ascontiguousarray(a)).to(self.device)
 
-    def _masks(self, allowed: np.ndarray | None, rows: int) -> torch.Tensor | None:
-        """Packed allowed-token masks as an int32 [rows, W] tensor (None stays None)."""
+    def _masks(self, allowed: Masks, rows: int) -> torch.Tensor | None:
+        """Packed allowed-token masks (or their function, called now: after the forward) as an
+        int32 [rows, W] tensor (None stays None)."""
+        allowed = masks_now(allowed)
         return None if allowed is None else self._tensor(np.asarray(allowed, np.int32).reshape(rows, -1))
 
     def _rows(self, params: Sequence[SamplingParams]) -> SamplingRows:
@@ -105,10 +108,10 @@ class TorchEngine:
         self.bucket = new_bucket
 
     @torch.inference_mode()
-    def step(self, tokens: np.ndarray, positions: np.ndarray, allowed: np.ndarray | None = None) -> np.ndarray:
+    def step(self, tokens: np.ndarray, positions: np.ndarray, allowed: Masks = None) -> np.ndarray:
         return self._step(tokens, positions, with_logprobs=False, allowed=allowed)[0]
 
-    def _step(self, tokens: np.ndarray, positions: np.ndarray, with_logprobs: bool, allowed: np.ndarray | None):
+    def _step(self, tokens: np.ndarray, positions: np.ndarray, with_logprobs: bool, allowed: Masks):
         tokens = torch.from_numpy(np.asarray(tokens, np.int64)).to(self.device)
         positions = torch.from_numpy(np.asarray(positions, np.int64)).to(self.device)
         slots = self.slots

@@ -281,18 +281,23 @@ class StepLoop:
             return "error"
         return "stop" if matcher.done else None
 
-    def _masks(self) -> np.ndarray | None:
-        """int32 [bucket, W] packed allowed-token masks of this step (rows without a grammar
-        allow everything), or None when no live row has one (the unmasked step runs)."""
+    def _masks(self) -> Callable[[], np.ndarray] | None:
+        """This step's mask function (rwkv7_core/token_mask.Masks: the engine calls it while
+        the step's forward runs): int32 [bucket, W] packed allowed-token masks, rows without a
+        grammar allowing everything; None when no live row has one (the unmasked step runs)."""
         slots = self._slots
         if not slots.constrained.any():  # only live rows are
             return None
-        rows = np.flatnonzero(slots.constrained).tolist()
-        start = time.perf_counter()
-        allowed = all_allowed(slots.bucket, self.engine.vocab_size)
-        fill_masks([(r, slots.matchers[r]) for r in rows], allowed)
-        self.stats.record_masks(len(rows), time.perf_counter() - start)
-        return allowed
+        rows = [(r, slots.matchers[r]) for r in np.flatnonzero(slots.constrained).tolist()]
+        bucket, vocab_size = slots.bucket, self.engine.vocab_size
+
+        def masks() -> np.ndarray:
+            start = time.perf_counter()
+            allowed = all_allowed(bucket, vocab_size)
+            fill_masks(rows, allowed)
+            self.stats.record_masks(len(rows), time.perf_counter() - start)
+            return allowed
+        return masks
 
     def _stop_string_hit(self, entry: Entry, token: int) -> bool:
         """True when ``token``, the newest, completes a stop string (called once per token;

@@ -133,7 +133,8 @@ def check_slot_ops_and_host_rows_round_trip(engine):
 
 def check_token_masks_restrict_draws_and_all_allowed_changes_nothing(engine):
     """Capability.TOKEN_MASK: a row draws only allowed tokens (steps and the first-token draw);
-    a row whose mask allows everything draws what the unmasked executables draw."""
+    a row whose mask allows everything draws what the unmasked executables draw; masks given
+    as a function draw what the same masks given as an array draw."""
     rng = np.random.default_rng()
     row = engine.prefill(rng.integers(0, V, 5).astype(np.int32))
     params = [SamplingParams(temperature=1.0, seed=int(rng.integers(2**32)), stop_tokens=()) for _ in range(2)]
@@ -149,8 +150,9 @@ def check_token_masks_restrict_draws_and_all_allowed_changes_nothing(engine):
         return np.array([engine.step(np.array([3, 4], np.int32), np.array([i, i], np.int32), **masked)
                          for i in range(3)])
 
-    masked, plain = run(allowed=masks), run()
+    masked, plain, deferred = run(allowed=masks), run(), run(allowed=lambda: masks)
     assert allowed[0, masked[:, 0]].all() and masked[:, 1].tolist() == plain[:, 1].tolist()
+    assert deferred.tolist() == masked.tolist()  # a mask function (called while the forward runs): the same
     assert allowed[0, engine.sample(row, params[0], 0, allowed=masks[0])]
     assert engine.sample(row, params[1], 0, allowed=masks[1]) == engine.sample(row, params[1], 0)
 
