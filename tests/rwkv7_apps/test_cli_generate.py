@@ -4,17 +4,12 @@ error records for bad lines, metrics and plot; plus fail-fast checks on bad path
 from __future__ import annotations
 
 import json
-import os
 import re
-import subprocess
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 
-from tests.rwkv7_apps.cli_harness import (SCRIPT, greedy_reference, random_token_requests, read_results, run_cli,
-                                         write_jsonl)
+from tests.rwkv7_apps.cli_harness import greedy_reference, random_token_requests, read_results, run_cli, write_jsonl
 
 
 # ----------------------------------------------------------------------------- tests
