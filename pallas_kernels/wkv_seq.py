@@ -13,8 +13,7 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
-from .common import require, triton_params
-from .wkv_step import wkv_step_reference
+from .wkv_step import per_head_call, wkv_step_reference
 
 CHUNK = 8  # time steps per unrolled chunk
 
@@ -56,23 +55,6 @@ def _seq_kernel(r_ref, w_ref, k_ref, v_ref, kk_ref, a_ref, s_ref, y_ref, s_out_r
 def wkv_seq(r, w, k, v, kk, a, S, *, interpret: bool = False):
     """Pallas recurrence with the contract of `wkv_seq_reference`; S is aliased to S_final."""
     B, T, H, N = r.shape
-    for name, t in (("r", r), ("w", w), ("k", k), ("v", v), ("kk", kk), ("a", a)):
-        require(t.shape == (B, T, H, N) and t.dtype == jnp.float32,
-                f"wkv_seq: {name} must be float32 [B, T, H, N]={B, T, H, N}, got {t.dtype} {t.shape}")
-    require(S.shape == (B, H, N, N) and S.dtype == jnp.float32,
-            f"wkv_seq: S must be float32 [B, H, N, N], got {S.dtype} {S.shape}")
-    require(N & (N - 1) == 0, f"wkv_seq: head size N={N} must be a power of two")
     seq = pl.BlockSpec((None, T, None, N), lambda b, h: (b, 0, h, 0))
-    mat = pl.BlockSpec((None, None, N, N), lambda b, h: (b, h, 0, 0))
-    return pl.pallas_call(
-        functools.partial(_seq_kernel, T=T),
-        out_shape=(jax.ShapeDtypeStruct((B, T, H, N), jnp.float32),
-                   jax.ShapeDtypeStruct((B, H, N, N), jnp.float32)),
-        grid=(B, H),
-        in_specs=[seq] * 6 + [mat],
-        out_specs=(seq, mat),
-        input_output_aliases={6: 1},
-        name="rwkv7_wkv_seq",
-        compiler_params=triton_params(num_warps=4, num_stages=1),
-        interpret=interpret,
-    )(r, w, k, v, kk, a, S)
+    return per_head_call(functools.partial(_seq_kernel, T=T), "wkv_seq", "[B, T, H, N]", seq,
+                         (r, w, k, v, kk, a), S, interpret)

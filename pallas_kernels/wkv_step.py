@@ -40,23 +40,31 @@ def wkv_step(r, w, k, v, kk, a, S, *, interpret: bool = False):
     N must be a power of two (64 in every released model) for the Triton lowering.
     """
     B, H, N = r.shape
-    for name, t in (("r", r), ("w", w), ("k", k), ("v", v), ("kk", kk), ("a", a)):
-        require(t.shape == (B, H, N) and t.dtype == jnp.float32,
-                f"wkv_step: {name} must be float32 [B, H, N]={B, H, N}, got {t.dtype} {t.shape}")
-    require(S.shape == (B, H, N, N) and S.dtype == jnp.float32,
-            f"wkv_step: S must be float32 [B, H, N, N], got {S.dtype} {S.shape}")
-    require(N & (N - 1) == 0, f"wkv_step: head size N={N} must be a power of two")
     vec = pl.BlockSpec((None, None, N), lambda b, h: (b, h, 0))
+    return per_head_call(_step_kernel, "wkv_step", "[B, H, N]", vec, (r, w, k, v, kk, a), S, interpret)
+
+
+def per_head_call(kernel, op: str, layout: str, row_spec: pl.BlockSpec, rows: tuple, S, interpret: bool):
+    """Run a wkv ``kernel`` with one program per (batch, head): ``rows`` are r, w, k, v, kk, a
+    (float32, all of the shape of r, described by ``layout`` in errors) read through
+    ``row_spec``, S float32 [B, H, N, N] aliased to the new state -> (y of r's shape, S')."""
+    shape = rows[0].shape
+    for name, t in zip(("r", "w", "k", "v", "kk", "a"), rows):
+        require(t.shape == shape and t.dtype == jnp.float32,
+                f"{op}: {name} must be float32 {layout}={shape}, got {t.dtype} {t.shape}")
+    B, H, N = shape[0], shape[-2], shape[-1]
+    require(S.shape == (B, H, N, N) and S.dtype == jnp.float32,
+            f"{op}: S must be float32 [B, H, N, N], got {S.dtype} {S.shape}")
+    require(N & (N - 1) == 0, f"{op}: head size N={N} must be a power of two")
     mat = pl.BlockSpec((None, None, N, N), lambda b, h: (b, h, 0, 0))
     return pl.pallas_call(
-        _step_kernel,
-        out_shape=(jax.ShapeDtypeStruct((B, H, N), jnp.float32),
-                   jax.ShapeDtypeStruct((B, H, N, N), jnp.float32)),
+        kernel,
+        out_shape=(jax.ShapeDtypeStruct(shape, jnp.float32), jax.ShapeDtypeStruct((B, H, N, N), jnp.float32)),
         grid=(B, H),
-        in_specs=[vec] * 6 + [mat],
-        out_specs=(vec, mat),
+        in_specs=[row_spec] * 6 + [mat],
+        out_specs=(row_spec, mat),
         input_output_aliases={6: 1},
-        name="rwkv7_wkv_step",
-        compiler_params=triton_params(num_warps=4),
+        name=f"rwkv7_{op}",
+        compiler_params=triton_params(num_warps=4, num_stages=1),
         interpret=interpret,
-    )(r, w, k, v, kk, a, S)
+    )(*rows, S)

@@ -26,6 +26,14 @@ RELATIVE_ERROR = 0.01
 """Relative error bound of every percentile the scheduler's statistics report."""
 
 
+def _flushed(field: str, doc: str | None = None) -> property:
+    """A LogHistogram's read-only figure, read after its queued values are binned."""
+    def read(self):
+        self._flush()
+        return getattr(self, field)
+    return property(read, doc=doc)
+
+
 class LogHistogram:
     """See the module docstring. ``count``, ``total``, ``min``, ``max`` are exact.
 
@@ -62,31 +70,11 @@ class LogHistogram:
         self.__dict__.update(state)
         self._lock = threading.Lock()
 
-    @property
-    def counts(self) -> np.ndarray:
-        """int64 [buckets]: values per bucket (bucket 0: below min_value)."""
-        self._flush()
-        return self._counts
-
-    @property
-    def count(self) -> int:
-        self._flush()
-        return self._count
-
-    @property
-    def total(self) -> float:
-        self._flush()
-        return self._total
-
-    @property
-    def min(self) -> float:
-        self._flush()
-        return self._min
-
-    @property
-    def max(self) -> float:
-        self._flush()
-        return self._max
+    counts = _flushed("_counts", "int64 [buckets]: values per bucket (bucket 0: below min_value).")
+    count = _flushed("_count")
+    total = _flushed("_total")
+    min = _flushed("_min")
+    max = _flushed("_max")
 
     def add(self, value: float) -> None:
         """Record one value (>= 0)."""
