@@ -98,7 +98,7 @@ def _the_actors_serve_the_whole_scheduler_interface(cluster, tiny_ckpt):
     from scheduler import SchedulerConfig
 
     args = SimpleNamespace(ray=cluster, data_parallel="2", backend="torch", random_model=None, dtype="float32",
-                           kernels="torch", quantization="none")
+                           kernels="torch", quantization="none", group_size=None)
     rset = ray_replica_set(args, tiny_ckpt, SchedulerConfig(max_batch=4))
     try:
         exercise_interface(rset)
