@@ -47,10 +47,11 @@ def test_lazy_compiles_are_events_and_leave_prefill_tok_s_alone():
     assert np.isclose(cold["compile_seconds"], cold_compile) and cold_compile > 0
     prefill_tokens = int(lengths.sum())
     assert cold["tokens"]["prefilled"] == warm["tokens"]["prefilled"] == prefill_tokens
-    # prefill compiles take 100x+ longer than the prefill itself: counted in, cold would be
-    # that much slower; left out, the two agree within noise (a factor of 4 allows for a
-    # loaded 2-core machine timing ~30 ms of prefill)
-    assert cold_compile > 50 * prefill_tokens / warm["prefill_tok_s"]
+    # prefill compiles take far longer than the prefill itself (50x and more here; 10x asserted,
+    # as a shared compile cache and a loaded machine narrow it): counted in, cold would be that
+    # much slower; left out, the two agree within noise (a factor of 4 allows for a loaded
+    # 2-core machine timing ~30 ms of prefill)
+    assert cold_compile > 10 * prefill_tokens / warm["prefill_tok_s"]
     assert 0.25 < cold["prefill_tok_s"] / warm["prefill_tok_s"] < 4.0
     assert "compile time" in summary_table(cold)
 
