@@ -42,7 +42,7 @@ class SlotTable:
 
     Emitted tokens wait in ``history`` int32 [B, HISTORY_STEPS] (``emitted`` marks them) and
     reach a holder's ``tokens`` list when the window fills, on ``sync`` (all rows) and when
-    it leaves its slot; read an entry's ``tokens`` only after ``sync`` or ``remove``."""
+    it leaves its slot; read an entry's ``tokens`` only after ``settle``, ``sync`` or ``remove``."""
 
     def __init__(self):
         self._fresh(0)
