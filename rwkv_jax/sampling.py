@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from rwkv7_core.sampling import GOLDEN, HASH_M1, HASH_M2, NONFINITE_TOKEN, TOP_LOGPROBS, SamplingRows, TokenLogprobs
 
@@ -46,88 +47,109 @@ compares are cheap, fewer compares where they are not."""
 
 
 def _smallest_key(keys: jax.Array, holds, straight_line: bool) -> jax.Array:
-    """Per row, the smallest uint32 key u with holds(u) true, for a predicate monotone in u
-    (false below some key, true from it on; 0xFFFFFFFF when it never holds). ``holds`` maps
-    candidates uint32 [B, M] to bool [B, M]. Radix search over the 32 bits: each pass splits
-    the row's window into 2**bits parts and tests the last key of each but the top one, so
-    the window shrinks to the first part whose end holds. Branching form: 32 one-bit passes
-    in a fori_loop; straight-line form: 4 eight-bit or 8 four-bit passes (WIDE_PASS_ROWS),
-    unrolled."""
+    """Per row, the smallest uint32 key u with a monotone predicate true (false below some
+    key, true from it on; 0xFFFFFFFF when it never holds). ``holds(above)`` maps above, bool
+    [B, M, V] (above[b, j, v]: key v exceeds candidate j of row b), to bool [B, M]. Radix
+    search over the 32 bits: each pass splits the row's window into 2**bits parts and tests
+    the last key of each but the top one, so the window shrinks to the first part whose end
+    holds. Branching form: 32 one-bit passes in a fori_loop; straight-line form: 4 eight-bit
+    or 8 four-bit passes (WIDE_PASS_ROWS), unrolled (the first pass's candidates are
+    constants: numpy parts, not an iota XLA would compute on the device)."""
     bits = (8 if keys.shape[0] <= WIDE_PASS_ROWS else 4) if straight_line else 1
-    parts = jnp.arange(1, 2 ** bits, dtype=jnp.uint32)
+    parts = np.arange(1, 2 ** bits, dtype=np.uint32)
 
     def narrow(step, lo):
         width = jnp.left_shift(jnp.uint32(1), jnp.uint32(32 - bits) - jnp.uint32(bits) * step.astype(jnp.uint32))
-        below = ~holds(lo[:, None] + parts[None, :] * width - jnp.uint32(1))
-        return lo + jnp.sum(below, axis=1, dtype=jnp.uint32) * width
+        u = lo[:, None] + parts[None, :] * width - jnp.uint32(1)
+        failing = ~holds(keys[:, None, :] > u[:, :, None])
+        return lo + jnp.sum(failing, axis=1, dtype=jnp.uint32) * width
 
-    lo = jnp.zeros(keys.shape[:1], jnp.uint32)
+    lo = np.zeros(keys.shape[:1], np.uint32)
     if straight_line:
         for step in range(32 // bits):
-            lo = narrow(jnp.uint32(step), lo)
+            lo = narrow(np.uint32(step), lo)
         return lo
-    return jax.lax.fori_loop(0, 32, narrow, lo)
+    return jax.lax.fori_loop(0, 32, narrow, jnp.asarray(lo))
 
 
-def _greater(keys: jax.Array, u: jax.Array, values: jax.Array | None = None) -> jax.Array:
-    """Per candidate u [B, M]: how many keys [B, V] exceed it (or the sum of ``values``
-    [B, V] over those keys) -> [B, M]."""
-    above = keys[:, None, :] > u[:, :, None]
-    if values is None:
-        return jnp.sum(above, axis=2, dtype=jnp.int32)
-    return jnp.sum(jnp.where(above, values[:, None, :], 0.0), axis=2)
-
-
-def nucleus_mask(z: jax.Array, top_k: jax.Array, top_p: jax.Array, straight_line: bool = False) -> jax.Array:
-    """bool [B, V]: tokens kept by top-k (0 = off) then top-p on scaled logits z [B, V].
+def nucleus_mask(z: jax.Array, top_k: jax.Array, top_p: jax.Array, straight_line: bool = False,
+                 z_max: jax.Array | None = None) -> jax.Array:
+    """bool [B, V]: tokens kept by top-k (0 = off) then top-p on scaled logits z [B, V]
+    (z_max: float32 [B], the rows' maxima, when the caller has them).
 
     The numpy reference's rule without sorting V logits: a token of logit v is kept when
     fewer than top_k logits exceed v and the softmax mass (over the top-k survivors) of the
     logits above v is below top_p. Both counts only grow as v falls, so the kept set is
     {z >= t}; t is found by a radix search on order-preserving uint32 keys (exact; see
-    ``_smallest_key``). ``straight_line``: no device control flow (the top-k search always
-    runs); else the top-k search is skipped (lax.cond) when no row has a top_k."""
+    ``_smallest_key``). The mass test compares sums of exp(z - max) with top_p times their
+    total, which each pass sums beside its candidates (one more row of the same reduction).
+    ``straight_line``: no device control flow (the top-k search always runs); else the top-k
+    search is skipped (lax.cond) when no row has a top_k."""
     keys = _order_key(z)
     k = jnp.where(top_k > 0, top_k, z.shape[1])
 
     def top_k_threshold():
-        return _smallest_key(keys, lambda u: _greater(keys, u) < k[:, None], straight_line)
+        return _smallest_key(keys, lambda above: jnp.sum(above, axis=2, dtype=jnp.int32) < k[:, None],
+                             straight_line)
 
     if straight_line:
         t_k = top_k_threshold()
     else:
         t_k = jax.lax.cond(jnp.any(top_k > 0), top_k_threshold, lambda: jnp.zeros(keys.shape[:1], jnp.uint32))
-    survivor = keys >= t_k[:, None]
-    p = jnp.where(survivor, jnp.exp(z - z.max(axis=1, keepdims=True)), 0.0)
-    p = p / p.sum(axis=1, keepdims=True)
-    t_p = _smallest_key(keys, lambda u: (_greater(keys, u, p) < top_p[:, None]) | (top_p[:, None] >= 1),
-                        straight_line)
+    z_max = z.max(axis=1) if z_max is None else z_max
+    e = jnp.where(keys >= t_k[:, None], jnp.exp(z - z_max[:, None]), 0.0)
+
+    def within_top_p(above):
+        every = jnp.ones_like(above[:, :1])
+        mass = jnp.sum(jnp.where(jnp.concatenate([every, above], axis=1), e[:, None, :], 0.0), axis=2)
+        return (mass[:, 1:] < top_p[:, None] * mass[:, :1]) | (top_p[:, None] >= 1)
+
+    t_p = _smallest_key(keys, within_top_p, straight_line)
     return keys >= jnp.maximum(t_k, t_p)[:, None]
+
+
+def _max_and_all(values: jax.Array, flags: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """Row maxima of float32 values [B, V] and whether all bool flags [B, V] hold: one
+    reduction."""
+    return jax.lax.reduce((values, flags), (np.float32(-np.inf), np.True_),
+                          lambda a, b: (jnp.maximum(a[0], b[0]), a[1] & b[1]), (1,))
+
+
+def _first_argmax(values: jax.Array, ids: jax.Array) -> jax.Array:
+    """ids [B, V] entry of the first maximum of each row of float32 values [B, V] (ids in
+    increasing order along a row, as an iota is): one reduction."""
+    def pick(a, b):
+        first = (a[0] > b[0]) | ((a[0] == b[0]) & (a[1] < b[1]))
+        return jnp.where(first, a[0], b[0]), jnp.where(first, a[1], b[1])
+
+    return jax.lax.reduce((values, ids), (np.float32(-np.inf), np.int32(np.iinfo(np.int32).max)), pick, (1,))[1]
 
 
 def sample_rows(logits: jax.Array, counts: jax.Array, rows: SamplingRows, banned: jax.Array,
                 positions: jax.Array, straight_line: bool = False) -> jax.Array:
     """int32 [B] tokens from float32 logits [B, V]; NONFINITE_TOKEN for non-finite rows.
-    ``straight_line`` (the GPU decode step, ``kernels.straight_line_sampling``): every row's
-    draw is computed and greedy rows pick their argmax with a select, no device control flow;
-    else the nucleus/noise work is skipped (lax.cond) when every row is greedy."""
+    One argmax serves both kinds of row: a greedy row's values are its penalised logits, a
+    sampling row's its kept scaled logits plus noise; a non-finite row's ids are all
+    NONFINITE_TOKEN. ``straight_line`` (the GPU decode step, ``kernels.straight_line_sampling``):
+    every row takes that path, no device control flow; else a batch of greedy rows skips the
+    nucleus and noise (lax.cond)."""
     logits = logits.astype(jnp.float32)
     x = logits - rows.presence[:, None] * (counts > 0) - rows.frequency[:, None] * counts
     x = jnp.where(banned, -jnp.inf, x)
-    greedy = jnp.argmax(x, axis=1).astype(jnp.int32)
+    sampling = rows.temperature > 0
+    z = x / jnp.where(sampling, rows.temperature, 1.0)[:, None]
+    z_max, finite = _max_and_all(z, jnp.isfinite(logits))
+    ids = jnp.where(finite[:, None], jax.lax.broadcasted_iota(jnp.int32, z.shape, 1), NONFINITE_TOKEN)
+    usable = finite[:, None] & (z > -jnp.inf)  # a non-finite row's values all tie at -inf
 
     def draw(_):
-        temperature = jnp.where(rows.temperature > 0, rows.temperature, 1.0)
-        z = x / temperature[:, None]
-        keep = nucleus_mask(z, rows.top_k, rows.top_p, straight_line)
-        noisy = jnp.where(keep, z + gumbel_noise(rows.seed, rows.seed_hi, positions, x.shape[1]), -jnp.inf)
-        return jnp.where(rows.temperature > 0, jnp.argmax(noisy, axis=1).astype(jnp.int32), greedy)
+        keep = usable & (nucleus_mask(z, rows.top_k, rows.top_p, straight_line, z_max) | ~sampling[:, None])
+        noise = jnp.where(sampling[:, None], gumbel_noise(rows.seed, rows.seed_hi, positions, x.shape[1]), 0.0)
+        return _first_argmax(jnp.where(keep, z + noise, -jnp.inf), ids)
 
     if straight_line:
-        tokens = draw(None)
-    else:
-        tokens = jax.lax.cond(jnp.any(rows.temperature > 0), draw, lambda _: greedy, None)
-    return jnp.where(jnp.isfinite(logits).all(axis=1), tokens, NONFINITE_TOKEN)
+        return draw(None)
+    return jax.lax.cond(jnp.any(sampling), draw, lambda _: _first_argmax(jnp.where(usable, z, -jnp.inf), ids), None)
 
 
 def disallowed(banned: jax.Array, allowed: jax.Array | None) -> jax.Array:
