@@ -625,7 +625,7 @@ def measure_engine_step(model: Model, B, smoke) -> dict:
     """The engine's whole decode step (forward + on-device sampling + the host reading the
     drawn tokens, as rwkv7-generate runs it) at bucket B: ms per step with every row greedy,
     and with one row sampling (temperature 1, top-k 50, top-p 0.9). With the GPU kernels the
-    step samples in straight-line code (rwkv_jax.kernels.straight_line_sampling): both cost
+    step samples in straight-line code (rwkv_jax.kernels.sampler_form): both cost
     the same, the difference between them is noise."""
     from rwkv7_core.sampling import SamplingParams
 

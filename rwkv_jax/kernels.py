@@ -4,7 +4,7 @@
 ``rwkv_jax.Model``): on a GPU ``PALLAS_FUSED`` guarded by an on-device self-check against XLA
 (``rwkv_jax.self_check``; ``PALLAS`` with one log line saying why when it fails), ``XLA``
 elsewhere; naming a kernel choice forces it. ``ops_for(path, kernels)`` returns the ``Ops`` a path runs;
-``straight_line_sampling(kernels)`` says which form of the sampler the decode step uses.
+``sampler_form(kernels)`` says which form of the sampler's search the decode step uses.
 """
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ import jax
 
 from .ops import XLA_OPS, Ops
 from .paths import Path
+from .sampling import SearchForm
 
 
 class Kernels(str, enum.Enum):
@@ -77,12 +78,12 @@ def resolve(kernels: str | Kernels, self_check: SelfCheck | None = None) -> Kern
 GPU_KERNELS = (Kernels.PALLAS, Kernels.PALLAS_FUSED)
 
 
-def straight_line_sampling(kernels: str | Kernels) -> bool:
-    """True for the GPU kernels: their decode step samples with no device control flow
-    (``rwkv_jax.sampling``: every row's draw computed, unrolled radix passes), so XLA
-    keeps the step one command buffer. Elsewhere (the CPU's XLA, the interpreters) greedy
-    batches skip the draw with a lax.cond: cheaper where passes cost compute, not launches."""
-    return resolve(kernels) in GPU_KERNELS
+def sampler_form(kernels: str | Kernels) -> SearchForm:
+    """PALLAS for the GPU kernels: their decode step samples with no device control flow
+    (every row's draw computed, the threshold searches in one Pallas launch a pass), so XLA
+    keeps the step one command buffer. LOOP elsewhere (the CPU's XLA, the interpreters):
+    greedy batches skip the draw with a lax.cond, where passes cost compute, not launches."""
+    return SearchForm.PALLAS if resolve(kernels) in GPU_KERNELS else SearchForm.LOOP
 
 
 def ops_for(path: Path, kernels: str | Kernels) -> Ops:

@@ -8,10 +8,13 @@ parameters and its (seed, position) hash noise, so batch size and slot do not ma
 """
 from __future__ import annotations
 
+import enum
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from pallas_kernels import radix_search
 from rwkv7_core.sampling import GOLDEN, HASH_M1, HASH_M2, NONFINITE_TOKEN, TOP_LOGPROBS, SamplingRows, TokenLogprobs
 
 
@@ -34,45 +37,42 @@ def gumbel_noise(seed: jax.Array, seed_hi: jax.Array, position: jax.Array, vocab
     return -jnp.log(-jnp.log(u))
 
 
-def _order_key(z: jax.Array) -> jax.Array:
-    """uint32 keys ordered like the float32 values z (NaN aside)."""
-    bits = jax.lax.bitcast_convert_type(z, jnp.uint32)
-    return jnp.where(bits >> 31 == 1, ~bits, bits | jnp.uint32(1 << 31))
+class SearchForm(str, enum.Enum):
+    """How ``nucleus_mask`` finds its thresholds (``kernels.sampler_form`` picks it):
+
+    - LOOP: 32 one-bit XLA passes in a fori_loop, and a batch with no top-k (or no sampling
+      row, in ``sample_rows``) skips that work with a lax.cond: the CPU's form, where passes
+      cost compute, not launches;
+    - UNROLLED: XLA passes of 8 bits (batches of at most WIDE_PASS_ROWS rows) or 4 bits,
+      unrolled, every row's draw computed: no device control flow;
+    - PALLAS (+ _INTERPRET): 4-bit passes of ``pallas_kernels.radix_search``, one launch each
+      (a vocabulary it does not take: UNROLLED), no device control flow."""
+
+    LOOP = "loop"
+    UNROLLED = "unrolled"
+    PALLAS = "pallas"
+    PALLAS_INTERPRET = "pallas-interpret"
 
 
 WIDE_PASS_ROWS = 4
-"""Straight-line search: batches of at most this many rows test 255 candidates a pass (4
-passes a threshold), larger ones 15 (8 passes): fewer launches where the [B, candidates, V]
-compares are cheap, fewer compares where they are not."""
+"""UNROLLED search: batches of at most this many rows test 255 candidates a pass (4 passes a
+threshold), larger ones 15 (8 passes): fewer launches where the [B, candidates, V] compares
+are cheap, fewer compares where they are not."""
 
 
-def _smallest_key(keys: jax.Array, holds, straight_line: bool) -> jax.Array:
-    """Per row, the smallest uint32 key u with a monotone predicate true (false below some
-    key, true from it on; 0xFFFFFFFF when it never holds). ``holds(above)`` maps above, bool
-    [B, M, V] (above[b, j, v]: key v exceeds candidate j of row b), to bool [B, M]. Radix
-    search over the 32 bits: each pass splits the row's window into 2**bits parts and tests
-    the last key of each but the top one, so the window shrinks to the first part whose end
-    holds. Branching form: 32 one-bit passes in a fori_loop; straight-line form: 4 eight-bit
-    or 8 four-bit passes (WIDE_PASS_ROWS), unrolled (the first pass's candidates are
-    constants: numpy parts, not an iota XLA would compute on the device)."""
-    bits = (8 if keys.shape[0] <= WIDE_PASS_ROWS else 4) if straight_line else 1
-    parts = np.arange(1, 2 ** bits, dtype=np.uint32)
-
-    def narrow(step, lo):
-        width = jnp.left_shift(jnp.uint32(1), jnp.uint32(32 - bits) - jnp.uint32(bits) * step.astype(jnp.uint32))
-        u = lo[:, None] + parts[None, :] * width - jnp.uint32(1)
-        failing = ~holds(keys[:, None, :] > u[:, :, None])
-        return lo + jnp.sum(failing, axis=1, dtype=jnp.uint32) * width
-
-    lo = np.zeros(keys.shape[:1], np.uint32)
-    if straight_line:
-        for step in range(32 // bits):
-            lo = narrow(np.uint32(step), lo)
-        return lo
-    return jax.lax.fori_loop(0, 32, narrow, jnp.asarray(lo))
+def _smallest_key(keys: jax.Array, weights: jax.Array | None, limit: jax.Array, mass: bool,
+                  form: SearchForm) -> jax.Array:
+    """``pallas_kernels.radix_search``'s threshold (int32 [B]) in the given form."""
+    B, V = keys.shape
+    if form is SearchForm.LOOP:
+        return radix_search.smallest_key_reference(keys, weights, limit, mass, unrolled=False)
+    if form in (SearchForm.PALLAS, SearchForm.PALLAS_INTERPRET) and radix_search.supports(V):
+        return radix_search.smallest_key(keys, weights, limit, mass, interpret=form is SearchForm.PALLAS_INTERPRET)
+    return radix_search.smallest_key_reference(keys, weights, limit, mass, unrolled=True,
+                                               bits=8 if B <= WIDE_PASS_ROWS else 4)
 
 
-def nucleus_mask(z: jax.Array, top_k: jax.Array, top_p: jax.Array, straight_line: bool = False,
+def nucleus_mask(z: jax.Array, top_k: jax.Array, top_p: jax.Array, form: SearchForm = SearchForm.LOOP,
                  z_max: jax.Array | None = None) -> jax.Array:
     """bool [B, V]: tokens kept by top-k (0 = off) then top-p on scaled logits z [B, V]
     (z_max: float32 [B], the rows' maxima, when the caller has them).
@@ -80,31 +80,22 @@ def nucleus_mask(z: jax.Array, top_k: jax.Array, top_p: jax.Array, straight_line
     The numpy reference's rule without sorting V logits: a token of logit v is kept when
     fewer than top_k logits exceed v and the softmax mass (over the top-k survivors) of the
     logits above v is below top_p. Both counts only grow as v falls, so the kept set is
-    {z >= t}; t is found by a radix search on order-preserving uint32 keys (exact; see
-    ``_smallest_key``). The mass test compares sums of exp(z - max) with top_p times their
-    total, which each pass sums beside its candidates (one more row of the same reduction).
-    ``straight_line``: no device control flow (the top-k search always runs); else the top-k
-    search is skipped (lax.cond) when no row has a top_k."""
-    keys = _order_key(z)
-    k = jnp.where(top_k > 0, top_k, z.shape[1])
+    {z >= t}; t is found by a radix search on order-preserving keys (exact; see
+    ``pallas_kernels.radix_search``): the count of keys above below k, then the sum of
+    exp(z - max) over the survivors above below top_p times their total."""
+    keys = radix_search.signed_keys(z)
+    k = jnp.where(top_k > 0, top_k, z.shape[1]).astype(jnp.float32)
 
     def top_k_threshold():
-        return _smallest_key(keys, lambda above: jnp.sum(above, axis=2, dtype=jnp.int32) < k[:, None],
-                             straight_line)
+        return _smallest_key(keys, None, k, False, form)
 
-    if straight_line:
-        t_k = top_k_threshold()
+    if form is SearchForm.LOOP:
+        t_k = jax.lax.cond(jnp.any(top_k > 0), top_k_threshold, lambda: jnp.full(k.shape, radix_search.LOWEST))
     else:
-        t_k = jax.lax.cond(jnp.any(top_k > 0), top_k_threshold, lambda: jnp.zeros(keys.shape[:1], jnp.uint32))
+        t_k = top_k_threshold()
     z_max = z.max(axis=1) if z_max is None else z_max
     e = jnp.where(keys >= t_k[:, None], jnp.exp(z - z_max[:, None]), 0.0)
-
-    def within_top_p(above):
-        every = jnp.ones_like(above[:, :1])
-        mass = jnp.sum(jnp.where(jnp.concatenate([every, above], axis=1), e[:, None, :], 0.0), axis=2)
-        return (mass[:, 1:] < top_p[:, None] * mass[:, :1]) | (top_p[:, None] >= 1)
-
-    t_p = _smallest_key(keys, within_top_p, straight_line)
+    t_p = _smallest_key(keys, e, top_p, True, form)
     return keys >= jnp.maximum(t_k, t_p)[:, None]
 
 
@@ -126,13 +117,12 @@ def _first_argmax(values: jax.Array, ids: jax.Array) -> jax.Array:
 
 
 def sample_rows(logits: jax.Array, counts: jax.Array, rows: SamplingRows, banned: jax.Array,
-                positions: jax.Array, straight_line: bool = False) -> jax.Array:
+                positions: jax.Array, form: SearchForm = SearchForm.LOOP) -> jax.Array:
     """int32 [B] tokens from float32 logits [B, V]; NONFINITE_TOKEN for non-finite rows.
     One argmax serves both kinds of row: a greedy row's values are its penalised logits, a
     sampling row's its kept scaled logits plus noise; a non-finite row's ids are all
-    NONFINITE_TOKEN. ``straight_line`` (the GPU decode step, ``kernels.straight_line_sampling``):
-    every row takes that path, no device control flow; else a batch of greedy rows skips the
-    nucleus and noise (lax.cond)."""
+    NONFINITE_TOKEN. ``form`` (``SearchForm``): LOOP skips the nucleus and noise of a batch of
+    greedy rows (lax.cond); the others compute every row's draw, no device control flow."""
     logits = logits.astype(jnp.float32)
     x = logits - rows.presence[:, None] * (counts > 0) - rows.frequency[:, None] * counts
     x = jnp.where(banned, -jnp.inf, x)
@@ -143,11 +133,11 @@ def sample_rows(logits: jax.Array, counts: jax.Array, rows: SamplingRows, banned
     usable = finite[:, None] & (z > -jnp.inf)  # a non-finite row's values all tie at -inf
 
     def draw(_):
-        keep = usable & (nucleus_mask(z, rows.top_k, rows.top_p, straight_line, z_max) | ~sampling[:, None])
+        keep = usable & (nucleus_mask(z, rows.top_k, rows.top_p, form, z_max) | ~sampling[:, None])
         noise = jnp.where(sampling[:, None], gumbel_noise(rows.seed, rows.seed_hi, positions, x.shape[1]), 0.0)
         return _first_argmax(jnp.where(keep, z + noise, -jnp.inf), ids)
 
-    if straight_line:
+    if form is not SearchForm.LOOP:
         return draw(None)
     return jax.lax.cond(jnp.any(sampling), draw, lambda _: _first_argmax(jnp.where(usable, z, -jnp.inf), ids), None)
 

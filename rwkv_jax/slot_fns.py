@@ -12,7 +12,7 @@ from rwkv7_core.engine import Slots
 from rwkv7_core.sampling import SamplingRows, sampling_rows
 
 from .forward import forward_fn
-from .kernels import straight_line_sampling
+from .kernels import sampler_form
 from .sampling import disallowed, sample_rows, token_logprobs, update_counts
 from .state import State, init_state
 
@@ -38,7 +38,7 @@ def decode_sample(logits, slots: Slots, positions, allowed=None, *, kernels):
     """The second half of ``decode_step``: drawn int32 [B] from the forward's logits [B, V] and
     slots, positions int32 [B] and packed masks int32 [B, W] (or None)."""
     return sample_rows(logits, slots.counts, slots.rows, disallowed(slots.banned, allowed), positions,
-                       straight_line_sampling(kernels))
+                       sampler_form(kernels))
 
 
 def score_piece(params, tokens, next_tokens, state, *, config, path, kernels):

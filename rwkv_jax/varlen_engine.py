@@ -18,7 +18,7 @@ import numpy as np
 from rwkv7_core.engine import MAX_PIECES, Slots
 
 from .forward import varlen_forward_fn
-from .kernels import straight_line_sampling
+from .kernels import sampler_form
 from .sampling import disallowed, sample_rows, update_counts
 from .state import State
 from .varlen import segments_from_lengths
@@ -55,7 +55,7 @@ def mixed_step_fn(params, slots: Slots, tokens, positions, chunk, rows, starts, 
         jnp.concatenate([jnp.ones(B, jnp.int32), lengths]),
         config=config, kernels=kernels, n_single=B)
     drawn = sample_rows(logits[:B], counts, slots.rows, disallowed(slots.banned, allowed), positions,
-                        straight_line_sampling(kernels))
+                        sampler_form(kernels))
     slots = slots._replace(state=State(*(leaf[:B] for leaf in state)), counts=counts)
     return drawn, slots, _split(logits, state, B)
 

@@ -203,7 +203,7 @@ def check_resize_gathers_compile_with_their_buckets_or_on_first_use(engine):
     assert ("gather", (3, 6)) in cache and ("gather", (6, 3)) in cache and ("gather", (5, 6)) not in cache
 
 
-@pytest.mark.parametrize("name", ["jax", "jax-straight-line", "torch"])
+@pytest.mark.parametrize("name", ["jax", "jax-unrolled", "torch"])
 def test_device_sampling_matches_numpy_reference(name):
     form = {}
     if name.startswith("jax"):
@@ -212,7 +212,7 @@ def test_device_sampling_matches_numpy_reference(name):
 
         def to_dev(a):
             return xp.asarray(a)
-        form = {"straight_line": name == "jax-straight-line"}
+        form = {"form": dev.SearchForm.UNROLLED if name == "jax-unrolled" else dev.SearchForm.LOOP}
     else:
         import torch
         from rwkv_torch_ref import sampling as dev
@@ -288,9 +288,9 @@ def jax_leaves(tree):
     return jax.tree.leaves(tree)
 
 
-@pytest.mark.parametrize("straight_line, B", [(False, 12), (True, 3), (True, 12)])  # CPU form; GPU: 8/4-bit passes
+@pytest.mark.parametrize("form, B", [("loop", 12), ("unrolled", 3), ("unrolled", 12), ("pallas-interpret", 3)])
 @pytest.mark.parametrize("scale", [8.0, 0.5])  # peaked rows, flat rows
-def test_jax_nucleus_mask_equals_numpy_sort_rule(scale, straight_line, B):
+def test_jax_nucleus_mask_equals_numpy_sort_rule(scale, form, B):
     """rwkv_jax finds the top-k/top-p threshold by a radix search instead of a sort; the kept
     set must equal the numpy reference's sort-and-cumsum rule, ties at the threshold too."""
     import jax.numpy as jnp
@@ -304,7 +304,7 @@ def test_jax_nucleus_mask_equals_numpy_sort_rule(scale, straight_line, B):
     top_k = rng.choice([0, 0, 1, 3, 50, 1000], B).astype(np.int32)
     top_p = rng.uniform(0.05, 1.0, B).astype(np.float32)
     top_p[2] = 1.0
-    got = np.asarray(dev.nucleus_mask(jnp.asarray(z), jnp.asarray(top_k), jnp.asarray(top_p), straight_line))
+    got = np.asarray(dev.nucleus_mask(jnp.asarray(z), jnp.asarray(top_k), jnp.asarray(top_p), dev.SearchForm(form)))
     want = np_sampling.nucleus_mask(z, top_k, top_p)
     np.testing.assert_array_equal(got, want)
     assert got[0, :3].all()

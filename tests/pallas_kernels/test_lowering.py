@@ -14,8 +14,8 @@ import pytest
 from flax import nnx
 
 import rwkv_jax
-from pallas_kernels import (fused_time_mix, quantized_channel_mix, shift_mix, shift_mix_rows, small_m_linear,
-                            sparse_channel_mix, wkv_chunk_varlen, wkv_seq, wkv_step)
+from pallas_kernels import (fused_time_mix, quantized_channel_mix, radix_search, shift_mix, shift_mix_rows,
+                            small_m_linear, sparse_channel_mix, wkv_chunk_varlen, wkv_seq, wkv_step)
 from pallas_kernels.quantized import QuantizedWeight
 from pallas_kernels.time_mix import TimeMixWeights
 from rwkv7_core.config import named_config
@@ -133,6 +133,18 @@ def test_float32_small_m_tiles_stay_narrow():
     assert small_m_linear.block_k_for(16, 2560, jnp.bfloat16) == 256
 
 
+def test_radix_search_compiles_for_decode_buckets():
+    """The sampler's threshold passes (count and mass) at B = 1 and 256 over a 65,536 vocabulary:
+    9 launches a search, one program per row and block of keys."""
+    keys, weights, limit = SD((1, V), jnp.int32), SD((1, V), jnp.float32), SD((1,), jnp.float32)
+    big = [SD((256,) + s.shape[1:], s.dtype) for s in (keys, weights, limit)]
+    cases = [(functools.partial(radix_search.smallest_key, mass=mass), [k, w if mass else None, lim])
+             for mass in (False, True) for k, w, lim in ((keys, weights, limit), big)]
+    report = compile_cases(cases)
+    assert report.launch_counts("rwkv7") == {"rwkv7_radix_pass": 32, "rwkv7_radix_finish": 4}
+    assert {t.grid for t in report.launches if t.name.startswith("rwkv7_radix_pass")} == {(1, 32, 1), (256, 32, 1)}
+
+
 def _blocked_dims_not_tiling(fn, *args) -> list:
     """(block size, array size) pairs where a pallas_call's block does not tile its array."""
     bad = []
@@ -157,6 +169,8 @@ def test_blocks_tile_arrays_exactly_except_in_the_masked_kernel():
     seq = [jnp.zeros((3, 19, 3, 64), f32)] * 6 + [jnp.zeros((3, 3, 64, 64), f32)]
     assert _blocked_dims_not_tiling(wkv_seq.wkv_seq, *seq) == []
     assert _blocked_dims_not_tiling(small_m_linear.small_m_linear, jnp.zeros((3, 192)), jnp.zeros((96, 192))) == []
+    assert _blocked_dims_not_tiling(functools.partial(radix_search.smallest_key, mass=True),
+                                    jnp.zeros((3, 8192), jnp.int32), jnp.zeros((3, 8192)), jnp.zeros(3)) == []
     assert _blocked_dims_not_tiling(sparse_channel_mix.sparse_channel_mix, jnp.zeros((3, 192)),
                                     jnp.zeros((768, 192)), jnp.zeros((768, 192))) == []
     rows = jnp.zeros((5, 192))
