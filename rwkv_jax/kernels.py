@@ -79,11 +79,17 @@ GPU_KERNELS = (Kernels.PALLAS, Kernels.PALLAS_FUSED)
 
 
 def sampler_form(kernels: str | Kernels) -> SearchForm:
-    """PALLAS for the GPU kernels: their decode step samples with no device control flow
-    (every row's draw computed, the threshold searches in one Pallas launch a pass), so XLA
-    keeps the step one command buffer. LOOP elsewhere (the CPU's XLA, the interpreters):
-    greedy batches skip the draw with a lax.cond, where passes cost compute, not launches."""
-    return SearchForm.PALLAS if resolve(kernels) in GPU_KERNELS else SearchForm.LOOP
+    """The form of the sampler's threshold search in the decode step of `kernels`. The GPU
+    kernels sample with no device control flow (every row's draw computed), so XLA keeps the
+    step one command buffer: PALLAS_FUSED searches with the Pallas radix passes (one launch a
+    pass; ``kernels="auto"`` adopts it only once its self-check, which checks the search too,
+    passes), PALLAS with XLA's unrolled passes (what auto falls back to). LOOP elsewhere (the
+    CPU's XLA, the interpreters): greedy batches skip the draw with a lax.cond, where passes
+    cost compute, not launches."""
+    kind = resolve(kernels)
+    if kind is Kernels.PALLAS_FUSED:
+        return SearchForm.PALLAS
+    return SearchForm.UNROLLED if kind is Kernels.PALLAS else SearchForm.LOOP
 
 
 def ops_for(path: Path, kernels: str | Kernels) -> Ops:

@@ -2,7 +2,8 @@
 
 ``check_decode`` runs STEPS B=1 decode steps of a model with the candidate kernels and with XLA
 from the same random state and tokens, and returns None when logits and state agree within
-the dtype's tolerance, else the reason. ``cached_check`` keeps each verdict in a JSON file
+the dtype's tolerance, else the reason; for the fused kernels it also runs the sampler's
+Pallas threshold search (``check_search``) against XLA's on random rows. ``cached_check`` keeps each verdict in a JSON file
 beside the persistent compilation cache (``jax_compilation_cache_dir``; in memory without
 one), keyed by device kind, jax version, model shape, dtype, quantization (scheme and group size) and
 candidate, so a process pays
@@ -10,6 +11,7 @@ the check (two compiles and a few milliseconds) once per combination.
 """
 from __future__ import annotations
 
+import functools
 import json
 import os
 from pathlib import Path as FsPath
@@ -18,8 +20,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from pallas_kernels import radix_search
 from rwkv7_core.config import ModelConfig
-
 from rwkv7_core.quantization import QuantSpec
 
 from .forward import forward_fn
@@ -36,13 +38,34 @@ VERDICTS_FILE = "rwkv7_kernel_self_checks.json"
 _MEMORY: dict[str, str | None] = {}
 
 
-def check_decode(params: dict, config: ModelConfig, dtype, candidate: Kernels, *,
-                 forward=forward_fn, device: jax.Device | None = None, seed: int = 0) -> str | None:
+def check_decode(params: dict, config: ModelConfig, dtype, candidate: Kernels, *, forward=forward_fn,
+                 search=radix_search.smallest_key, device: jax.Device | None = None, seed: int = 0) -> str | None:
     """None if `candidate`'s B=1 decode steps equal XLA's within TOLERANCE on `device` (JAX's
-    default: None), else the reason. `forward` has ``forward_fn``'s signature (a test passes a
-    wrong kernel through it)."""
+    default: None), and with the fused kernels its sampler search too, else the reason.
+    `forward` has ``forward_fn``'s signature, `search` ``radix_search.smallest_key``'s (a test
+    passes a wrong kernel through them)."""
     with jax.default_device(device):
-        return _compare(params, config, dtype, candidate, forward, seed)
+        reason = _compare(params, config, dtype, candidate, forward, seed)
+        if reason is None and candidate in (Kernels.PALLAS_FUSED, Kernels.PALLAS_FUSED_INTERPRET):
+            reason = check_search(search, interpret=candidate is Kernels.PALLAS_FUSED_INTERPRET, seed=seed)
+        return reason
+
+
+def check_search(search, interpret: bool, seed: int = 0) -> str | None:
+    """None if `search` finds the thresholds XLA's unrolled passes find (top-k counts and
+    top-p masses on 4 random rows of 4,096 keys, a tie and banned keys among them), else why not."""
+    rng = np.random.default_rng(seed)
+    z = (rng.standard_normal((4, 4096)) * np.array([[0.5], [2.0], [4.0], [8.0]])).astype(np.float32)
+    z[0, :3], z[1, 5:50] = z[0].max() + 1.0, -np.inf
+    z = jnp.asarray(z)
+    keys, weights = radix_search.signed_keys(z), jnp.exp(z - z.max(axis=1, keepdims=True))
+    for mass, limit in ((False, [1, 9, 300, 4096]), (True, [0.05, 0.5, 0.9, 1.0])):
+        limit, w = jnp.asarray(limit, jnp.float32), weights if mass else None
+        got = jax.jit(functools.partial(search, mass=mass, interpret=interpret))(keys, w, limit)
+        want = radix_search.smallest_key_reference(keys, w, limit, mass, unrolled=True)
+        if not np.array_equal(np.asarray(got), np.asarray(want)):
+            return f"the sampler's {'top-p' if mass else 'top-k'} threshold search differs from XLA's"
+    return None
 
 
 def _compare(params, config, dtype, candidate, forward, seed) -> str | None:
@@ -85,7 +108,7 @@ def verdicts_path() -> FsPath | None:
 
 
 def cached_check(params: dict, config: ModelConfig, dtype, candidate: Kernels, *, forward=forward_fn,
-                 device: jax.Device | None = None) -> str | None:
+                 search=radix_search.smallest_key, device: jax.Device | None = None) -> str | None:
     """`check_decode`'s verdict, run once per `verdict_key` (kept in `verdicts_path()`)."""
     key = verdict_key(config, dtype, candidate, quant_spec_of(params))
     path = verdicts_path()
@@ -93,7 +116,7 @@ def cached_check(params: dict, config: ModelConfig, dtype, candidate: Kernels, *
     if path is not None and path.exists():
         stored.update(json.loads(path.read_text()))
     if key not in stored:
-        stored[key] = check_decode(params, config, dtype, candidate, forward=forward, device=device)
+        stored[key] = check_decode(params, config, dtype, candidate, forward=forward, search=search, device=device)
         _MEMORY[key] = stored[key]
         if path is not None:
             path.parent.mkdir(parents=True, exist_ok=True)

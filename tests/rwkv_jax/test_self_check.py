@@ -12,7 +12,9 @@ import pytest
 
 import rwkv_jax
 from rwkv_jax.forward import forward_fn
-from rwkv_jax.kernels import Guard, Kernels, guarded, resolve
+from pallas_kernels import radix_search
+from rwkv_jax.kernels import Guard, Kernels, guarded, resolve, sampler_form
+from rwkv_jax.sampling import SearchForm
 from rwkv_jax.self_check import cached_check, check_decode, verdict_key, verdicts_path
 
 GUARD = Guard(Kernels.PALLAS_FUSED_INTERPRET, Kernels.PALLAS_INTERPRET)
@@ -45,6 +47,20 @@ def test_guard_adopts_the_fused_kernels_and_falls_back_from_a_wrong_one(model, c
     assert "pallas-fused-interpret failed its self-check" in record.message
     assert "logits differ from XLA's by 0.01" in record.message and "using pallas-interpret" in record.message
     assert guarded(GUARD, None) is GUARD.fallback  # nothing to check: the safe choice
+
+
+def _one_key_too_high(keys, weights, limit, mass, interpret):
+    """radix_search.smallest_key off by one key: the kept set loses the threshold's ties."""
+    return radix_search.smallest_key(keys, weights, limit, mass, interpret=interpret) + 1
+
+
+def test_guard_falls_back_from_a_wrong_sampler_search(model, caplog):
+    check = functools.partial(check_decode, model.params, model.config, model.dtype, search=_one_key_too_high)
+    with caplog.at_level(logging.WARNING, logger="rwkv_jax.kernels"):
+        assert guarded(GUARD, check) is GUARD.fallback
+    assert "top-k threshold search differs from XLA's" in caplog.records[0].message
+    assert sampler_form(GUARD.fallback) is SearchForm.LOOP and sampler_form("pallas") is SearchForm.UNROLLED
+    assert sampler_form("pallas-fused") is SearchForm.PALLAS  # the form only the guarded choice uses
 
 
 def test_verdicts_are_kept_beside_the_compilation_cache(model, tmp_path):
