@@ -61,33 +61,39 @@ def _shifts(bits: int) -> list[int]:
     return [32 - bits * (p + 1) for p in range(32 // bits)]
 
 
-def pass_sums(keys: jax.Array, weights: jax.Array | None, lo: jax.Array, shift, bits: int) -> jax.Array:
-    """float32 [B, 2**bits]: column 0 every key's weight, column j the weight of the keys above
-    candidate j = lo + j * 2**shift - 1 (keys int32 [B, V], lo int32 [B]; XLA reductions)."""
-    j = np.arange(2 ** bits, dtype=np.int32)  # numpy: a first pass's candidates are constants
+def pass_sums(keys: jax.Array, weights: jax.Array | None, lo: jax.Array, shift, bits: int,
+              total: jax.Array | None = None) -> jax.Array:
+    """float32 [B, 2**bits]: column 0 every key's weight (or ``total`` [B], when the caller has
+    it), column j the weight of the keys above candidate j = lo + j * 2**shift - 1 (keys int32
+    [B, V], lo int32 [B]; XLA reductions)."""
+    j = np.arange(0 if total is None else 1, 2 ** bits, dtype=np.int32)  # numpy: constant first candidates
     cand = lo[:, None] + jnp.left_shift(j, shift)[None, :] - 1
     above = (keys[:, None, :] > cand[:, :, None]) | (j == 0)[None, :, None]
     if weights is None:
-        return jnp.sum(above, axis=2, dtype=jnp.int32).astype(jnp.float32)
-    return jnp.sum(jnp.where(above, weights[:, None, :], 0.0), axis=2)
+        sums = jnp.sum(above, axis=2, dtype=jnp.int32).astype(jnp.float32)
+    else:
+        sums = jnp.sum(jnp.where(above, weights[:, None, :], 0.0), axis=2)
+    return sums if total is None else jnp.concatenate([total[:, None], sums], axis=1)
 
 
 def smallest_key_reference(keys: jax.Array, weights: jax.Array | None, limit: jax.Array, mass: bool,
                            unrolled: bool, bits: int = BITS) -> jax.Array:
     """int32 [B]: per row the smallest signed-order key at which the predicate holds (keys
     int32 [B, V], weights float32 [B, V] or None, limit float32 [B]); XLA passes of ``bits``
-    unrolled, or 32 one-bit passes in a fori_loop."""
+    unrolled (each summing the total beside its candidates, as the kernel does), or 32 one-bit
+    passes in a fori_loop (the total summed once before it)."""
     lo = np.full(keys.shape[:1], LOWEST)
-
-    def narrow(shift, lo):
-        shift = jnp.asarray(shift, jnp.int32)
-        fails = failing(pass_sums(keys, weights, lo, shift, 1 if not unrolled else bits), limit, mass)
-        return lo + jnp.left_shift(fails, shift)
-
     if not unrolled:
-        return jax.lax.fori_loop(0, 32, lambda p, lo: narrow(31 - p, lo), lo)
+        total = jnp.sum(weights, axis=1) if mass else jnp.full(keys.shape[:1], keys.shape[1], jnp.float32)
+
+        def one_bit(p, lo):
+            shift = 31 - p
+            return lo + jnp.left_shift(failing(pass_sums(keys, weights, lo, shift, 1, total), limit, mass), shift)
+
+        return jax.lax.fori_loop(0, 32, one_bit, lo)
     for shift in _shifts(bits):
-        lo = narrow(shift, lo)
+        shift = jnp.int32(shift)
+        lo = lo + jnp.left_shift(failing(pass_sums(keys, weights, lo, shift, bits), limit, mass), shift)
     return lo
 
 
