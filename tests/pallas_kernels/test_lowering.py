@@ -170,7 +170,11 @@ def test_blocks_tile_arrays_exactly_except_in_the_masked_kernel():
     assert _blocked_dims_not_tiling(small_m_linear.small_m_linear, jnp.zeros((3, 192)), jnp.zeros((96, 192))) == []
     assert _blocked_dims_not_tiling(sparse_channel_mix.sparse_channel_mix, jnp.zeros((3, 192)),
                                     jnp.zeros((768, 192)), jnp.zeros((768, 192))) == []
-    rows = jnp.zeros((5, 192))
+    rows = jnp.zeros((5, 192))  # 3 heads; the row kernels' blocks are whole columns of heads
+    vecs = jnp.zeros((7, 192))
+    assert _blocked_dims_not_tiling(functools.partial(wkv_operands.wkv_operands, n_head=3), *[rows] * 6, vecs, rows) == []
+    assert _blocked_dims_not_tiling(functools.partial(wkv_output.wkv_output, dtype=f32), jnp.zeros((5, 3, 64)),
+                                    *[rows] * 4, vecs, jnp.zeros((3, 64))) == []
     assert _blocked_dims_not_tiling(shift_mix.shift_mix, rows, rows, rows, jnp.zeros(192), jnp.zeros(192),
                                     jnp.zeros((6, 192))) != []
     links = shift_mix_rows.dense_links(1, 5)
