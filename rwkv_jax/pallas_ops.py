@@ -132,7 +132,7 @@ def wkv_operands(r, k, v, w_l, a_l, v_l, vecs, v_first, *, n_head: int, interpre
 def wkv_output(y, r, k, v, g, vecs, r_k, dtype, *, interpret: bool):
     """Contract of ``wkv_output_reference`` in one launch (``pallas_kernels.wkv_output``) where
     the kernel serves the shape, else the reference."""
-    M, H, N = y.shape
+    _, H, N = y.shape
     if operands_kernel.supports(H * N, H):
         return output_kernel.wkv_output(y, r, k, v, g, vecs, r_k, dtype, interpret=interpret)
     return wkv_output_reference(y, r, k, v, g, vecs, r_k, dtype)
