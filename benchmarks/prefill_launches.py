@@ -9,8 +9,8 @@ Each launch of that layer is classified by what it is:
 
 - ``gemm``: a matrix product XLA hands to cuBLAS / cuBLASLt or emits as a Triton GEMM fusion;
 - ``gemm_aux``: the second kernel of a split-K GEMM (the ``loop_reduce_fusion`` summing its K
-  partials) or the slice of a GEMM XLA merged from two products on one input, i.e. launches
-  that exist only because of how XLA emits its GEMMs;
+  partials) or a slice of a GEMM XLA merged from two products on one input (each slice issued
+  right after that GEMM), i.e. launches that exist only because of how XLA emits its GEMMs;
 - ``pallas``: one of our Pallas kernels (name ``rwkv7_*``);
 - ``fusion``: any other XLA kernel (elementwise, reductions, gathers: the pieces between);
 - ``copy``: a device-to-device copy.
@@ -38,17 +38,18 @@ import jax.numpy as jnp  # noqa: E402
 GEMM_KINDS = ("kGemm", "kCublasLtMatmul", "kCuDnn")
 
 
-def kind_of(thunk, previous=None) -> str:
+def kind_of(thunk, previous: str | None = None) -> str:
     """gemm | gemm_aux | pallas | fusion | copy for one rwkv_jax.gpu_dump.Thunk (`previous`: the
-    launch issued just before it)."""
+    kind of the launch issued just before it)."""
     from rwkv_jax.gpu_dump import COPIES
     name = thunk.name or ""
     if thunk.kind in COPIES or (thunk.hlo or "").startswith(("wrapped_slice", "copy")):
         return "copy"
     if thunk.kind in GEMM_KINDS or "gemm" in name or "cublas" in name or "gemm" in (thunk.hlo or ""):
         return "gemm"
-    if previous is not None and kind_of(previous) == "gemm" and name.startswith(("loop_reduce_fusion",
-                                                                                  "loop_slice_fusion")):
+    if previous == "gemm" and name.startswith(("loop_reduce_fusion", "loop_slice_fusion")):
+        return "gemm_aux"
+    if previous == "gemm_aux" and name.startswith("loop_slice_fusion"):  # the merged GEMM's next slice
         return "gemm_aux"
     if name.startswith("rwkv7"):
         return "pallas"
@@ -85,9 +86,11 @@ def layer_launches(one, two) -> list:
     from rwkv_jax.gpu_dump import base_name
 
     def keys(report):
-        issued = sorted(report.launches + report.copies, key=lambda t: t.id)
-        return collections.Counter((kind_of(t, p), re.sub(r"[._]\d+$", "", base_name(t.name or t.hlo or t.kind)))
-                                   for p, t in zip([None] + issued[:-1], issued))
+        counts, previous = collections.Counter(), None
+        for t in sorted(report.launches + report.copies, key=lambda t: t.id):
+            previous = kind_of(t, previous)
+            counts[previous, re.sub(r"[._]\d+$", "", base_name(t.name or t.hlo or t.kind))] += 1
+        return counts
 
     extra = keys(two)
     extra.subtract(keys(one))

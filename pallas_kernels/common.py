@@ -6,6 +6,8 @@ handled with masks or with a power-of-two divisor of the dimension.
 """
 from __future__ import annotations
 
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu_triton
 
 
@@ -31,3 +33,16 @@ def require(cond: bool, message: str) -> None:
     """Raise ValueError(message) unless cond holds (bad shapes/dtypes at trace time)."""
     if not cond:
         raise ValueError(message)
+
+
+def rows_per_program(M: int, cap: int) -> int:
+    """Rows per program of a row-wise kernel over M rows: the largest power of two <= min(M, cap)
+    (the last block is moved back to end at row M, see `row_window`)."""
+    return 1 << (min(M, cap).bit_length() - 1)
+
+
+def row_window(i, bm: int, M: int):
+    """Rows [start, start + bm) of row block i: i * bm, moved back to end at M for the last
+    block (it then repeats rows of the block before it: a row-wise kernel rewrites the same
+    values), so no load or store needs a mask."""
+    return pl.ds(jnp.minimum(i * bm, M - bm), bm)

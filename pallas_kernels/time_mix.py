@@ -6,7 +6,7 @@ Per layer, with mixed [6, M, C] (order r w k v a g) in the model dtype:
     w_l, a_l, v_l, g = the LoRA pairs (``lora_up_reference``): tanh, none, none, sigmoid between
                        the down and up products
     r, w, k, v, kk, a = ``wkv_operands_reference`` (decay, ``a``, ``kk`` normalisation, the ``a``
-                       key mix, the value mix with the first layer's value)
+                       key mix, the value mix with the first layer's value; one helper each)
     y, S'            = the wkv recurrence (the layout's: one step or a sequence)
     out              = ``wkv_output_reference`` (GroupNorm per head, bonus, gate), model dtype,
                        then the output projection
@@ -68,6 +68,33 @@ def lora_up_reference(hidden, ups, kinds, linear):
     return out
 
 
+def log_decay(w0, w_l):
+    """log of the decay multiplier w = exp(-DECAY_SCALE * sigmoid(w0 + w_l)), float32 (any
+    broadcastable shapes)."""
+    return -DECAY_SCALE * jax.nn.sigmoid(w0 + w_l.astype(F32))
+
+
+def in_context_rate(a0, a_l):
+    """a = sigmoid(a0 + a_l), float32."""
+    return jax.nn.sigmoid(a0 + a_l.astype(F32))
+
+
+def normalized_key(k, k_k):
+    """kk = k * k_k L2-normalised over the last axis (one head's N channels), float32."""
+    kk = k * k_k
+    return kk / jnp.maximum(jnp.sqrt(jnp.sum(kk * kk, axis=-1, keepdims=True)), KK_EPS)
+
+
+def key_mix(k, a, k_a):
+    """The key after the ``a`` mix: k * (1 + (a - 1) * k_a)."""
+    return k * (1 + (a - 1) * k_a)
+
+
+def value_mix(v, v_first, v0, v_l):
+    """The value mixed with the first layer's: v + (v_first - v) * sigmoid(v0 + v_l), float32."""
+    return v + (v_first - v) * jax.nn.sigmoid(v0 + v_l.astype(F32))
+
+
 def wkv_operands_reference(r, k, v, w_l, a_l, v_l, vecs, v_first, *, n_head: int):
     """Products r, k, v, LoRA outputs w_l, a_l, v_l (None on the first layer) [M, C] (any dtype),
     vecs [7, C], v_first [M, C] float32 (None on the first layer) -> (r, w, k, v, kk, a,
@@ -75,16 +102,27 @@ def wkv_operands_reference(r, k, v, w_l, a_l, v_l, vecs, v_first, *, n_head: int
     w0, a0, v0, k_k, k_a = vecs[:5]
     r, k, v = (x.astype(F32) for x in (r, k, v))
     M, C = r.shape
-    w = jnp.exp(-DECAY_SCALE * jax.nn.sigmoid(w0 + w_l.astype(F32)))
-    a = jax.nn.sigmoid(a0 + a_l.astype(F32))
-    kk = (k * k_k).reshape(M, n_head, -1)
-    kk = (kk / jnp.maximum(jnp.linalg.norm(kk, axis=-1, keepdims=True), KK_EPS)).reshape(M, C)
-    k = k * (1 + (a - 1) * k_a)
+    w = jnp.exp(log_decay(w0, w_l))
+    a = in_context_rate(a0, a_l)
+    kk = normalized_key(k.reshape(M, n_head, -1), k_k.reshape(n_head, -1)).reshape(M, C)
+    k = key_mix(k, a, k_a)
     if v_first is None:
         v_first = v
     else:
-        v = v + (v_first - v) * jax.nn.sigmoid(v0 + v_l.astype(F32))
+        v = value_mix(v, v_first, v0, v_l)
     return r, w, k, v, kk, a, v_first
+
+
+def head_norm(y):
+    """y normalised over the last axis (one head's N channels: GroupNorm without its affine)."""
+    mean = y.mean(-1, keepdims=True)
+    var = jnp.square(y - mean).mean(-1, keepdims=True)
+    return (y - mean) * jax.lax.rsqrt(var + GROUP_NORM_EPS)
+
+
+def bonus(r, k, r_k, v):
+    """The current token's direct term per head (last axis N): sum(r * k * r_k) * v."""
+    return jnp.sum(r * k * r_k, axis=-1, keepdims=True) * v
 
 
 def wkv_output_reference(y, r, k, v, g, vecs, r_k, dtype):
@@ -92,19 +130,20 @@ def wkv_output_reference(y, r, k, v, g, vecs, r_k, dtype):
     vecs [7, C], r_k [H, N] -> GroupNorm(y) per head + bonus, times the gate: [M, C] in dtype."""
     M, H, N = y.shape
     lnx_w, lnx_b = vecs[5], vecs[6]
-    mean = y.mean(-1, keepdims=True)
-    var = jnp.square(y - mean).mean(-1, keepdims=True)
-    y = ((y - mean) * jax.lax.rsqrt(var + GROUP_NORM_EPS)).reshape(M, H * N) * lnx_w + lnx_b
-    bonus = (r * k).reshape(M, H, N) * r_k
-    y = y + (bonus.sum(-1, keepdims=True) * v.reshape(M, H, N)).reshape(M, H * N)
+    heads = lambda x: x.reshape(M, H, N)  # noqa: E731
+    y = head_norm(y).reshape(M, H * N) * lnx_w + lnx_b
+    y = y + bonus(heads(r), heads(k), r_k, heads(v)).reshape(M, H * N)
     return (y * g.astype(F32)).astype(dtype)
 
 
 def time_mix_reference(mixed, wts: TimeMixWeights, S, v_first, *, first: bool, linear: Callable,
-                       wkv: Callable):
+                       wkv: Callable, operands: Callable = wkv_operands_reference,
+                       output: Callable = wkv_output_reference):
     """mixed [6, M, C], S (state rows for `wkv`), v_first [M, C] float32 | None -> (out [M, C]
     model dtype, after the output projection; S'; v_first). linear(x, w) is the product op,
-    wkv(S, r, w, k, v, kk, a) with operands [M, H, N] the layout's recurrence."""
+    wkv(S, r, w, k, v, kk, a) with operands [M, H, N] the layout's recurrence; `operands` and
+    `output` are ``wkv_operands_reference`` and ``wkv_output_reference`` or kernels with their
+    contracts (the prefill's: ``pallas_kernels.wkv_operands``, ``pallas_kernels.wkv_output``)."""
     _, M, C = mixed.shape
     H, N = wts.r_k.shape
     downs, inputs = wts.down(first)
@@ -114,8 +153,7 @@ def time_mix_reference(mixed, wts: TimeMixWeights, S, v_first, *, first: bool, l
     ups = lora_up_reference(hidden, wts.ups(first), kinds, linear)
     w_l, a_l, g = ups[0], ups[1], ups[-1]
     v_l = None if first else ups[2]
-    r, w, k, v, kk, a, v_first = wkv_operands_reference(r, k, v, w_l, a_l, v_l, wts.vecs, v_first,
-                                                         n_head=H)
+    r, w, k, v, kk, a, v_first = operands(r, k, v, w_l, a_l, v_l, wts.vecs, v_first, n_head=H)
     y, S = wkv(S, *(x.reshape(M, H, N) for x in (r, w, k, v, kk, a)))
-    out = wkv_output_reference(y, r, k, v, g, wts.vecs, wts.r_k, mixed.dtype)
+    out = output(y, r, k, v, g, wts.vecs, wts.r_k, mixed.dtype)
     return linear(out, wts.output), S, v_first

@@ -7,7 +7,7 @@ Reads the receptance/key/value products as ``segment_linear`` partials [splits, 
 w, a, [v,] g); the state is either one layer's rows [B, H, N, N] or the whole [B, L, H, N, N]
 with ``layer`` naming the block to update (read and written in place, nothing sliced out).
 Same math as ``wkv_tail_reference``: ``wkv_operands_reference`` -> ``wkv_step_reference`` ->
-``wkv_output_reference``.
+``wkv_output_reference`` (the operand and output pieces from the same ``time_mix`` helpers).
 """
 from __future__ import annotations
 
@@ -17,11 +17,10 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
-from rwkv7_core.constants import DECAY_SCALE, GROUP_NORM_EPS, KK_EPS
-
 from .common import require, triton_params
 from .segment_linear import sum_splits
-from .time_mix import wkv_operands_reference, wkv_output_reference
+from .time_mix import (bonus, head_norm, in_context_rate, key_mix, log_decay, normalized_key, value_mix,
+                       wkv_operands_reference, wkv_output_reference)
 from .wkv_step import wkv_step_reference
 
 F32 = jnp.float32
@@ -48,25 +47,22 @@ def _kernel(*refs, first: bool, splits: int, dtype):
     lora = lambda i: l_ref[jnp.int32(i)].astype(F32)  # noqa: E731
     vec = lambda i: vec_ref[jnp.int32(i)]  # noqa: E731
     r, k, v = product(pr), product(pk), product(pv)
-    w = jnp.exp(-DECAY_SCALE * jax.nn.sigmoid(vec(0) + lora(0)))
-    a = jax.nn.sigmoid(vec(1) + lora(1))
+    w = jnp.exp(log_decay(vec(0), lora(0)))
+    a = in_context_rate(vec(1), lora(1))
     g = lora(3 - first)
-    kk = k * vec(3)
-    kk = kk / jnp.maximum(jnp.sqrt(jnp.sum(kk * kk)), KK_EPS)
-    k = k * (1 + (a - 1) * vec(4))
+    kk = normalized_key(k, vec(3))
+    k = key_mix(k, a, vec(4))
     if first:
         vf_out_ref[...] = v
     else:
-        v = v + (vf_ref[...] - v) * jax.nn.sigmoid(vec(2) + lora(2))
+        v = value_mix(v, vf_ref[...], vec(2), lora(2))
     S = s_ref[...]
     sa = jnp.sum(S * (-kk)[None, :], axis=1)
     S = S * w[None, :] + sa[:, None] * (kk * a)[None, :] + v[:, None] * k[None, :]
     s_out_ref[...] = S
     y = jnp.sum(S * r[None, :], axis=1)
-    mean = jnp.mean(y)
-    var = jnp.mean(jnp.square(y - mean))
-    y = (y - mean) * jax.lax.rsqrt(var + GROUP_NORM_EPS) * vec(5) + vec(6)
-    y = y + jnp.sum(r * k * rk_ref[...]) * v
+    y = head_norm(y) * vec(5) + vec(6)
+    y = y + bonus(r, k, rk_ref[...], v)
     o_ref[...] = (y * g).astype(o_ref.dtype)
 
 

@@ -9,8 +9,10 @@
   dependent chunk steps instead of T token steps, the same bytes), the per-token sequence kernel
   below; the varlen stream (``FlatRows``) always takes the chunked kernel (one launch instead of
   a loop of per-token steps); the residual add + LayerNorm + token shift + mixes are one launch
-  (``shift_mix_rows``: the mixes as separate arrays, no slice copies); matrix products and the
-  channel-mix stay XLA (compute-bound GEMMs XLA already does well); the state is ``RowsState``
+  (``shift_mix_rows``: the mixes as separate arrays, no slice copies); the wkv operands from the
+  time-mix products (``wkv_operands``) and GroupNorm + bonus + gate after the recurrence
+  (``wkv_output``) are one launch each; matrix products and the channel-mix stay XLA
+  (compute-bound GEMMs XLA already does well); the state is ``RowsState``
   (the wkv leaf updated in place by the chunked kernel, the shift rows read from the whole
   leaves: no per-layer slice copies or updates).
 Quantized weights (``pallas_kernels.quantized.QuantizedWeight``) take the quantized variants:
@@ -37,12 +39,14 @@ from pallas_kernels import small_m_linear as linear_kernel
 from pallas_kernels import sparse_channel_mix as sparse_kernel
 from pallas_kernels import wkv_chunk_varlen as chunk_kernel
 from pallas_kernels import wkv_seq as wkv_seq_kernel
+from pallas_kernels import wkv_operands as operands_kernel
+from pallas_kernels import wkv_output as output_kernel
 from pallas_kernels import wkv_step as wkv_step_kernel
 from pallas_kernels import fused_time_mix as fused_time_mix_kernel
 from pallas_kernels import quantized_channel_mix as quantized_mix_kernel
 from pallas_kernels import quantized_linear as quantized_kernel
 from pallas_kernels.quantized import QuantizedWeight
-from pallas_kernels.time_mix import time_mix_reference
+from pallas_kernels.time_mix import time_mix_reference, wkv_operands_reference, wkv_output_reference
 
 from .ops import XLA_OPS, Ops
 from .paths import Path
@@ -117,6 +121,23 @@ def wkv_seq(r, w, k, v, kk, a, S, *, interpret: bool):
     return y.reshape(B, T, H, N), _like(S, new)
 
 
+def wkv_operands(r, k, v, w_l, a_l, v_l, vecs, v_first, *, n_head: int, interpret: bool):
+    """Contract of ``wkv_operands_reference`` in one launch (``pallas_kernels.wkv_operands``) where
+    the kernel serves the width, else the reference."""
+    if operands_kernel.supports(r.shape[1], n_head):
+        return operands_kernel.wkv_operands(r, k, v, w_l, a_l, v_l, vecs, v_first, n_head=n_head, interpret=interpret)
+    return wkv_operands_reference(r, k, v, w_l, a_l, v_l, vecs, v_first, n_head=n_head)
+
+
+def wkv_output(y, r, k, v, g, vecs, r_k, dtype, *, interpret: bool):
+    """Contract of ``wkv_output_reference`` in one launch (``pallas_kernels.wkv_output``) where
+    the kernel serves the shape, else the reference."""
+    _, H, N = y.shape
+    if operands_kernel.supports(H * N, H):
+        return output_kernel.wkv_output(y, r, k, v, g, vecs, r_k, dtype, interpret=interpret)
+    return wkv_output_reference(y, r, k, v, g, vecs, r_k, dtype)
+
+
 def shift_mix_rows(h, delta, shift, ln_w, ln_b, mix, links, *, interpret: bool):
     """Contract shift_mix_rows; a LayerSlice shift is read from its whole leaf (no slice copy)."""
     full, layer = _leaf(shift)
@@ -129,7 +150,9 @@ def pallas_ops(path: Path, interpret: bool) -> Ops:
     if not isinstance(path, Path):
         raise ValueError(f"path must be a rwkv_jax.Path, got {path!r}")
     if path is Path.DENSE:
-        return XLA_OPS._replace(wkv_seq=functools.partial(wkv_seq, interpret=interpret),
+        time_mix = functools.partial(XLA_OPS.time_mix, operands=functools.partial(wkv_operands, interpret=interpret),
+                                     output=functools.partial(wkv_output, interpret=interpret))
+        return XLA_OPS._replace(time_mix=time_mix, wkv_seq=functools.partial(wkv_seq, interpret=interpret),
                                 wkv_varlen=functools.partial(wkv_varlen, interpret=interpret),
                                 shift_mix_rows=functools.partial(shift_mix_rows, interpret=interpret),
                                 state_views=RowsState)

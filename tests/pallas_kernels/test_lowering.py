@@ -15,7 +15,8 @@ from flax import nnx
 
 import rwkv_jax
 from pallas_kernels import (fused_time_mix, quantized_channel_mix, radix_search, shift_mix, shift_mix_rows,
-                            small_m_linear, sparse_channel_mix, wkv_chunk_varlen, wkv_seq, wkv_step)
+                            small_m_linear, sparse_channel_mix, wkv_chunk_varlen, wkv_operands, wkv_output, wkv_seq,
+                            wkv_step)
 from pallas_kernels.quantized import QuantizedWeight
 from pallas_kernels.time_mix import TimeMixWeights
 from rwkv7_core.config import named_config
@@ -74,8 +75,9 @@ def test_chunked_varlen_kernel_compiles_without_spills():
 
 def test_prefill_row_kernels_compile_in_place_without_spills():
     """The prefill layer's Pallas kernels on whole [P, L, ...] state leaves (``RowsState``): the
-    shift-mix rows (6 and 1 mixes, 2.9b width, bf16) and the chunked kernel updating layer 3 of
-    the wkv leaf in place; one launch each, no spill."""
+    shift-mix rows (6 and 1 mixes, 2.9b width, bf16), the chunked kernel updating layer 3 of
+    the wkv leaf in place, the wkv operands (a later and the first layer) and the output; one
+    launch each, no spill."""
     bf16, f32, T, P, L = jnp.bfloat16, jnp.float32, 4096, 64, 4
     rows = [SD((T, C), bf16), SD((T, C), bf16), SD((P, L, C), bf16), SD((C,), f32), SD((C,), f32)]
     links = SD((2, T), jnp.int32)
@@ -83,10 +85,20 @@ def test_prefill_row_kernels_compile_in_place_without_spills():
              for n in (6, 1)]
     cases.append((functools.partial(wkv_chunk_varlen.wkv_chunk_varlen, layer=3),
                   [SD((T, H, N), f32)] * 6 + [SD((P, L, H, N, N), f32), SD((P + 1,), jnp.int32)]))
+    products, vecs = [SD((T, C), bf16)] * 6, SD((7, C), f32)
+    cases += [(_operands, products + [vecs, SD((T, C), f32)]), (_operands, products[:5] + [None, vecs, None]),
+              (functools.partial(wkv_output.wkv_output, dtype=bf16),
+               [SD((T, H, N), f32)] + [SD((T, C), f32)] * 3 + [SD((T, C), bf16), vecs, SD((H, N), f32)])]
     report = compile_cases(cases)
-    assert report.launch_counts("rwkv7") == {"rwkv7_shift_mix_rows": 2, "rwkv7_wkv_chunk_varlen": 1}
+    assert report.launch_counts("rwkv7") == {"rwkv7_shift_mix_rows": 2, "rwkv7_wkv_chunk_varlen": 1,
+                                             "rwkv7_wkv_operands": 2, "rwkv7_wkv_output": 1}
     # the only copy is of the whole wkv leaf, which this program does not donate (the engine does)
     assert [c.shape for c in report.copies] == [f"f32[{P},{L},{H},{N},{N}]"]
+
+
+def _operands(*products):
+    """The six wkv operands (v_first, an input or a repeat of v, left out: no copy to a result)."""
+    return wkv_operands.wkv_operands(*products, n_head=H)[:6]
 
 
 def _no_delta(h, s, w, b, m):
@@ -173,7 +185,11 @@ def test_blocks_tile_arrays_exactly_except_in_the_masked_kernel():
                                     jnp.zeros((3, 8192), jnp.int32), jnp.zeros((3, 8192)), jnp.zeros(3)) == []
     assert _blocked_dims_not_tiling(sparse_channel_mix.sparse_channel_mix, jnp.zeros((3, 192)),
                                     jnp.zeros((768, 192)), jnp.zeros((768, 192))) == []
-    rows = jnp.zeros((5, 192))
+    rows = jnp.zeros((5, 192))  # 3 heads; the row kernels' blocks are whole columns of heads
+    vecs = jnp.zeros((7, 192))
+    assert _blocked_dims_not_tiling(functools.partial(wkv_operands.wkv_operands, n_head=3), *[rows] * 6, vecs, rows) == []
+    assert _blocked_dims_not_tiling(functools.partial(wkv_output.wkv_output, dtype=f32), jnp.zeros((5, 3, 64)),
+                                    *[rows] * 4, vecs, jnp.zeros((3, 64))) == []
     assert _blocked_dims_not_tiling(shift_mix.shift_mix, rows, rows, rows, jnp.zeros(192), jnp.zeros(192),
                                     jnp.zeros((6, 192))) != []
     links = shift_mix_rows.dense_links(1, 5)

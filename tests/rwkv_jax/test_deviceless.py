@@ -87,9 +87,11 @@ def test_dense_paths_compile_at_odd_and_even_T(shape, kernels):
         result = compile_ok(shape, kernels, label)
         assert result.bucket.path == "DENSE"
         if kernels == "pallas":  # past one chunk the chunked kernel, else the per-token one; the
-            kernel = "rwkv7_wkv_chunk_varlen" if result.bucket.T > CHUNK else "rwkv7_wkv_seq"  # two mixes' rows
+            kernel = "rwkv7_wkv_chunk_varlen" if result.bucket.T > CHUNK else "rwkv7_wkv_seq"  # two mixes' rows,
+            # the wkv operands and the output
             n = CONFIGS[shape].n_layer
-            assert result.report.launch_counts("rwkv7") == {kernel: n, "rwkv7_shift_mix_rows": 2 * n}
+            assert result.report.launch_counts("rwkv7") == {kernel: n, "rwkv7_shift_mix_rows": 2 * n,
+                                                     "rwkv7_wkv_operands": n, "rwkv7_wkv_output": n}
 
 
 @pytest.mark.parametrize("kernels", ["pallas", "xla"])

@@ -59,3 +59,15 @@ def varlen_wkv_inputs(seed: int, lengths, H: int, N: int = 64, pad: int = 0):
     S = wkv_inputs(seed + 1, (len(lengths),), H, N)[-1]
     cu = jnp.cumsum(jnp.asarray([0, *lengths], jnp.int32), dtype=jnp.int32)
     return (*xs, S, cu)
+
+
+def wkv_products(seed: int, M: int, C: int, dtype=jnp.bfloat16):
+    """The time-mix products ``wkv_operands_reference`` takes: r, k, v, w_l, a_l, v_l [M, C] in
+    dtype, vecs [7, C] float32 (w0, a0, v0 ~ N(0, 1), k_k in [0.5, 1.5), k_a in [0, 1), ln_x
+    weight ~ 1 and bias ~ 0), v_first [M, C] float32."""
+    ks = _keys(seed, 11)
+    products = [jax.random.normal(ks[i], (M, C)).astype(dtype) for i in range(6)]
+    vecs = jnp.stack([*jax.random.normal(ks[6], (3, C)), jax.random.uniform(ks[7], (C,), minval=0.5, maxval=1.5),
+                      jax.random.uniform(ks[8], (C,)), 1 + 0.1 * jax.random.normal(ks[9], (C,)),
+                      0.1 * jax.random.normal(ks[10], (C,))])
+    return (*products, vecs, jax.random.normal(ks[6], (M, C)))
