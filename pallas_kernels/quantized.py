@@ -24,10 +24,12 @@ fusion). The form that fuses differs by backend:
   float32 scratch of at most ``CPU_SCRATCH_ELEMENTS`` (the head in slices of rows) that the
   float32 GEMM reads, its cost spread over the rows. Each slice's copy is made to wait for the
   previous product through an exact zero computed from it (XLA:CPU otherwise makes every
-  weight's copy at the start of the step: 516 MB of temporaries in the 0.1b B=32 step, 25 MB with the
-  zeros), so one slice-sized scratch is live at a time. On the 0.1b decode step the row
-  products win at B = 4 (148 vs 151 CPU ms per step), the scratch from B = 8 (163 vs 210 ms;
-  B = 32: 404 vs 649 ms; docs/models.md).
+  weight's copy at the start of the step: 516 MB of temporaries in the 0.1b B=32 step, 10 MB with the
+  zeros), so one slice-sized scratch is live at a time. A 2 MB scratch, which stays in cache
+  between its copy and its GEMM, beats 16 MB (0.1b int8 step on one core: B = 8 70 vs 128 ms,
+  B = 32 241 vs 282 ms; 1 MB and 4 MB within 10% of it). On that step the row products and the
+  scratch cost about the same at B = 4 (58 vs 62 ms of one core), the scratch wins from B = 8
+  (docs/models.md).
 - XLA:GPU (deviceless H200 compile of the 1.5b step) turns a dot with the dequantize into a
   loop fusion writing the bf16 weight plus a GEMM for the channel-mix and head shapes (1.9x the
   bf16 step's bytes); a multiply + row reduction reads the int8 weight once per row inside one
@@ -43,7 +45,7 @@ import jax
 import jax.numpy as jnp
 
 CPU_ROW_PRODUCTS = 4  # rows up to which XLA:CPU runs one fused one-row product per row (measured)
-CPU_SCRATCH_ELEMENTS = 1 << 22  # most weight elements dequantized at once for a many-row CPU product (16 MB)
+CPU_SCRATCH_ELEMENTS = 1 << 19  # most weight elements dequantized at once for a many-row CPU product (2 MB)
 GPU_REDUCE_ROWS = 8    # rows up to which the GPU product is a multiply + row reduction (see module doc)
 
 
