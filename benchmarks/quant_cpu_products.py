@@ -83,7 +83,8 @@ def main(argv=None) -> None:
         weights["int8"] = weights["int8, row recomputed"] = [
             QuantizedWeight(*map(jnp.asarray, quantize(w, spec_for("int8", 128)))) for w in floats]
         del floats
-        h, vecs = jnp.asarray(rng.standard_normal((1, k)), jnp.float32), jnp.asarray(rng.standard_normal((4, k)), jnp.float32)
+        h = jnp.asarray(rng.standard_normal((1, k)), jnp.float32)
+        vecs = jnp.asarray(rng.standard_normal((4, k)), jnp.float32)
         runs = {form: [] for form in FORMS}
         for _ in range(args.rounds):
             for form in FORMS:
@@ -106,8 +107,8 @@ def main(argv=None) -> None:
              f"{STREAMED_BYTES >> 20} MB of int8 per call). ms per product (G weights/s; float32 ms / this).", "",
              "| projection | shape | per step | " + " | ".join(FORMS) + " |", "|---|---|---|" + "---|" * len(FORMS)]
     for name, r in rows.items():
-        cells = [f"{r['ms'][f]:.3f} ({r['gweights_per_s'][f]:.1f}" + ("" if f == "float32" else f"; {r['float32_over'][f]:.2f}x")
-                 + ")" for f in FORMS]
+        cells = [f"{r['ms'][f]:.3f} ({r['gweights_per_s'][f]:.1f}"
+                 + ("" if f == "float32" else f"; {r['float32_over'][f]:.2f}x") + ")" for f in FORMS]
         lines.append(f"| {name} | {r['shape'][0]}x{r['shape'][1]} | {r['per_step']} | " + " | ".join(cells) + " |")
     lines.append("| all projections of a step | | | " + " | ".join(
         f"{step[f]:.1f}" + ("" if f == "float32" else f" ({out['step_float32_over'][f]:.2f}x)") for f in FORMS) + " |")

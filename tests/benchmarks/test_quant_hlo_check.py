@@ -33,7 +33,8 @@ def test_the_check_sees_a_recomputed_input_row():
 
     def product(x, q, s, once):
         x = jnp.tanh(x) * 2 + 1  # cheap producers after an expensive one, as a LayerNorm's
-        return quantized_matmul_f32(x, QuantizedWeight(q, s)) if once else x @ QuantizedWeight(q, s).dequantize(jnp.float32).T
+        w = QuantizedWeight(q, s)
+        return quantized_matmul_f32(x, w) if once else x @ w.dequantize(jnp.float32).T
 
     for once, count in ((False, 1), (True, 0)):
         hlo = jax.jit(product, static_argnums=3).lower(x, q, scale, once).compile().as_text()
