@@ -2,7 +2,9 @@
 
 A copy would be an instruction outside every fusion (so its result is written to memory)
 that reads one of the step's int8 / float8 parameters and gives a float result of as many
-elements. The
+elements. On XLA:CPU it also lists the products that recompute their input row: a fused dot
+on a quantized weight whose other operand is computed inside the fusion (XLA:CPU's loop then
+recomputes it for every output row, ``pallas_kernels.quantized.computed_once``). The
 check compiles the XLA:CPU forward step (T = 1) of a random --config model with quantized
 weights at each --batch and counts them; ``--gpu-dump DIR`` checks instead the
 ``*gpu_after_optimizations.txt`` of a deviceless GPU compile, e.g. from
@@ -10,7 +12,7 @@ weights at each --batch and counts them; ``--gpu-dump DIR`` checks instead the
 
 usage: python benchmarks/quant_hlo_check.py [--config 0.1b] [--batch 1,4] [--quantization int8,fp8]
        python benchmarks/quant_hlo_check.py --gpu-dump /tmp/dumps
-Exit status 1 when a copy is found.
+Exit status 1 when a copy or a recomputed input is found.
 """
 from __future__ import annotations
 
@@ -44,6 +46,45 @@ def materialised(hlo: str) -> list[str]:
         elif computation not in fused and (m := FLOAT_RESULT.match(line)) and "parameter(" not in line:
             if _size(m.group(2)) in sizes and any(re.search(re.escape(n) + r"\b", line) for n in names):
                 found.append(line.strip()[:160])
+    return found
+
+
+INSTRUCTION = re.compile(r"\s*(?:ROOT )?%([\w.\-]+) = (\w+)\[[^ ]* ([\w\-]+)\(([^)]*)\)")
+PASS_THROUGH = {"parameter", "bitcast", "reshape", "slice", "copy", "transpose"}
+
+
+def recomputed_inputs(hlo: str) -> list[str]:
+    """The fused dots of `hlo` that read a quantized (s8 / f8e4m3fn) operand and compute their
+    other operand inside the fusion (anything but parameters, bitcasts, reshapes, slices,
+    copies and transposes between it and the dot): the dot's loop recomputes it per output."""
+    found, computation, defs = [], None, {}
+    fused = set(re.findall(r"calls=(%[\w.\-]+)", hlo))
+
+    def reaches(name: str, test) -> bool:
+        seen, todo = set(), [name]
+        while todo:
+            n = todo.pop()
+            if n in seen or n not in defs:
+                continue
+            seen.add(n)
+            if test(*defs[n][:2]):
+                return True
+            todo += defs[n][2]
+        return False
+
+    for line in hlo.splitlines() + [""]:
+        if m := COMPUTATION.match(line):
+            computation, defs = m.group(1), {}
+        elif m := INSTRUCTION.match(line):
+            name, dtype, op, args = m.groups()
+            defs[name] = (dtype, op, re.findall(r"%([\w.\-]+)", args))
+            if op != "dot" or computation not in fused:
+                continue
+            operands = defs[name][2]
+            weights = [reaches(o, lambda t, op: op == "parameter" and t in ("s8", "f8e4m3fn")) for o in operands]
+            if any(weights) and any(not w and reaches(o, lambda t, op: op not in PASS_THROUGH)
+                                    for o, w in zip(operands, weights)):
+                found.append(f"{computation}: {line.strip()[:120]}")
     return found
 
 
@@ -84,8 +125,12 @@ def main(argv=None) -> int:
                 for s in a.quantization.split(",") for B in map(int, a.batch.split(","))]
     for name, hlo in runs:
         found = materialised(hlo)
-        bad += len(found)
+        recomputed = [] if a.gpu_dump else recomputed_inputs(hlo)
+        bad += len(found) + len(recomputed)
         print(f"{name}: {len(found)} dequantized weight copies" + "".join(f"\n    {x}" for x in found[:4]))
+        if not a.gpu_dump:
+            print(f"{name}: {len(recomputed)} products recomputing their input row"
+                  + "".join(f"\n    {x}" for x in recomputed[:4]))
     return 1 if bad else 0
 
 

@@ -7,7 +7,7 @@ the median tok/s per (model, B) over the rounds is reported, with the bytes of w
 reads (all parameters but the embedding, a gather of B rows) and the int8 / float32 ratio (the
 issue's goal: >= 2x at B = 1). Writes benchmarks/results/quant_speed_cpu.json and .md.
 
-Run: ``python benchmarks/quant_speed.py`` (~5 min on 2 cores; --seconds, --rounds to change).
+Run: ``python benchmarks/quant_speed.py`` (~3 min on 2 cores; --seconds, --rounds to change).
 """
 from __future__ import annotations
 

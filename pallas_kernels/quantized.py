@@ -15,14 +15,21 @@ fusion). The form that fuses differs by backend:
   over the weight's axis 1, or a [K, N] weight, instead get a separate dequantize fusion
   writing a float32 copy (~100x slower on 40 [3072, 768] products), and a many-row dot with the
   fusion runs ~4x slower than the float32 GEMM. So up to ``CPU_ROW_PRODUCTS`` rows run as
-  one-row products (each re-reads the int8 weight), more rows dequantize the weight into a
+  one-row products (each re-reads the int8 weight), their input rows first made a buffer of
+  their own (``computed_once``): left to itself XLA fuses x's producers (the LayerNorm and
+  token-shift mix before a projection, the GroupNorm and gate before the output one) into the
+  product's loop and recomputes them for every one of the N output rows, which made the 0.1b
+  B = 1 step's products ~2.5x slower (27 vs 11 ms of one core; a [3072, 768] product with its
+  LayerNorm + mix 0.53 vs 0.23 ms). More rows dequantize the weight into a
   float32 scratch of at most ``CPU_SCRATCH_ELEMENTS`` (the head in slices of rows) that the
   float32 GEMM reads, its cost spread over the rows. Each slice's copy is made to wait for the
   previous product through an exact zero computed from it (XLA:CPU otherwise makes every
-  weight's copy at the start of the step: 516 MB of temporaries in the 0.1b B=32 step, 25 MB with the
-  zeros), so one slice-sized scratch is live at a time. On the 0.1b decode step the row
-  products win at B = 4 (148 vs 151 CPU ms per step), the scratch from B = 8 (163 vs 210 ms;
-  B = 32: 404 vs 649 ms; docs/models.md).
+  weight's copy at the start of the step: 516 MB of temporaries in the 0.1b B=32 step, 10 MB with the
+  zeros), so one slice-sized scratch is live at a time. A 2 MB scratch, which stays in cache
+  between its copy and its GEMM, beats 16 MB (0.1b int8 step on one core: B = 8 70 vs 128 ms,
+  B = 32 241 vs 282 ms; 1 MB and 4 MB within 10% of it). On that step the row products and the
+  scratch cost about the same at B = 4 (58 vs 62 ms of one core), the scratch wins from B = 8
+  (docs/models.md).
 - XLA:GPU (deviceless H200 compile of the 1.5b step) turns a dot with the dequantize into a
   loop fusion writing the bf16 weight plus a GEMM for the channel-mix and head shapes (1.9x the
   bf16 step's bytes); a multiply + row reduction reads the int8 weight once per row inside one
@@ -38,7 +45,7 @@ import jax
 import jax.numpy as jnp
 
 CPU_ROW_PRODUCTS = 4  # rows up to which XLA:CPU runs one fused one-row product per row (measured)
-CPU_SCRATCH_ELEMENTS = 1 << 22  # most weight elements dequantized at once for a many-row CPU product (16 MB)
+CPU_SCRATCH_ELEMENTS = 1 << 19  # most weight elements dequantized at once for a many-row CPU product (2 MB)
 GPU_REDUCE_ROWS = 8    # rows up to which the GPU product is a multiply + row reduction (see module doc)
 
 
@@ -52,27 +59,51 @@ class QuantizedWeight(NamedTuple):
     def shape(self):
         return self.q.shape
 
-    def dequantize(self, dtype) -> jax.Array:
-        """The weight q * scale [N, K] in `dtype`."""
+    def dequantize(self, dtype, widen=None) -> jax.Array:
+        """The weight q * scale [N, K] in `dtype`; widen(q) gives q as float32 (default: a convert)."""
         (n, k), groups = self.q.shape, self.scale.shape[1]
-        w = self.q.astype(jnp.float32).reshape(n, groups, k // groups) * self.scale[:, :, None]
+        q = self.q.astype(jnp.float32) if widen is None else widen(self.q)
+        w = q.reshape(n, groups, k // groups) * self.scale[:, :, None]
         return w.reshape(n, k).astype(dtype)
+
+
+def cpu_float32(q):
+    """q (int8 | float8_e4m3fn) as float32, in the form XLA:CPU runs fastest. XLA:CPU converts
+    float8 in software (the 0.1b B = 1 fp8 step ran ~5x slower than int8); an e4m3fn byte's
+    sign and 7 magnitude bits placed as a float16's (bits 15 and 13..7) are the same number
+    divided by 2**8 (exponent bias 15 against 7, subnormals included), which the hardware's
+    float16 convert widens: exact for every finite value (the two NaN codes give 480: quantized
+    weights have none)."""
+    if q.dtype != jnp.float8_e4m3fn:
+        return q.astype(jnp.float32)
+    bits = jax.lax.bitcast_convert_type(q, jnp.int8).astype(jnp.int16) << 7  # sign to bits 15 and 14
+    half = jax.lax.bitcast_convert_type(bits & jnp.int16(~(1 << 14)), jnp.float16)
+    return half.astype(jnp.float32) * 256.0
+
+
+def computed_once(x):
+    """x itself, divided by an exact 1 computed from x (so XLA cannot fold it away): XLA:CPU
+    fuses a one-row product's cheap elementwise producers into the product's loop and recomputes
+    them for every output row, but never fuses a division into a consumer that reuses each
+    element, so x's producers run once, into their own buffer (see module doc)."""
+    return x / (1 + (x > 0).astype(x.dtype) * 0.0)
 
 
 def quantized_matmul_f32(x, w: QuantizedWeight):
     """x [M, K] @ w.T -> [M, N] float32 (w [N, K], see module doc for the CPU form)."""
-    def dot(x, dtype):
-        return jnp.matmul(x.astype(dtype), w.dequantize(dtype).T, preferred_element_type=jnp.float32)
+    def dot(x, dtype, widen=None):
+        return jnp.matmul(x.astype(dtype), w.dequantize(dtype, widen).T, preferred_element_type=jnp.float32)
 
     def cpu(x):
         if x.shape[0] <= CPU_ROW_PRODUCTS:
-            return jnp.concatenate([dot(x[i:i + 1], jnp.float32) for i in range(x.shape[0])])
+            x = computed_once(x.astype(jnp.float32))
+            return jnp.concatenate([dot(x[i:i + 1], jnp.float32, cpu_float32) for i in range(x.shape[0])])
         (n, k), x = w.q.shape, x.astype(jnp.float32)
         rows, parts, last = max(1, CPU_SCRATCH_ELEMENTS // k), [], x
         for start in range(0, n, rows):
             zero = (last[0, 0] > 0).astype(jnp.float32) * 0.0  # exactly 0: orders this copy after `last`
             part = QuantizedWeight(w.q[start:start + rows], w.scale[start:start + rows] + zero)
-            parts.append(last := jnp.matmul(x, part.dequantize(jnp.float32).T))
+            parts.append(last := jnp.matmul(x, part.dequantize(jnp.float32, cpu_float32).T))
         return jnp.concatenate(parts, axis=1)
 
     def gpu(x):

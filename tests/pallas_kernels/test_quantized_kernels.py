@@ -14,7 +14,7 @@ import pytest
 
 from pallas_kernels import segment_linear
 from pallas_kernels.fused_time_mix import fused_channel_mix, fused_time_mix
-from pallas_kernels.quantized import QuantizedWeight
+from pallas_kernels.quantized import QuantizedWeight, cpu_float32
 from pallas_kernels.quantized_channel_mix import quantized_channel_mix, quantized_channel_mix_reference
 from pallas_kernels.quantized_linear import quantized_linear, quantized_linear_reference
 from pallas_kernels.small_m_linear import linear_reference
@@ -78,6 +78,17 @@ def test_quantized_channel_mix_matches_reference(M, scheme):
     w_key, w_val = _quantized(next(ks), F, C, SPECS[scheme]), _quantized(next(ks), C, F, SPECS[scheme])
     got = quantized_channel_mix(xk, w_key, w_val, skip=True, interpret=True)
     _close(got, quantized_channel_mix_reference(xk, w_key, w_val), 1e-4)
+
+
+def test_cpu_widening_is_exact_for_every_code():
+    """cpu_float32 (the XLA:CPU product's convert) equals the plain convert on every int8 and
+    every finite float8_e4m3fn code, signed zeros and subnormals included."""
+    codes = np.arange(256, dtype=np.uint8)
+    for dtype, keep in ((jnp.int8, codes == codes), (jnp.float8_e4m3fn, (codes & 0x7F) != 0x7F)):
+        q = jax.lax.bitcast_convert_type(jnp.asarray(codes[keep]), dtype)
+        got, want = np.asarray(jax.jit(cpu_float32)(q)), np.asarray(q.astype(jnp.float32))
+        np.testing.assert_array_equal(got, want)
+        np.testing.assert_array_equal(np.signbit(got), np.signbit(want))
 
 
 def test_quantized_kernels_reject_bad_shapes():
