@@ -44,17 +44,30 @@ def signed_keys(z: jax.Array) -> jax.Array:
     return jnp.where(bits < 0, bits ^ jnp.int32(0x7FFFFFFF), bits)
 
 
-def failing(sums: jax.Array, limit: jax.Array, mass: bool) -> jax.Array:
+def failing(sums: jax.Array, limit: jax.Array, mass: bool, total: jax.Array | None = None) -> jax.Array:
     """int32 [...]: candidates (columns j >= 1 of sums float32 [..., M]; column 0 the total)
-    whose predicate fails, under limit float32 [...]."""
+    whose predicate fails, under limit float32 [...]; ``total`` [...]: column 0, where the caller
+    cannot slice it (the Triton lowering has no slice)."""
     j = jax.lax.broadcasted_iota(jnp.int32, sums.shape, sums.ndim - 1)
     limit = limit[..., None]
     if mass:
-        total = jnp.sum(jnp.where(j == 0, sums, 0.0), axis=-1, keepdims=True)
+        total = sums[..., :1] if total is None else total[..., None]
         holds = (sums < limit * total) | (limit >= 1)
     else:
         holds = sums < limit
     return jnp.sum(((j >= 1) & ~holds).astype(jnp.int32), axis=-1)
+
+
+def above(keys: jax.Array, lo: jax.Array, j: jax.Array, shift) -> jax.Array:
+    """bool: whether keys exceed candidate j = lo + j * 2**shift - 1 (every key for j = 0);
+    int32 arguments broadcast against each other."""
+    return (keys > lo + jnp.left_shift(j, shift) - 1) | (j == 0)
+
+
+def moved(lo: jax.Array, sums: jax.Array, limit: jax.Array, mass: bool, shift, total=None) -> jax.Array:
+    """The window's start after a pass of part width 2**shift: lo [...] moved up one part per
+    failing candidate (``failing`` of sums [..., M])."""
+    return lo + jnp.left_shift(failing(sums, limit, mass, total), shift)
 
 
 def _shifts(bits: int) -> list[int]:
@@ -67,12 +80,11 @@ def pass_sums(keys: jax.Array, weights: jax.Array | None, lo: jax.Array, shift, 
     it), column j the weight of the keys above candidate j = lo + j * 2**shift - 1 (keys int32
     [B, V], lo int32 [B]; XLA reductions)."""
     j = np.arange(0 if total is None else 1, 2 ** bits, dtype=np.int32)  # numpy: constant first candidates
-    cand = lo[:, None] + jnp.left_shift(j, shift)[None, :] - 1
-    above = (keys[:, None, :] > cand[:, :, None]) | (j == 0)[None, :, None]
+    over = above(keys[:, None, :], lo[:, None, None], j[None, :, None], shift)
     if weights is None:
-        sums = jnp.sum(above, axis=2, dtype=jnp.int32).astype(jnp.float32)
+        sums = jnp.sum(over, axis=2, dtype=jnp.int32).astype(jnp.float32)
     else:
-        sums = jnp.sum(jnp.where(above, weights[:, None, :], 0.0), axis=2)
+        sums = jnp.sum(jnp.where(over, weights[:, None, :], 0.0), axis=2)
     return sums if total is None else jnp.concatenate([total[:, None], sums], axis=1)
 
 
@@ -80,20 +92,22 @@ def smallest_key_reference(keys: jax.Array, weights: jax.Array | None, limit: ja
                            unrolled: bool, bits: int = BITS) -> jax.Array:
     """int32 [B]: per row the smallest signed-order key at which the predicate holds (keys
     int32 [B, V], weights float32 [B, V] or None, limit float32 [B]); XLA passes of ``bits``
-    unrolled (each summing the total beside its candidates, as the kernel does), or 32 one-bit
-    passes in a fori_loop (the total summed once before it)."""
+    unrolled, or 32 one-bit passes in a fori_loop. A count's total is V; a mass's is summed
+    beside the candidates by each unrolled pass (as the kernel does: no separate reduction),
+    once before the loop's passes."""
     lo = np.full(keys.shape[:1], LOWEST)
+    total = None if mass else jnp.full(keys.shape[:1], keys.shape[1], jnp.float32)
     if not unrolled:
-        total = jnp.sum(weights, axis=1) if mass else jnp.full(keys.shape[:1], keys.shape[1], jnp.float32)
+        total = jnp.sum(weights, axis=1) if mass else total
 
         def one_bit(p, lo):
             shift = 31 - p
-            return lo + jnp.left_shift(failing(pass_sums(keys, weights, lo, shift, 1, total), limit, mass), shift)
+            return moved(lo, pass_sums(keys, weights, lo, shift, 1, total), limit, mass, shift)
 
         return jax.lax.fori_loop(0, 32, one_bit, lo)
     for shift in _shifts(bits):
         shift = jnp.int32(shift)
-        lo = lo + jnp.left_shift(failing(pass_sums(keys, weights, lo, shift, bits), limit, mass), shift)
+        lo = moved(lo, pass_sums(keys, weights, lo, shift, bits, total), limit, mass, shift)
     return lo
 
 
@@ -113,17 +127,16 @@ def _pass_kernel(*refs, shift, prior_shift, mass, first, weighted):
         lo = jnp.int32(LOWEST)
     else:
         sums = jnp.sum(prior_ref[...], axis=0)                      # [2**BITS]
-        lo = lo_ref[0] + jnp.left_shift(failing(sums, limit_ref[...], mass), prior_shift)
+        total = jnp.sum(jnp.where(jnp.arange(2 ** BITS) == 0, sums, 0.0))
+        lo = moved(lo_ref[0], sums, limit_ref[...], mass, prior_shift, total)
     lo_out[...] = jnp.full(lo_out.shape, lo, jnp.int32)
     if shift is None:
         return
-    j = jnp.arange(2 ** BITS, dtype=jnp.int32)
-    cand = lo + jnp.left_shift(j, shift) - 1
-    above = (keys_ref[...][None, :] > cand[:, None]) | (j == 0)[:, None]
+    over = above(keys_ref[...][None, :], lo, jnp.arange(2 ** BITS, dtype=jnp.int32)[:, None], shift)
     if w_ref is None:
-        refs[0][...] = jnp.sum(above.astype(jnp.float32), axis=1)
+        refs[0][...] = jnp.sum(over.astype(jnp.float32), axis=1)
     else:
-        refs[0][...] = jnp.sum(jnp.where(above, w_ref[...][None, :], 0.0), axis=1)
+        refs[0][...] = jnp.sum(jnp.where(over, w_ref[...][None, :], 0.0), axis=1)
 
 
 def _pass(keys, weights, limit, lo, prior, *, shift, prior_shift, mass, interpret):

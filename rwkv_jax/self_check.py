@@ -3,11 +3,11 @@
 ``check_decode`` runs STEPS B=1 decode steps of a model with the candidate kernels and with XLA
 from the same random state and tokens, and returns None when logits and state agree within
 the dtype's tolerance, else the reason; for the fused kernels it also runs the sampler's
-Pallas threshold search (``check_search``) against XLA's on random rows. ``cached_check`` keeps each verdict in a JSON file
-beside the persistent compilation cache (``jax_compilation_cache_dir``; in memory without
-one), keyed by device kind, jax version, model shape, dtype, quantization (scheme and group size) and
-candidate, so a process pays
-the check (two compiles and a few milliseconds) once per combination.
+Pallas threshold search (``check_search``) against XLA's on random rows. ``cached_check``
+keeps each verdict in a JSON file beside the persistent compilation cache
+(``jax_compilation_cache_dir``; in memory without one), keyed by device kind, jax version,
+model shape, dtype, quantization (scheme and group size) and candidate, so a process pays the
+check (a few compiles and milliseconds) once per combination.
 """
 from __future__ import annotations
 
