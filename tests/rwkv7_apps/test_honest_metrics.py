@@ -61,7 +61,8 @@ def test_precompile_covers_prefill_so_nothing_compiles_mid_run(tiny_ckpt):
     model = rwkv_jax.load(tiny_ckpt, kernels="xla")
     engine = JaxEngine(model, prefill_pieces=(16, 1))
     requests = [Request(f"r{i}", rng.integers(1, model.config.vocab_size, int(n)).tolist(),
-                        SamplingParams(max_tokens=2, seed=i)) for i, n in enumerate(rng.integers(1, 40, 10))]
+                        SamplingParams(max_tokens=2, seed=i, stop_tokens=()))  # no stop: every request runs its length
+                for i, n in enumerate(rng.integers(1, 40, 10))]
     scheduler = Scheduler(engine, SchedulerConfig(max_batch=2, precompile=True, chunk=32))
     for r in requests:
         scheduler.add(r)
