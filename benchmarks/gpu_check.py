@@ -122,7 +122,7 @@ TOTAL_BUDGET_S = 450          # whole run from the imports on: 30 s margin under
 PARITY_BUDGET_S = 150         # parity items stop starting after this long
 TORCH_WAIT_S = 60             # the torch child's answer is awaited this long after parity
 KERNEL_BUDGET_S = 90          # per-kernel timings stop starting new cases after this long
-SERVING_BUDGET_S = 180        # at most, for rwkv7_apps.serving_bench.gpu_check_section
+SERVING_BUDGET_S = 180        # at most, for rwkv7_apps.tools.serving_bench.gpu_check_section
 HTTP_BUDGET_S = 120           # at most, for benchmarks/http_serving.gpu_check_section
 SECTION_MIN_S = 60            # serving / HTTP / data-parallel start only with this much left
 DEVICELESS_S = 15             # expected seconds of the deviceless section
@@ -1043,10 +1043,10 @@ def run_deviceless(smoke: bool, budget: Budget) -> dict:
 
 # ----------------------------------------------------------------------------- serving
 def run_serving(smoke: bool, out_dir: str, budget: Budget) -> dict:
-    """rwkv7_apps.serving_bench.gpu_check_section(out_dir, budget_s) within the budget."""
-    hook = getattr(importlib.import_module("rwkv7_apps.serving_bench"), "gpu_check_section", None)
+    """rwkv7_apps.tools.serving_bench.gpu_check_section(out_dir, budget_s) within the budget."""
+    hook = getattr(importlib.import_module("rwkv7_apps.tools.serving_bench"), "gpu_check_section", None)
     if hook is None:
-        return skipped("rwkv7_apps.serving_bench has no gpu_check_section(out_dir, budget_s)")
+        return skipped("rwkv7_apps.tools.serving_bench has no gpu_check_section(out_dir, budget_s)")
     reason = "not run in --smoke" if smoke else budget.shortfall(SECTION_MIN_S)
     return skipped(reason) if reason else hook(out_dir=out_dir, budget_s=min(SERVING_BUDGET_S, budget.left()))
 
@@ -1063,7 +1063,7 @@ def run_http_serving(smoke: bool, out_dir: str, budget: Budget) -> dict:
 
 def run_data_parallel(smoke: bool, budget: Budget) -> dict:
     """Batch-generation throughput (0.1b shape, bf16) on one GPU vs a replica on every local
-    GPU (rwkv7_apps.replicas), same workload per GPU; skipped unless several devices."""
+    GPU (scheduler.replicas.replica_set), same workload per GPU; skipped unless several devices."""
     devices = jax.local_devices()
     if smoke or len(devices) < 2:
         return skipped(f"{len(devices)} local device(s); needs 2 or more")
@@ -1071,7 +1071,7 @@ def run_data_parallel(smoke: bool, budget: Budget) -> dict:
     if reason:
         return skipped(reason)
     from rwkv7_apps.engines import load_engines
-    from rwkv7_apps.replicas import build_replica_set
+    from scheduler.replicas.replica_set import build_replica_set
     from scheduler import Request, SamplingParams, Scheduler, SchedulerConfig
 
     with tempfile.TemporaryDirectory() as d:

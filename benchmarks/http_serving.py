@@ -6,7 +6,7 @@ workload run in-process through the scheduler (the HTTP layer's own cost).
     python benchmarks/http_serving.py --smoke              # a few requests, < 1 minute
     python benchmarks/http_serving.py --cold-start --concurrency 1,8 --max-batch 16 --output-len 8 32
 
-The workload (``rwkv7_apps.serving_bench.make_workload``): seeded greedy requests, token-id
+The workload (``rwkv7_apps.tools.serving_bench.make_workload``): seeded greedy requests, token-id
 prompts of log-uniform length in --prompt-len, output lengths uniform in --output-len (no
 stop token, so every request runs its full length). For each concurrency C, max(--requests,
 C) requests are sent by C clients that each send their next request when the previous one
@@ -48,7 +48,7 @@ if __package__ in (None, ""):  # run as a script from the source tree
 
 import numpy as np
 
-from rwkv7_apps.serving_bench import make_workload
+from rwkv7_apps.tools.serving_bench import make_workload
 
 RESULTS = Path("benchmarks") / "results"
 

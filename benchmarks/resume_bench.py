@@ -17,7 +17,7 @@ import tempfile
 import time
 from pathlib import Path
 
-import rwkv7_apps.generate as cli
+import rwkv7_apps.generate.cli as cli
 from tests.support.scheduler_engines import CountingEngine, rss_bytes
 
 RESULTS = Path(__file__).resolve().parent / "results" / "resume_bench.json"

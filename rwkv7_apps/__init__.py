@@ -1,9 +1,11 @@
-"""The applications: the commands and what only they need (JSONL I/O, run metrics, plots).
+"""The applications: the commands and what they share.
 
-- ``generate``: ``rwkv7-generate`` (also ``python -m scheduler``), batch generation JSONL -> JSONL;
-- ``random_checkpoint``: ``rwkv7-random-checkpoint``;
-- ``serving_bench``: ``rwkv7-bench``, the serving benchmark of the prefill policies;
-- ``engines``: random models by name and one engine per backend.
+- ``generate/``: ``rwkv7-generate`` (also ``python -m scheduler``), batch generation JSONL -> JSONL;
+- ``serve/``: ``rwkv7-serve``, the OpenAI-compatible HTTP server;
+- ``tools/``: ``rwkv7-convert``, ``rwkv7-random-checkpoint``, ``rwkv7-gpu-compile``, ``rwkv7-bench``;
+- shared by the commands: ``options`` (option groups), ``engines`` (random models by name,
+  one engine per backend), ``scheduler_setup`` (one scheduler, replicas or Ray actors),
+  ``states`` (saved states), ``ray_replicas`` and ``ray_actor`` (replicas as Ray actors).
 
 Imports every other project package; none imports it.
 """

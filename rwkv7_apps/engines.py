@@ -137,9 +137,3 @@ def replica_devices(backend: str, data_parallel: str | int) -> list:
     if accelerator and n > len(labels):
         raise ValueError(f"--data-parallel {n}: this machine has {len(labels)} {backend} accelerator(s)")
     return [labels[i % len(labels)] for i in range(n)]
-
-
-def engine_device(engine) -> str:
-    """A readable name of the device an engine runs on ("cpu:0", "cuda:1", ...; "default"
-    for an engine on its framework's default device)."""
-    return "default" if engine.device is None else engine.device

@@ -26,9 +26,10 @@ class ReplicaActor:
         from rwkv7_core.tokenizer import tokenizer_for
         from scheduler import Scheduler, SchedulerConfig
 
-        from .engines import engine_device, load_engine, random_model_path
-        from .engine_guard import EngineGuard, Fault
-        from .replicas import MAX_FAILURES
+        from scheduler.replicas.engine_guard import EngineGuard, Fault
+        from scheduler.replicas.replica_set import MAX_FAILURES, engine_device
+
+        from .engines import load_engine, random_model_path
 
         path = random_model_path(random_model) if random_model else model_path
         engine = load_engine(backend, path, dtype, kernels, quantization=quantization, group_size=group_size)

@@ -1,6 +1,6 @@
 """``rwkv7-generate --ray ADDRESS|local``: the replicas as Ray actors, driven as one scheduler.
 
-``RayReplicaSet`` is a ``ReplicaSet`` (rwkv7_apps/replicas.py: routing, retries, taking a
+``RayReplicaSet`` is a ``ReplicaSet`` (scheduler/replicas/replica_set.py: routing, retries, taking a
 replica out, exactly-once delivery) whose replicas are ``ReplicaActor`` processes
 (rwkv7_apps/ray_actor.py), one per GPU (``num_gpus=1``) when the cluster has GPUs, else one
 per CPU (``num_cpus=1``). Each replica's scheduler is an ``ActorScheduler``: the whole
@@ -23,8 +23,8 @@ import time
 from types import SimpleNamespace
 from typing import NoReturn
 
-from .engine_guard import Fault
-from .replicas import Replica, ReplicaLost, ReplicaSet
+from scheduler.replicas.engine_guard import Fault
+from scheduler.replicas.replica_set import Replica, ReplicaLost, ReplicaSet
 
 NAMESPACE = "rwkv7"
 READY_TIMEOUT_S = 600.0

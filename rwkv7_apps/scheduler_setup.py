@@ -9,8 +9,9 @@ from typing import Callable
 
 from rwkv7_core.tokenizer import tokenizer_for
 from scheduler.interface import SchedulerInterface
+from scheduler.replicas.replica_set import engine_device
 
-from .engines import engine_device, load_engine, load_engines, replica_devices
+from .engines import load_engine, load_engines, replica_devices
 from .options import scheduler_config
 
 EXIT_BAD_ARGS = 2
@@ -24,8 +25,8 @@ def build_scheduler(parser: argparse.ArgumentParser, args, model_path: Path,
     injected fault (``RWKV7_REPLICA_FAULT``, tests only) goes into its replica."""
     from scheduler import Scheduler
 
-    from .engine_guard import EngineGuard, Fault
-    from .replicas import build_replica_set
+    from scheduler.replicas.engine_guard import EngineGuard, Fault
+    from scheduler.replicas.replica_set import build_replica_set
 
     def fail(message: str):
         parser.exit(EXIT_BAD_ARGS, f"{parser.prog}: error: {message}\n")

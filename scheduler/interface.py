@@ -1,5 +1,5 @@
 """The scheduler interface the apps drive: one ``Scheduler`` or a set of replicas
-(rwkv7_apps/replicas.py) behind the same methods."""
+(scheduler/replicas/replica_set.py) behind the same methods."""
 from __future__ import annotations
 
 from typing import Callable, Protocol, Sequence

@@ -9,7 +9,7 @@ compile, ``rwkv7_compiles_total``).
 SIGTERM/SIGINT drain the server (``--shutdown-grace``, exit 0); a scheduler that fails ends
 the process with exit status 1 (shutdown.py). ``--data-parallel N`` / ``--ray`` serve on a
 replica set (rwkv7_apps/scheduler_setup.py); ``--state NAME=FILE`` registers named initial
-states. ``RWKV7_REPLICA_FAULT`` (tests only, see rwkv7_apps/engine_guard.py) injects a fault
+states. ``RWKV7_REPLICA_FAULT`` (tests only, see scheduler/replicas/engine_guard.py) injects a fault
 into the engine of its replica.
 """
 from __future__ import annotations
@@ -100,7 +100,7 @@ def build_app(sched, model_name: str, defaults: dict, limits, ready, seed: int |
     Responses API's ResponseStore (None: default bounds)."""
     import numpy as np
 
-    from ..replicas import ReplicaSet
+    from scheduler.replicas.replica_set import ReplicaSet
     from .app import create_app
     from .generation import Context
     from .metrics import ServerMetrics
@@ -120,7 +120,7 @@ def build_app(sched, model_name: str, defaults: dict, limits, ready, seed: int |
 def main(argv: list[str] | None = None) -> int:
     import uvicorn
 
-    from ..replicas import ReplicaSet
+    from scheduler.replicas.replica_set import ReplicaSet
     from ..scheduler_setup import build_scheduler
     from .generation import Limits
     from .response_store import ResponseStore

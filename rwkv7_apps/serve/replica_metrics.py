@@ -7,7 +7,7 @@ from prometheus_client.core import CounterMetricFamily
 
 
 class ReplicaCollector:
-    """A prometheus collector over a ``rwkv7_apps.replicas.ReplicaSet``."""
+    """A prometheus collector over a ``scheduler.replicas.replica_set.ReplicaSet``."""
 
     def __init__(self, replica_set):
         self.replica_set = replica_set

@@ -5,7 +5,7 @@ system turn before the ``input`` messages. With ``previous_response_id`` the pro
 stored response's whole token sequence (its prompt + output, exactly the tokens the model
 consumed) followed by the new turns rendered by the same template (``continuation``), so
 the state at the end of the stored turn is a prefix of the new prompt: the scheduler's
-prefix cache and the replica set's affinity (rwkv7_apps/affinity.py) find it. The stored
+prefix cache and the replica set's affinity (scheduler/replicas/affinity.py) find it. The stored
 conversation's initial state (``state``) carries over. ``store`` (default true) keeps the
 response in the bounded store (response_store.py). Streaming sends OpenAI's semantic
 events (``response.created`` ... ``response.output_text.delta`` ... ``response.completed``

@@ -15,7 +15,7 @@ Conventions of the pages (one test per page runs its blocks in order):
   checkpoint, a GPU, a cluster, building virtual environments). Such a command's ``--flags``
   must all appear in the ``--help`` of the project's script it calls (``rwkv7-*``,
   ``python benchmarks/X.py``, ``python tools/X.py``, ``python -m scheduler``, ``rwkv7_apps.serve`` or
-  ``rwkv7_apps.serving_bench``); ``make TARGET`` must be a target (``make -n``); a ``python norun``
+  ``rwkv7_apps.tools.serving_bench``); ``make TARGET`` must be a target (``make -n``); a ``python norun``
   block must compile.
 - Any other fence (``text``, ``json``, none) is not a command.
 
@@ -247,7 +247,7 @@ def test_page_commands(page: Path, tmp_path: Path, doc_env: dict):
 
 FLAG = re.compile(r"(?<![\w-])--[A-Za-z][\w-]*")
 ENV_ASSIGNMENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
-MODULE_COMMANDS = {"scheduler", "rwkv7_apps.serve", "rwkv7_apps.serving_bench"}
+MODULE_COMMANDS = {"scheduler", "rwkv7_apps.serve", "rwkv7_apps.tools.serving_bench"}
 
 
 def command_words(cmd: str) -> list[str]:

@@ -7,7 +7,7 @@ import json
 
 import numpy as np
 
-import rwkv7_apps.generate as cli
+import rwkv7_apps.generate.cli as cli
 import rwkv7_apps.scheduler_setup as setup
 from scheduler import Request, SamplingParams, Scheduler, generate
 from tests.support.scheduler_engines import FakeEngine

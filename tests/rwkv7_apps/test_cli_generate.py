@@ -99,7 +99,7 @@ def test_generate_jax_end_to_end(tiny_ckpt, tmp_path):
 
 @pytest.mark.parametrize("case", ["model", "input", "output-dir", "metrics-dir", "kernels"])
 def test_bad_paths_fail_at_once(case, tiny_ckpt, tmp_path, capsys):
-    from rwkv7_apps.generate import main
+    from rwkv7_apps.generate.cli import main
 
     inp = write_jsonl(tmp_path / "in.jsonl", [{"id": 1, "tokens": [1]}])
     args = {"--model": str(tiny_ckpt), "--input": str(inp), "--output": str(tmp_path / "out.jsonl")}

@@ -4,7 +4,7 @@ of a directory follows its files."""
 from __future__ import annotations
 
 import rwkv_torch_ref
-from rwkv7_apps.convert import main as convert
+from rwkv7_apps.tools.convert import main as convert
 from tests.rwkv7_apps.cli_harness import greedy_reference, read_results, run_cli, write_jsonl
 
 

@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 import rwkv_torch_ref
-from rwkv7_apps.convert import main as convert
+from rwkv7_apps.tools.convert import main as convert
 from tests.rwkv7_apps.cli_harness import greedy_reference, random_token_requests, read_results, run_cli, write_jsonl
 
 
@@ -31,7 +31,7 @@ def test_group_size_option_reaches_the_model_and_bad_sizes_fail_at_load(tiny_ckp
     the converted file records it, generate from the float checkpoint with it matches the
     torch reference quantized with it, and a size that does not divide a width, a size with
     fp8, or a size other than the stored one fail at load with one line."""
-    from rwkv7_apps.generate import main as generate
+    from rwkv7_apps.generate.cli import main as generate
 
     ckpt = tiny_ckpt.with_suffix(".safetensors")
     quantized = tmp_path / "int8-g32.safetensors"

@@ -11,8 +11,8 @@ import threading
 import numpy as np
 import pytest
 
-from rwkv7_apps.engine_guard import Fault
-from rwkv7_apps.replicas import AFFINITY_SLACK_TOKENS, AllReplicasFailed, ReplicaSet, build_replica_set
+from scheduler.replicas.engine_guard import Fault
+from scheduler.replicas.replica_set import AFFINITY_SLACK_TOKENS, AllReplicasFailed, ReplicaSet, build_replica_set
 from scheduler import Request, SamplingParams, Scheduler, SchedulerConfig
 from tests.support.scheduler_engines import FakeEngine
 

@@ -15,7 +15,7 @@ from tests.gpu_target import PLUGIN_DIR, ROOT
 
 def run(*args, timeout=900):
     env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": str(ROOT), deviceless.PLUGIN_DIR_ENV: PLUGIN_DIR}
-    return subprocess.run([sys.executable, "-m", "rwkv7_apps.gpu_compile", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "rwkv7_apps.tools.gpu_compile", *args], capture_output=True, text=True,
                           timeout=timeout, env=env, cwd=ROOT)
 
 

@@ -5,7 +5,7 @@ import json
 
 import numpy as np
 
-from rwkv7_apps.metrics import PEAK_WINDOW, RunCounts, build_metrics, plot_run, summary_table
+from rwkv7_apps.generate.metrics import PEAK_WINDOW, RunCounts, build_metrics, plot_run, summary_table
 from scheduler.stats import BucketSwitch, CompileEvent, PrefillRecord, RequestRecord, Stats
 
 

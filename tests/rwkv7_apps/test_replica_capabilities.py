@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from rwkv7_apps.replicas import build_replica_set
+from scheduler.replicas.replica_set import build_replica_set
 from rwkv7_core.engine import Capability
 from scheduler import Request, SamplingParams, Scheduler, SchedulerConfig
 from tests.support.scheduler_engines import FakeEngine

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from rwkv7_apps.replicas import build_replica_set
+from scheduler.replicas.replica_set import build_replica_set
 from scheduler import Request, SamplingParams, Scheduler, SchedulerConfig
 from scheduler.prefix_disk import DiskPrefixStore
 from scheduler.request import InitialState

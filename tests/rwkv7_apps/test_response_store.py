@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from rwkv7_apps.affinity import ConversationAffinity
+from scheduler.replicas.affinity import ConversationAffinity
 from rwkv7_apps.serve.response_store import ResponseStore
 
 

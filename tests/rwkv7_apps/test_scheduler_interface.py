@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from rwkv7_apps.ray_replicas import ActorScheduler, RayReplicaSet
-from rwkv7_apps.replicas import ReplicaSet, build_replica_set
+from scheduler.replicas.replica_set import ReplicaSet, build_replica_set
 from scheduler import Request, SamplingParams, Scheduler, SchedulerConfig
 from scheduler.interface import SchedulerInterface
 from tests.rwkv7_apps.interface_check import exercise_interface

@@ -5,7 +5,7 @@ import json
 
 import numpy as np
 
-from rwkv7_apps.serving_bench import make_workload, run_cli
+from rwkv7_apps.tools.serving_bench import make_workload, run_cli
 
 
 def test_workload_is_seeded_and_within_bounds():

@@ -8,7 +8,7 @@ import torch
 
 from rwkv7_core import (CheckpointError, named_config, random_tensors, read_checkpoint,
                             write_checkpoint)
-from rwkv7_apps.random_checkpoint import main as random_cli
+from rwkv7_apps.tools.random_checkpoint import main as random_cli
 from tests.shapes import ODD_CONFIG
 
 

@@ -21,7 +21,7 @@ from rwkv7_core.hf_checkpoint import VOCAB_FILE, write_hf_dir
 from rwkv7_core.quantization import metadata, quantize_tensors, spec_for, stored_spec
 from rwkv7_core.tokenizer import WORLD_VOCAB_SIZE, world_vocab_file
 
-from .options import add_quantization_options
+from ..options import add_quantization_options
 
 EXIT_BAD_INPUT = 2
 

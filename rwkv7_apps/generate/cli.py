@@ -21,11 +21,11 @@ from typing import Any
 from rwkv7_core.tokenizer import WORLD_VOCAB_SIZE
 from scheduler.interface import SchedulerInterface
 
-from .engines import cache_dir, random_model_path
+from ..engines import cache_dir, random_model_path
 from .jsonl_io import InputError, InputRequest, ResultWriter
-from .options import (add_engine_options, add_model_options, add_replica_options, add_sampling_options,
+from ..options import (add_engine_options, add_model_options, add_replica_options, add_sampling_options,
                       check_engine_args, sampling_defaults)
-from .states import RunStates, model_fingerprint, register_states, state_option
+from ..states import RunStates, model_fingerprint, register_states, state_option
 
 EXIT_BAD_ARGS = 2
 MAX_PROMPT_TOKENS = 1 << 20
@@ -240,7 +240,7 @@ def _main(argv: list[str] | None) -> int:
 def _schedulers(parser, args, model_path: Path) -> SchedulerInterface:
     """One Scheduler, a ReplicaSet over the local devices, or Ray actors (``--data-parallel``,
     ``--ray``; rwkv7_apps/scheduler_setup.py), with the --prefix-cache-dir tier."""
-    from .scheduler_setup import build_scheduler
+    from ..scheduler_setup import build_scheduler
 
     return build_scheduler(parser, args, model_path, lambda engine: _prefix_store(args, model_path, engine))
 
@@ -268,7 +268,7 @@ def _run(args, sched: SchedulerInterface, tokenizer, writer: ResultWriter, state
     """Stream the input through the scheduler (``BatchRun``), then report; the exit status."""
     from scheduler import SchedulerFailed
 
-    from .batch_run import BatchRun
+    from .run import BatchRun
 
     t0 = time.perf_counter()
     defaults = sampling_defaults(args)
@@ -304,7 +304,7 @@ def _run(args, sched: SchedulerInterface, tokenizer, writer: ResultWriter, state
 def _report(args, sched: SchedulerInterface, run, t0: float) -> None:
     """Print the summary table; write --metrics and --plot."""
     from .metrics import build_metrics, plot_run, summary_table
-    from .replicas import replica_reports
+    from scheduler.replicas.replica_set import replica_reports
 
     replicas = replica_reports(sched)
     metrics = build_metrics(sched.stats, run.counts, time.perf_counter() - t0, t0, run.skipped, replicas,

@@ -1,5 +1,5 @@
 """The engine as a replica sees it: ``EngineGuard`` counts the exceptions of each engine
-call kind (rwkv7_apps/replicas.py takes a replica out on a streak of them) and can inject a
+call kind (scheduler/replicas/replica_set.py takes a replica out on a streak of them) and can inject a
 ``Fault``.
 
 Fault injection (tests only): ``RWKV7_REPLICA_FAULT=R:KIND:N`` makes replica R (a single

@@ -14,7 +14,7 @@ drive it as they drive one scheduler.
   the healthy replica with the least outstanding work (prompt tokens not yet prefilled +
   tokens still to generate; ties to the one given the fewest requests), except that a
   conversation's next turn (a prompt that begins with a sequence an earlier request
-  consumed, rwkv7_apps/affinity.py) goes to the replica that served that request unless it
+  consumed, scheduler/replicas/affinity.py) goes to the replica that served that request unless it
   is much busier (``AFFINITY_SLACK_TOKENS``); ``affinity_routes`` counts those "kept" there
   and "moved" off; ``score`` runs on any healthy replica.
 - Failure: a replica whose engine raises ``MAX_FAILURES`` times in a row (per engine call
@@ -23,7 +23,7 @@ drive it as they drive one scheduler.
   elsewhere (at most once per replica); every id is reported exactly once. A retried
   request streams its tokens again from the first.
 
-Fault injection (tests only): ``RWKV7_REPLICA_FAULT`` (rwkv7_apps/engine_guard.py).
+Fault injection (tests only): ``RWKV7_REPLICA_FAULT`` (scheduler/replicas/engine_guard.py).
 """
 from __future__ import annotations
 
@@ -430,12 +430,16 @@ def build_replica_set(engines: list, devices: list[str], config, tokenizer=None,
     return ReplicaSet(replicas, engines[0], tokenizer)
 
 
+def engine_device(engine) -> str:
+    """A readable name of the device an engine runs on ("cpu:0", "cuda:1", ...; "default"
+    for an engine on its framework's default device)."""
+    return "default" if engine.device is None else engine.device
+
+
 def replica_reports(sched) -> list[dict[str, Any]]:
     """Per-replica reports for the metrics: a ReplicaSet's replicas, or a plain Scheduler as one."""
     if isinstance(sched, ReplicaSet):
         return [r.report() for r in sched.replicas]
-    from .engines import engine_device
-
     stats = sched.stats
     return [{"device": engine_device(sched.engine), "requests": stats.requests_finished,
              "generated_tokens": stats.generated_tokens, "failed": None, "stats": stats}]
