@@ -5,7 +5,10 @@
 - ``tools/``: ``rwkv7-convert``, ``rwkv7-random-checkpoint``, ``rwkv7-gpu-compile``, ``rwkv7-bench``;
 - shared by the commands: ``options`` (option groups), ``engines`` (random models by name,
   one engine per backend), ``scheduler_setup`` (one scheduler, replicas or Ray actors),
-  ``states`` (saved states), ``ray_replicas`` and ``ray_actor`` (replicas as Ray actors).
+  ``states`` (saved states).
+
+The replica layer (several schedulers as one, on local devices or Ray actors) is
+``scheduler/replicas/``.
 
 Imports every other project package; none imports it.
 """

@@ -73,6 +73,13 @@ def load_engine(backend: str, path: str | os.PathLike, dtype: str = "float32", k
     return load_engines(backend, path, dtype, kernels, [device], quantization, group_size)[0]
 
 
+def load_node_engine(backend: str, model_path: str | None, random_model: str | None, dtype: str, kernels: str,
+                     quantization: str = "none", group_size: int | None = None):
+    """``load_engine`` of ``model_path``, or of the seeded random model ``random_model``
+    (written on this machine if missing): what a Ray actor runs on its own node."""
+    path = random_model_path(random_model) if random_model else model_path
+    return load_engine(backend, path, dtype, kernels, quantization=quantization, group_size=group_size)
+
 def load_engines(backend: str, path: str | os.PathLike, dtype: str, kernels: str, devices: list,
                  quantization: str = "none", group_size: int | None = None) -> list:
     """One engine per entry of ``devices`` (see ``load_engine``; ``replica_devices`` gives

@@ -4,14 +4,18 @@ through ``scheduler.interface.SchedulerInterface``."""
 from __future__ import annotations
 
 import argparse
+import functools
 from pathlib import Path
 from typing import Callable
 
 from rwkv7_core.tokenizer import tokenizer_for
+from scheduler import Scheduler
 from scheduler.interface import SchedulerInterface
-from scheduler.replicas.replica_set import engine_device
+from scheduler.replicas.engine_guard import EngineGuard, Fault
+from scheduler.replicas.ray_cluster import ray_replica_set
+from scheduler.replicas.replica_set import build_replica_set, engine_device
 
-from .engines import load_engine, load_engines, replica_devices
+from .engines import load_engine, load_engines, load_node_engine, replica_devices
 from .options import scheduler_config
 
 EXIT_BAD_ARGS = 2
@@ -23,18 +27,14 @@ def build_scheduler(parser: argparse.ArgumentParser, args, model_path: Path,
     options); ``prefix_store(engine)`` gives the prefix cache's disk tier (or None). Exits 2
     with a clear message (``parser.prog``) when the model or an option does not work; an
     injected fault (``RWKV7_REPLICA_FAULT``, tests only) goes into its replica."""
-    from scheduler import Scheduler
-
-    from scheduler.replicas.engine_guard import EngineGuard, Fault
-    from scheduler.replicas.replica_set import build_replica_set
-
     def fail(message: str):
         parser.exit(EXIT_BAD_ARGS, f"{parser.prog}: error: {message}\n")
 
     if getattr(args, "ray", None):
-        from .ray_replicas import ray_replica_set
+        load = functools.partial(load_node_engine, args.backend, None if args.random_model else str(model_path),
+                                 args.random_model, args.dtype, args.kernels, args.quantization, args.group_size)
         try:
-            return ray_replica_set(args, model_path, scheduler_config(args))
+            return ray_replica_set(args.ray, args.data_parallel, load, scheduler_config(args))
         except (OSError, ValueError) as e:
             fail(f"--ray {args.ray}: {e}")
     try:

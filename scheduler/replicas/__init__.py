@@ -3,5 +3,7 @@
 
 - ``replica_set``: ``ReplicaSet`` (routing, retries, taking a replica out, exactly-once delivery);
 - ``affinity``: which replica served a conversation's earlier turn;
-- ``engine_guard``: an engine's exception counters and the test-only fault injection.
+- ``engine_guard``: an engine's exception counters and the test-only fault injection;
+- ``ray_cluster``: ``RayReplicaSet``, the replicas as Ray actors (the one module that imports
+  Ray), and ``ray_actor``, the actor (its engine loaded by a callable the command gives).
 """

@@ -17,7 +17,7 @@ import sys
 import numpy as np
 import pytest
 
-from rwkv7_apps.ray_replicas import LOCAL_ENV
+from scheduler.replicas.ray_cluster import LOCAL_ENV
 from tests.rwkv7_apps.cli_harness import (cli_env, greedy_reference, random_token_requests, read_results,
                                          wait_for_lines, write_jsonl)
 from tests.rwkv7_apps.interface_check import exercise_interface
@@ -64,7 +64,7 @@ def model(tiny_ckpt):
 @pytest.fixture
 def cluster():
     """A local 2-CPU Ray cluster; yields its address (the CLI's --ray)."""
-    from rwkv7_apps.ray_replicas import connect
+    from scheduler.replicas.ray_cluster import connect
 
     connect("local")
     try:
@@ -92,14 +92,14 @@ def test_killed_actor_and_killed_driver_lose_nothing(cluster, tiny_ckpt, model, 
 
 
 def _the_actors_serve_the_whole_scheduler_interface(cluster, tiny_ckpt):
-    from types import SimpleNamespace
+    import functools
 
-    from rwkv7_apps.ray_replicas import ray_replica_set
+    from rwkv7_apps.engines import load_node_engine
     from scheduler import SchedulerConfig
+    from scheduler.replicas.ray_cluster import ray_replica_set
 
-    args = SimpleNamespace(ray=cluster, data_parallel="2", backend="torch", random_model=None, dtype="float32",
-                           kernels="torch", quantization="none", group_size=None)
-    rset = ray_replica_set(args, tiny_ckpt, SchedulerConfig(max_batch=4))
+    load = functools.partial(load_node_engine, "torch", str(tiny_ckpt), None, "float32", "torch")
+    rset = ray_replica_set(cluster, "2", load, SchedulerConfig(max_batch=4))
     try:
         exercise_interface(rset)
     finally:

@@ -10,7 +10,7 @@ import inspect
 import numpy as np
 import pytest
 
-from rwkv7_apps.ray_replicas import ActorScheduler, RayReplicaSet
+from scheduler.replicas.ray_cluster import ActorScheduler, RayReplicaSet
 from scheduler.replicas.replica_set import ReplicaSet, build_replica_set
 from scheduler import Request, SamplingParams, Scheduler, SchedulerConfig
 from scheduler.interface import SchedulerInterface

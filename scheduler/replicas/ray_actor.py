@@ -1,6 +1,6 @@
 """The Ray actor of ``rwkv7-generate --ray``: one replica (engine + scheduler) in its own
-process, driven through ``ActorScheduler`` (rwkv7_apps/ray_replicas.py) and polled for
-what happened.
+process, driven through ``ActorScheduler`` (scheduler/replicas/ray_cluster.py) and polled for
+what happened. It does not import Ray: Ray wraps the class (``ray.remote``) on the driver.
 
 The scheduler runs in a thread of the actor whenever it has work; the actor's methods
 (one at a time, in call order) add requests, cancel them, score prompts, precompile, and
@@ -12,27 +12,25 @@ from __future__ import annotations
 import os
 import threading
 import time
-from typing import Any
+from typing import Any, Callable
+
+from rwkv7_core.engine import Engine
+from rwkv7_core.tokenizer import tokenizer_for
+
+from ..config import SchedulerConfig
+from ..core import Scheduler
+from ..stats import Stats
+from .engine_guard import EngineGuard, Fault
+from .replica_set import MAX_FAILURES, engine_device
 
 
 class ReplicaActor:
-    """One replica. ``__init__`` loads the model (an exception there is the actor's creation
-    error, which the driver reports); ``random_model`` names a seeded random model, written
-    on this node if missing, instead of ``model_path``."""
+    """One replica. ``__init__`` loads the model with ``load_engine()`` (a picklable callable
+    the driver gives, run in this process: an exception there is the actor's creation error,
+    which the driver reports); ``config`` holds the ``SchedulerConfig`` fields."""
 
-    def __init__(self, backend: str, model_path: str | None, random_model: str | None, dtype: str, kernels: str,
-                 config: dict, fault: tuple | None, quantization: str = "none",
-                 group_size: int | None = None):
-        from rwkv7_core.tokenizer import tokenizer_for
-        from scheduler import Scheduler, SchedulerConfig
-
-        from scheduler.replicas.engine_guard import EngineGuard, Fault
-        from scheduler.replicas.replica_set import MAX_FAILURES, engine_device
-
-        from .engines import load_engine, random_model_path
-
-        path = random_model_path(random_model) if random_model else model_path
-        engine = load_engine(backend, path, dtype, kernels, quantization=quantization, group_size=group_size)
+    def __init__(self, load_engine: Callable[[], Engine], config: dict, fault: tuple | None):
+        engine = load_engine()
         self.guard = EngineGuard(engine, Fault(*fault) if fault else None)
         self.scheduler = Scheduler(self.guard, SchedulerConfig(**config), tokenizer=tokenizer_for(engine.vocab_size))
         self.device = f"{os.uname().nodename}:{os.getpid()}/{engine_device(engine)}"
@@ -97,8 +95,6 @@ class ReplicaActor:
 
     def stats(self):
         """(a copy of the scheduler's Stats, clock: this process's time.time() - time.perf_counter())."""
-        from scheduler.stats import Stats
-
         for _ in range(10):
             try:
                 return Stats.merged([self.scheduler.stats]), time.time() - time.perf_counter()

@@ -1,8 +1,8 @@
 """``rwkv7-generate --ray ADDRESS|local``: the replicas as Ray actors, driven as one scheduler.
 
-``RayReplicaSet`` is a ``ReplicaSet`` (scheduler/replicas/replica_set.py: routing, retries, taking a
+``RayReplicaSet`` is a ``ReplicaSet`` (replica_set.py: routing, retries, taking a
 replica out, exactly-once delivery) whose replicas are ``ReplicaActor`` processes
-(rwkv7_apps/ray_actor.py), one per GPU (``num_gpus=1``) when the cluster has GPUs, else one
+(ray_actor.py), one per GPU (``num_gpus=1``) when the cluster has GPUs, else one
 per CPU (``num_cpus=1``). Each replica's scheduler is an ``ActorScheduler``: the whole
 scheduler interface over its actor, driven by the set's replica thread like a local one,
 so rwkv7-generate and rwkv7-serve run on it as on one scheduler. The driver streams
@@ -14,6 +14,9 @@ their prompts; an actor that cannot load the model is a clear error. Actors are 
 
 ``local`` starts a Ray cluster inside this process: every CPU of the machine, no dashboard,
 a small object store, on the loopback address.
+
+Ray is an optional dependency (``rwkv7-engine[ray]``) and reads its settings when first
+imported, so this module, the only one that imports it, does so inside its functions.
 """
 from __future__ import annotations
 
@@ -21,10 +24,17 @@ import os
 import threading
 import time
 from types import SimpleNamespace
-from typing import NoReturn
+from typing import Any, Callable, NoReturn
 
-from scheduler.replicas.engine_guard import Fault
-from scheduler.replicas.replica_set import Replica, ReplicaLost, ReplicaSet
+from rwkv7_core.engine import Engine
+from rwkv7_core.tokenizer import tokenizer_for
+
+from ..config import SchedulerConfig
+from ..stats import Stats
+from ..validation import check_group
+from .engine_guard import Fault
+from .ray_actor import ReplicaActor
+from .replica_set import Replica, ReplicaLost, ReplicaSet
 
 NAMESPACE = "rwkv7"
 READY_TIMEOUT_S = 600.0
@@ -69,8 +79,6 @@ class ActorScheduler:
     actor dies or reports it cannot go on (the actor is killed first)."""
 
     def __init__(self, actor, config, logprobs_unsupported: str | None):
-        from scheduler.stats import Stats
-
         self.actor, self.config, self.logprobs_unsupported = actor, config, logprobs_unsupported
         self.stats = Stats()  # the actor's, as last fetched
         self.guard = RemoteGuard()
@@ -87,8 +95,6 @@ class ActorScheduler:
             self.outstanding.add(request.id)
 
     def add_group(self, requests) -> None:
-        from scheduler.validation import check_group
-
         check_group(requests)
         with self.lock:
             self.pending.append(list(requests))
@@ -211,8 +217,6 @@ class RayReplicaSet(ReplicaSet):
     comes from their vocabulary."""
 
     def __init__(self, actors: list, infos: list[dict], config, notify=None):
-        from rwkv7_core.tokenizer import tokenizer_for
-
         replicas = []
         for i, (actor, info) in enumerate(zip(actors, infos)):
             scheduler = ActorScheduler(actor, config, info["logprobs_unsupported"])
@@ -226,38 +230,36 @@ def _first_line(error: Exception) -> str:
     return lines[0] if lines else type(error).__name__
 
 
-def ray_replica_set(args, model_path, config) -> RayReplicaSet:
-    """Start ``--data-parallel`` actors on the ``--ray`` cluster and wait until each has
-    loaded the model; ValueError (a clear message) when the cluster lacks the resources or
-    an actor cannot load the model."""
-    connect(args.ray)  # before Ray is imported: it reads its settings once
+def ray_replica_set(address: str, data_parallel: str, load_engine: Callable[[], Engine],
+                    config: SchedulerConfig) -> RayReplicaSet:
+    """Start ``data_parallel`` (a count or "auto": one per GPU) actors on the cluster at
+    ``address`` (``connect``), each loading its engine with ``load_engine()`` (picklable: it
+    runs in the actor's process), and wait until each has loaded the model; ValueError (a
+    clear message) when the cluster lacks the resources or an actor cannot load the model."""
+    connect(address)  # before Ray is imported: it reads its settings once
     import ray
-
-    from .ray_actor import ReplicaActor
 
     resources = ray.cluster_resources()
     gpus = int(resources.get("GPU", 0))
-    if args.data_parallel == "auto":
+    if data_parallel == "auto":
         n = gpus or 1
     else:
         try:
-            n = int(args.data_parallel)
+            n = int(data_parallel)
         except ValueError:
             n = 0
         if n < 1:
-            raise ValueError(f"--data-parallel {args.data_parallel}: expected a positive integer or 'auto'")
+            raise ValueError(f"--data-parallel {data_parallel}: expected a positive integer or 'auto'")
     kind, have = ("GPU", gpus) if gpus else ("CPU", int(resources.get("CPU", 0)))
     if n > have:
         raise ValueError(f"--data-parallel {n} needs {n} {kind}s, the cluster has {have}")
     fault = Fault.from_env()
     options = {"num_gpus": 1} if gpus else {"num_cpus": 1}
     remote = ray.remote(max_restarts=0, max_task_retries=0, **options)(ReplicaActor)
-    config_fields = {**config._asdict(), "prefill_policy": getattr(config.prefill_policy, "value",
-                                                                   config.prefill_policy)}
+    config_fields: dict[str, Any] = {**config._asdict(),
+                                     "prefill_policy": getattr(config.prefill_policy, "value", config.prefill_policy)}
     actors = [remote.options(name=f"rwkv7-generate-{os.getpid()}-{i}").remote(
-        args.backend, None if args.random_model else str(model_path), args.random_model, args.dtype, args.kernels,
-        config_fields, tuple(fault._replace(replica=0)) if fault and fault.of_replica(i) else None,
-        args.quantization, args.group_size)
+        load_engine, config_fields, tuple(fault._replace(replica=0)) if fault and fault.of_replica(i) else None)
         for i in range(n)]
     try:
         infos = ray.get([a.ready.remote() for a in actors], timeout=READY_TIMEOUT_S)
