@@ -34,6 +34,18 @@ NONFINITE_TOKEN = -1
 """Drawn in place of a token for a row whose logits held NaN or inf."""
 
 
+class SamplingFieldError(ValueError):
+    """One sampling field's value is invalid: ``field`` names it (a ``SamplingParams``
+    field), ``why`` says what is wrong; the message is ``where`` + ``why``."""
+
+    def __init__(self, field: str, why: str, where: str):
+        super().__init__(where + why)
+        self.field, self.why, self.where = field, why, where
+
+    def __reduce__(self):  # pickled (e.g. to a Ray driver) with its fields
+        return type(self), (self.field, self.why, self.where)
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     """How one request is decoded; applied on the device, row by row.
@@ -66,7 +78,7 @@ class SamplingParams:
         for name in ("banned_tokens", "stop_tokens", "stop"):
             value = getattr(self, name)
             if isinstance(value, (str, bytes)) or not isinstance(value, Sequence):
-                raise ValueError(f"SamplingParams.{name} must be a list, got {value!r}")
+                raise SamplingFieldError(name, f"must be a list, got {value!r}", f"SamplingParams.{name} ")
             object.__setattr__(self, name, tuple(value))
 
     @classmethod
@@ -87,7 +99,7 @@ class SamplingParams:
         DEVICE_INT_MAX; MAX_STOP_STRINGS, MAX_STOP_LENGTH, MAX_STOP_TOKENS)."""
         def bad(name, why):
             value = repr(getattr(self, name))
-            raise ValueError(f"SamplingParams.{name}={value if len(value) <= 80 else value[:60] + '...'}: {why}")
+            raise SamplingFieldError(name, why, f"SamplingParams.{name}={value if len(value) <= 80 else value[:60] + '...'}: ")
 
         def is_int(v):
             return isinstance(v, int) and not isinstance(v, bool)

@@ -12,9 +12,11 @@ from rwkv7_core.sampling import NONFINITE_TOKEN, SamplingParams
 from .api import generate
 from .config import PrefillPolicy, SchedulerConfig, bucket_ladder
 from .core import Scheduler
+from .errors import ErrorCode, FinishReason
 from .interface import SchedulerFailed
 from .request import Request, RequestOutput, RequestState
 from .stats import Stats
 
-__all__ = ["Engine", "NONFINITE_TOKEN", "PrefillPolicy", "Request", "RequestOutput", "RequestState",
-           "SamplingParams", "Scheduler", "SchedulerConfig", "SchedulerFailed", "Stats", "bucket_ladder", "generate"]
+__all__ = ["Engine", "ErrorCode", "FinishReason", "NONFINITE_TOKEN", "PrefillPolicy", "Request", "RequestOutput", "RequestState",
+           "SamplingParams", "Scheduler", "SchedulerConfig", "SchedulerFailed", "Stats", "bucket_ladder",
+           "generate"]

@@ -15,12 +15,13 @@ from collections import deque
 from rwkv7_core.sampling import SamplingParams
 from rwkv7_core.stop_strings import StopMatcher
 
+from .errors import ErrorCode, FinishReason
 from .request import Request, RequestOutput, RequestState, final_state
 
 
 class Entry:
-    """Scheduler-side record of one request (``params``/``prompt``: validated; ``error``: why
-    it is invalid or failed; ``reason``: its finish reason once final)."""
+    """Scheduler-side record of one request (``params``/``prompt``: validated; ``error`` and
+    ``error_code``: why it is invalid or failed (``fail``); ``reason``: its finish reason once final)."""
 
     def __init__(self, request: Request, arrival: float):
         self.id = request.id
@@ -31,7 +32,7 @@ class Entry:
         self.state = RequestState.WAITING
         self.times = {RequestState.WAITING: arrival}
         self.arrival = arrival
-        self.reason: str | None = None
+        self.reason: FinishReason | None = None
         self.tokens: list[int] = []
         self.row = None
         self.first_token: int | None = None
@@ -40,6 +41,7 @@ class Entry:
         self.cached_tokens = 0
         self.prefill_seconds: float | None = None
         self.error: str | None = None
+        self.error_code: ErrorCode | None = None
         self.final_state = None  # host row, with Request.return_state
         self.cancel_requested = False
         self.slot = -1
@@ -49,6 +51,10 @@ class Entry:
         self.stop_logprobs = None                # TokenLogprobs of it, with params.logprobs
         self.matcher = None  # its grammar Matcher (scheduler/grammar.py), with request.constraint
 
+    def fail(self, code: ErrorCode, message: str) -> None:
+        """Record why the request failed (it still has to be finished "error")."""
+        self.error, self.error_code = message, code
+
     def output(self) -> RequestOutput:
         """The result of a final entry."""
         return RequestOutput(id=self.id, tokens=self.tokens, finish_reason=self.reason, error=self.error,
@@ -56,7 +62,8 @@ class Entry:
                              generated_tokens=len(self.tokens), arrival_time=self.arrival,
                              first_token_time=self.first_token_time, finish_time=self.times[self.state],
                              final_state=self.final_state, stop_token=self.stop_token,
-                             stop_logprobs=self.stop_logprobs, cached_tokens=self.cached_tokens)
+                             stop_logprobs=self.stop_logprobs, cached_tokens=self.cached_tokens,
+                             error_code=self.error_code)
 
 
 class Books:
@@ -104,9 +111,9 @@ class Books:
                 self.finals.append(entry)
             self.cond.notify_all()
 
-    def finish(self, entry: Entry, reason: str) -> None:
+    def finish(self, entry: Entry, reason: FinishReason) -> None:
         """Make ``entry`` final with ``reason`` (see ``request.final_state``)."""
-        entry.reason = reason
+        entry.reason = FinishReason(reason)
         self.move(entry, final_state(reason))
 
     def _leave(self, entry: Entry) -> None:
@@ -134,7 +141,7 @@ class Books:
             if entry is None or entry.state.is_final:
                 return
             if entry.state is RequestState.WAITING and entry in self.waiting and not entry.forks:
-                self.finish(entry, "cancelled")
+                self.finish(entry, FinishReason.CANCELLED)
             else:
                 self.cancels.add(request_id)
             self.cond.notify_all()

@@ -31,6 +31,7 @@ from rwkv7_core.sampling import TokenLogprobs
 
 from .books import Books, Entry
 from .config import PrefillPolicy, SchedulerConfig
+from .errors import ErrorCode, FinishReason
 from .grammar import matcher_for
 from .loop import StepLoop
 from .prefill import Prefill, check_engine_supports
@@ -169,8 +170,8 @@ class Scheduler:
             if request.constraint is not None:  # compiled (or taken from the cache) before any decode work
                 entry.matcher = matcher_for(request.constraint, self.engine, self.tokenizer)
         except (ValueError, TypeError) as e:
-            entry.error = f"invalid request: {e}"
-            self._books.finish(entry, "error")
+            entry.fail(ErrorCode.INVALID_REQUEST, f"invalid request: {e}")
+            self._books.finish(entry, FinishReason.ERROR)
             return entry
         if entry.params.seed is None:
             entry.params = entry.params.replace(seed=int(self._seed_rng.integers(2**64, dtype=np.uint64)))
@@ -182,5 +183,5 @@ class Scheduler:
             return False
         if entry.params.max_tokens > 0 or entry.request.return_state:
             return True
-        self._books.finish(entry, "length")
+        self._books.finish(entry, FinishReason.LENGTH)
         return False

@@ -32,6 +32,7 @@ from rwkv7_core.token_mask import all_allowed
 from .books import Books, Entry
 from .interface import SchedulerFailed
 from .config import PrefillPolicy, SchedulerConfig, bucket_for, shrink_pays
+from .errors import ErrorCode, FinishReason
 from .grammar import fill_masks
 from .prefill import PiecesFailed, Prefill, PrefillReport, draw_first
 from .request import RequestOutput, RequestState
@@ -179,13 +180,14 @@ class StepLoop:
         for done in report.done:
             entry = done.entry
             entry.row, entry.first_token, entry.first_token_time = done.row, done.first_token, done.first_token_time
-            entry.cached_tokens, entry.prefill_seconds, entry.error = (done.cached_tokens, done.prefill_seconds,
-                                                                      done.error)
+            entry.cached_tokens, entry.prefill_seconds = done.cached_tokens, done.prefill_seconds
+            if done.error is not None:
+                entry.fail(ErrorCode.PREFILL_FAILED, done.error)
             for member in [entry, *self._forked(entry)]:
                 if member.error is None:
                     self._books.move(member, RequestState.READY)
                 else:
-                    self._books.finish(member, "error")
+                    self._books.finish(member, FinishReason.ERROR)
 
     def _forked(self, entry: Entry) -> list[Entry]:
         """The forks of a prefilled entry, each holding the shared row (engines copy a row on
@@ -193,7 +195,7 @@ class StepLoop:
         forks, entry.forks = entry.forks, []
         for fork in forks:
             fork.cached_tokens, fork.prefill_seconds = entry.cached_tokens, entry.prefill_seconds
-            fork.error = entry.error
+            fork.error, fork.error_code = entry.error, entry.error_code
             if entry.error is None:
                 fork.row = entry.row
                 fork.first_token = draw_first(self.engine, entry.row, fork)
@@ -212,7 +214,7 @@ class StepLoop:
             return
         for entry in self._books.take_cancels():
             if entry.state is RequestState.RUNNING:
-                self._finish(entry, "cancelled")
+                self._finish(entry, FinishReason.CANCELLED)
             else:
                 entry.cancel_requested = True  # finished when it comes out of prefill
 
@@ -228,7 +230,7 @@ class StepLoop:
                     break
                 entry = books.ready[0]
             if entry.cancel_requested:
-                self._finish(entry, "cancelled")
+                self._finish(entry, FinishReason.CANCELLED)
             elif not self._ended_on_first(entry):
                 books.move(entry, RequestState.RUNNING)
                 admitted.append(entry)
@@ -238,24 +240,24 @@ class StepLoop:
         """Account the first token; True (and the entry final) if the request ended."""
         token = entry.first_token
         if token == NONFINITE_TOKEN:
-            entry.error = "non-finite logits"
-            self._finish(entry, "error")
+            entry.fail(ErrorCode.NONFINITE_LOGITS, "non-finite logits")
+            self._finish(entry, FinishReason.ERROR)
         elif entry.params.max_tokens == 0:  # prefilled only for its final state
-            self._finish(entry, "length")
+            self._finish(entry, FinishReason.LENGTH)
         elif token in entry.params.stop_tokens:
             entry.stop_token = token
             if entry.params.logprobs is not None:
                 entry.stop_logprobs = self.engine.row_logprobs(entry.row, token)
-            self._finish(entry, "stop")
+            self._finish(entry, FinishReason.STOP)
         else:
             self._emit_first(entry, token)
             grammar = self._grammar_advance(entry, token)
             if grammar is not None:
                 self._finish(entry, grammar)
             elif len(entry.tokens) >= entry.params.max_tokens:
-                self._finish(entry, "length")
+                self._finish(entry, FinishReason.LENGTH)
             elif entry.params.stop and self._stop_string_hit(entry, token):
-                self._finish(entry, "stop")
+                self._finish(entry, FinishReason.STOP)
             else:
                 return False
         return True
@@ -277,7 +279,7 @@ class StepLoop:
             return None
         matcher.consume(token)
         if matcher.error is not None:
-            entry.error = f"grammar: {matcher.error}"
+            entry.fail(ErrorCode.GRAMMAR_BROKEN, f"grammar: {matcher.error}")
             return "error"
         return "stop" if matcher.done else None
 
@@ -306,17 +308,18 @@ class StepLoop:
             entry.stop_matcher = StopMatcher(entry.params.stop)
         return entry.stop_matcher.feed_bytes(self.tokenizer.decode_bytes([token]))[1] >= 0
 
-    def _finish(self, entry: Entry, reason: str) -> None:
+    def _finish(self, entry: Entry, reason: FinishReason) -> None:
         """Make a READY or RUNNING request final (``entry.stop_token`` set: it ended on a stop
         token, which the state has not consumed and never will); its row and slot are freed."""
         if entry.slot >= 0:
             self._slots.settle(entry)
-        if entry.request.return_state and reason in ("length", "stop"):
+        if entry.request.return_state and reason in (FinishReason.LENGTH, FinishReason.STOP):
             try:
                 entry.final_state = self._final_state(entry, pending=bool(entry.tokens) and entry.stop_token is None)
             except Exception as e:
-                entry.error, reason = f"reading the final state failed: {type(e).__name__}: {e}", "error"
-        if reason in ("length", "stop") and entry.slot >= 0 and self._prefill.keeps_turns:
+                entry.fail(ErrorCode.FINAL_STATE_FAILED, f"reading the final state failed: {type(e).__name__}: {e}")
+                reason = FinishReason.ERROR
+        if reason in (FinishReason.LENGTH, FinishReason.STOP) and entry.slot >= 0 and self._prefill.keeps_turns:
             self._keep_turn_state(entry)
         if entry.slot >= 0:
             self._slots.remove(entry)
@@ -442,8 +445,8 @@ class StepLoop:
         message = f"engine step failed: {type(error).__name__}: {error}"
         failing = {**{e.id: e for e in admitted if not e.state.is_final}, **self._slots.holders}  # each once
         for entry in failing.values():
-            entry.error = message
-            self._finish(entry, "error")
+            entry.fail(ErrorCode.ENGINE_FAILED, message)
+            self._finish(entry, FinishReason.ERROR)
         self._slots.resize(0, [])
 
     def _account(self, out: np.ndarray, scored: TokenLogprobs | None = None) -> None:
@@ -472,11 +475,12 @@ class StepLoop:
         for slot in np.flatnonzero(ended).tolist():
             entry = entries[slot]
             if drawn.nonfinite[slot] or (broken is not None and broken[slot]):
-                entry.error = entry.error or "non-finite logits"
-                self._finish(entry, "error")
+                if entry.error is None:  # else the grammar broke
+                    entry.fail(ErrorCode.NONFINITE_LOGITS, "non-finite logits")
+                self._finish(entry, FinishReason.ERROR)
             else:
                 if drawn.stop_hit[slot]:
                     entry.stop_token = int(out[slot])
                     if scored is not None and slots.wants_logprobs[slot]:
                         entry.stop_logprobs = scored.row(slot)
-                self._finish(entry, "stop" if stopped[slot] else "length")
+                self._finish(entry, FinishReason.STOP if stopped[slot] else FinishReason.LENGTH)

@@ -12,6 +12,7 @@ from rwkv7_core.engine import HostRow
 from rwkv7_core.sampling import SamplingParams, TokenLogprobs
 
 from .constraint import Constraint
+from .errors import ErrorCode, FinishReason
 
 
 @dataclass(frozen=True)
@@ -65,14 +66,10 @@ class RequestState(enum.Enum):
         return self in (RequestState.FINISHED, RequestState.FAILED, RequestState.CANCELLED)
 
 
-FINISH_REASONS = ("length", "stop", "error", "cancelled")
-
-
-def final_state(reason: str) -> RequestState:
+def final_state(reason: FinishReason) -> RequestState:
     """The final state a finish reason puts a request in."""
-    if reason not in FINISH_REASONS:
-        raise ValueError(f"unknown finish reason {reason!r}; one of {FINISH_REASONS}")
-    return {"error": RequestState.FAILED, "cancelled": RequestState.CANCELLED}.get(reason, RequestState.FINISHED)
+    return {FinishReason.ERROR: RequestState.FAILED,
+            FinishReason.CANCELLED: RequestState.CANCELLED}.get(FinishReason(reason), RequestState.FINISHED)
 
 
 @dataclass(frozen=True)
@@ -82,8 +79,8 @@ class RequestOutput:
     a stop string matched, it ends with the token that completed the match."""
     id: str
     tokens: list[int]
-    finish_reason: str
-    error: str | None
+    finish_reason: FinishReason
+    error: str | None                   # why it failed (for people), with finish_reason "error"
     prompt_tokens: int
     generated_tokens: int
     arrival_time: float
@@ -93,6 +90,7 @@ class RequestOutput:
     stop_token: int | None = None       # the stop token that ended it (drawn, not in tokens)
     stop_logprobs: TokenLogprobs | None = None  # its TokenLogprobs (N=1), with params.logprobs
     cached_tokens: int = 0              # prompt tokens served by the prefix cache (not prefilled)
+    error_code: ErrorCode | None = None  # what kind of failure, with finish_reason "error"
 
     @property
     def ttft(self) -> float | None:

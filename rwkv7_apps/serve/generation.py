@@ -17,8 +17,8 @@ from typing import Any, AsyncIterator
 
 import numpy as np
 
-from rwkv7_core.sampling import MAX_TOKENS_LIMIT, SEED_MAX, SamplingParams, TokenLogprobs
-from scheduler import Request, RequestOutput
+from rwkv7_core.sampling import MAX_TOKENS_LIMIT, SEED_MAX, SamplingFieldError, SamplingParams, TokenLogprobs
+from scheduler import ErrorCode, FinishReason, Request, RequestOutput
 from scheduler.validation import prompt_tokens, sampling_params
 
 from . import chat, structured, tool_calls
@@ -244,11 +244,11 @@ def _params(ctx: Context, body, stops: list[str], max_tokens, logprobs) -> Sampl
     fields["logprobs"] = logprobs
     try:
         return sampling_params(fields, ctx.vocab_size, ctx.tokenizer, max_tokens_limit=ctx.limits.max_tokens_limit)
+    except SamplingFieldError as e:
+        name = BODY_NAMES.get(e.field, e.field)
+        raise APIError(400, f"{name}: {e.why}", name) from None
     except (ValueError, TypeError) as e:
-        message = str(e)
-        name = message.split("=")[0].removeprefix("SamplingParams.") if message.startswith("SamplingParams.") else None
-        name = BODY_NAMES.get(name, name)
-        raise APIError(400, f"{name}: {message.split(': ', 1)[-1]}" if name else message, name) from None
+        raise APIError(400, str(e)) from None
 
 
 # ----------------------------------------------------------------------------- running
@@ -327,15 +327,18 @@ def token_string(ctx: Context, token: int) -> str:
     return ctx.tokenizer.decode_bytes([token]).decode("utf-8", errors="replace")
 
 
+ERROR_STATUS = {ErrorCode.INVALID_REQUEST: 400, ErrorCode.UNAVAILABLE: 503}
+"""The HTTP status of a failed request by its error code; any other failure (the engine, the
+model, the grammar) is the server's: 500."""
+
+
 def failure(choice: Choice) -> APIError | None:
-    """The error a finished choice stands for (an engine fault is a 500; one the service
-    ended, on shutdown or failure, a 503), else None."""
+    """The error a finished choice stands for (``ERROR_STATUS`` by its code), else None."""
     out = choice.output
-    if out is None or out.finish_reason != "error":
+    if out is None or out.finish_reason != FinishReason.ERROR:
         return None
-    error = out.error or "request failed"
-    status = 400 if error.startswith("invalid request") else 503 if error.startswith(UNAVAILABLE) else 500
-    return APIError(status, error)
+    status = 500 if out.error_code is None else ERROR_STATUS.get(out.error_code, 500)
+    return APIError(status, out.error or "request failed")
 
 
 def finish_reason(choice: Choice) -> str:

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import NamedTuple, Sequence
 
 from rwkv7_core.sampling import SamplingParams, TokenLogprobs
-from scheduler import Request, RequestOutput
+from scheduler import ErrorCode, FinishReason, Request, RequestOutput
 from scheduler.interface import SchedulerInterface
 
 log = logging.getLogger("rwkv7_serve")
@@ -147,15 +147,16 @@ class Service:
         self.abort(reason)
 
     def abort(self, reason: str) -> None:
-        """End every outstanding request now with the error ``UNAVAILABLE + reason`` (the
-        scheduler cancels them)."""
+        """End every outstanding request now with the error ``UNAVAILABLE + reason`` (code
+        ``ErrorCode.UNAVAILABLE``; the scheduler cancels them)."""
         with self._lock:
             streams, self._streams = list(self._streams.values()), {}
         now = time.perf_counter()
         for stream in streams:
-            self._deliver(stream, RequestOutput(stream.id, [], "error", UNAVAILABLE + reason, prompt_tokens=0,
-                                                generated_tokens=0, arrival_time=now, first_token_time=None,
-                                                finish_time=now))
+            self._deliver(stream, RequestOutput(stream.id, [], FinishReason.ERROR, UNAVAILABLE + reason,
+                                                prompt_tokens=0, generated_tokens=0, arrival_time=now,
+                                                first_token_time=None, finish_time=now,
+                                                error_code=ErrorCode.UNAVAILABLE))
             self.scheduler.cancel(stream.id)
 
     # -- scheduler thread ---------------------------------------------------------------

@@ -34,7 +34,8 @@ import threading
 import time
 from typing import Any, Callable
 
-from scheduler.interface import SchedulerFailed
+from ..errors import FinishReason
+from ..interface import SchedulerFailed
 
 from .affinity import ConversationAffinity
 from .engine_guard import EngineGuard, Fault
@@ -346,7 +347,7 @@ class ReplicaSet:
                 on_token(track.request.id, payload)
             return
         out = payload
-        if out.finish_reason == "error" and replica.guard.raised > track.raised_at:
+        if out.finish_reason == FinishReason.ERROR and replica.guard.raised > track.raised_at:
             if replica.guard.worst_streak >= MAX_FAILURES:
                 self._take_out(replica, f"its engine raised {replica.guard.worst_streak} times in a row "
                                         f"({out.error})")
@@ -360,7 +361,7 @@ class ReplicaSet:
         del self._tracks[track.request.id]
         replica.requests += 1
         replica.generated_tokens += out.generated_tokens
-        if out.finish_reason in ("stop", "length"):
+        if out.finish_reason in (FinishReason.STOP, FinishReason.LENGTH):
             state = track.request.initial_state
             self.affinity.record(state.key if state is not None else None, track.request.prompt_tokens,
                                  out.tokens, replica.index)
