@@ -11,6 +11,7 @@ from __future__ import annotations
 import hmac
 import logging
 import time
+from typing import Any, Callable
 
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -18,9 +19,10 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from rwkv7_core.text_checks import unpaired_surrogate
+from scheduler import Request as SchedulerRequest
 
-from . import generation
-from .generation import Context
+from . import build, render, running
+from .job import Context, Job
 from .metrics import CONTENT_TYPE, ServerMetrics
 from .protocol import APIError, ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
 from .response_store import ResponseStore
@@ -67,6 +69,9 @@ def _too_large(limit: int) -> JSONResponse:
     error = APIError(413, f"request body over the server's limit of {limit} bytes")
     return JSONResponse(error.body(), status_code=413)
 
+Builder = Callable[[Context, Any], tuple[Job, list[list[SchedulerRequest]]]]
+"""A job builder (build.py): a body -> its job and, per prompt, its scheduler requests."""
+
 
 def create_app(ctx: Context, metrics: ServerMetrics, ready, api_key: str | None = None,
                max_body_bytes: int = 1 << 22, responses: ResponseStore | None = None) -> FastAPI:
@@ -96,11 +101,11 @@ def create_app(ctx: Context, metrics: ServerMetrics, ready, api_key: str | None 
 
     @app.post("/v1/completions", dependencies=guarded)
     async def completions(body: CompletionRequest, request: Request):
-        return await _handle(ctx, metrics, body, request, "completion")
+        return await _handle(ctx, metrics, body, request, build.completion_job)
 
     @app.post("/v1/chat/completions", dependencies=guarded)
     async def chat_completions(body: ChatCompletionRequest, request: Request):
-        return await _handle(ctx, metrics, body, request, "chat")
+        return await _handle(ctx, metrics, body, request, build.chat_job)
 
     add_response_routes(app, ctx, responses if responses is not None else ResponseStore(), metrics, authorized,
                         serving)
@@ -153,7 +158,7 @@ def _add_tokenizer_routes(app: FastAPI, ctx: Context, metrics: ServerMetrics, ke
     @app.post("/tokenize", dependencies=[key])
     async def tokenize(body: TokenizeRequest, request: Request):
         _check_text(body)
-        tokens = generation.tokenize(ctx, body)
+        tokens = build.tokenize(ctx, body)
         metrics.count_http(request.url.path, 200)
         return {"count": len(tokens), "max_model_len": ctx.limits.max_prompt_tokens, "tokens": tokens}
 
@@ -169,7 +174,7 @@ def _add_tokenizer_routes(app: FastAPI, ctx: Context, metrics: ServerMetrics, ke
 
     @app.post("/detokenize", dependencies=[key])
     async def detokenize(body: DetokenizeRequest, request: Request):
-        text = generation.detokenize(ctx, body)
+        text = build.detokenize(ctx, body)
         metrics.count_http(request.url.path, 200)
         return {"prompt": text}
 
@@ -201,10 +206,12 @@ def _check_text(body) -> None:
         raise APIError(400, surrogate.message(), surrogate.path or None)
 
 
-async def _handle(ctx: Context, metrics: ServerMetrics, body, request: Request, kind: str):
+async def _handle(ctx: Context, metrics: ServerMetrics, body, request: Request, builder: Builder):
+    """The three steps of a completion or chat: the body becomes a job (``builder``), the
+    scheduler runs it, the job's renderer writes the reply or the stream."""
     _check_text(body)
-    job, groups = generation.build_job(ctx, body, kind)
-    queue, prompt_scores = await generation.submit(ctx, job, groups)
+    job, groups = builder(ctx, body)
+    queue, prompt_scores = await running.submit(ctx, job, groups)
     if body.stream:
         metrics.count_http(request.url.path, 200)
         return StreamingResponse(_stream(ctx, job, queue, prompt_scores), media_type="text/event-stream",
@@ -212,37 +219,37 @@ async def _handle(ctx: Context, metrics: ServerMetrics, body, request: Request, 
     texts: dict[int, str] = {}
 
     async def collect():
-        async for batch in generation.events(ctx, job, queue):
+        async for batch in running.events(ctx, job, queue):
             for choice, delta, _, _ in batch:
                 texts[choice.index] = texts.get(choice.index, "") + delta
 
-    if not await generation.run_unless_disconnected(ctx, job, request, collect):
+    if not await running.run_unless_disconnected(ctx, job, request, collect):
         return Response(status_code=499)
     for choice in job.choices:
-        error = generation.failure(choice)
+        error = running.failure(choice)
         if error is not None:
             raise error
     metrics.count_http(request.url.path, 200)
-    return JSONResponse(generation.response(ctx, job, texts, prompt_scores))
+    return JSONResponse(render.response(ctx, job, texts, prompt_scores))
 
 
 async def _stream(ctx: Context, job, queue, prompt_scores):
     """SSE chunks (one write per wake-up; a stream's chunks in order); a client disconnect
     cancels the generator, which cancels the requests."""
     try:
-        async for batch in generation.events(ctx, job, queue):
+        async for batch in running.events(ctx, job, queue):
             parts = []
             for choice, delta, finished, token in batch:
-                error = generation.failure(choice) if finished else None
+                error = running.failure(choice) if finished else None
                 if error is not None:
                     parts.append(sse(error.body()))
                 else:
-                    parts += generation.stream_chunks(ctx, job, choice, delta, finished, prompt_scores, token)
+                    parts += render.stream_chunks(ctx, job, choice, delta, finished, prompt_scores, token)
             if parts:
                 yield "".join(parts)
         options = job.body.stream_options
         if options is not None and options.include_usage:
-            yield generation.chunk(ctx, job, [], with_usage=True)
+            yield render.chunk(ctx, job, [], with_usage=True)
         yield sse("[DONE]")
     finally:
-        generation.cancel(ctx, job)
+        running.cancel(ctx, job)

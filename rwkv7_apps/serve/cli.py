@@ -102,7 +102,7 @@ def build_app(sched, model_name: str, defaults: dict, limits, ready, seed: int |
 
     from scheduler.replicas.replica_set import ReplicaSet
     from .app import create_app
-    from .generation import Context
+    from .job import Context
     from .metrics import ServerMetrics
     from .replica_metrics import ReplicaCollector
     from .service import Service
@@ -122,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from scheduler.replicas.replica_set import ReplicaSet
     from ..scheduler_setup import build_scheduler
-    from .generation import Limits
+    from .job import Limits
     from .response_store import ResponseStore
     from .shutdown import DrainingServer
 

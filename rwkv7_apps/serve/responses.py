@@ -22,8 +22,8 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from rwkv7_core.text_checks import unpaired_surrogate
 
-from . import chat, generation
-from .generation import Context, Job
+from . import build, chat, render, running
+from .job import Context, Job
 from .protocol import APIError, ChatCompletionRequest
 from .response_store import ResponseStore, StoredResponse
 from .responses_protocol import ResponseRequest
@@ -102,19 +102,19 @@ def _job(ctx: Context, store: ResponseStore, body: ResponseRequest):
     if len(tokens) > ctx.limits.max_prompt_tokens:
         raise APIError(400, f"input: {len(tokens)} prompt tokens (the conversation so far included), more than "
                             f"the server's --max-prompt-tokens {ctx.limits.max_prompt_tokens}", "input")
-    job, groups = generation.build_job(ctx, chat_body, "chat", chat_tokens=tokens)
+    job, groups = build.chat_job(ctx, chat_body, chat_tokens=tokens)
     return job, groups, state
 
 
 # ----------------------------------------------------------------------------- objects
 def _object(ctx: Context, job: Job, body: ResponseRequest, status: str, text: str | None,
             error: APIError | None = None) -> dict[str, Any]:
-    """The response object (``text`` None: no output yet; usage from ``generation.usage``,
+    """The response object (``text`` None: no output yet; usage from ``render.usage``,
     the chat endpoints' counts: one prompt, one choice)."""
     output = []
     if text is not None:
         output.append(_message(job, "completed" if status == "completed" else "incomplete", text))
-    counts = generation.usage(job)
+    counts = render.usage(job)
     return {
         "id": "resp_" + job.id, "object": "response", "created_at": job.created, "status": status,
         "completed_at": int(time.time()) if status in ("completed", "incomplete") else None,
@@ -142,7 +142,7 @@ def _part(text: str) -> dict[str, Any]:
 
 
 def _status(job: Job) -> str:
-    return "incomplete" if generation.finish_reason(job.choices[0]) == "length" else "completed"
+    return "incomplete" if render.finish_reason(job.choices[0]) == "length" else "completed"
 
 
 def _keep(ctx: Context, store: ResponseStore, job: Job, body: ResponseRequest, state: str | None,
@@ -162,7 +162,7 @@ async def _create(ctx: Context, store: ResponseStore, metrics, body: ResponseReq
     if surrogate:
         raise APIError(400, surrogate.message(), surrogate.path or None)
     job, groups, state = _job(ctx, store, body)
-    queue, _ = await generation.submit(ctx, job, groups)
+    queue, _ = await running.submit(ctx, job, groups)
     if body.stream:
         metrics.count_http("/v1/responses", 200)
         return StreamingResponse(_stream(ctx, store, job, body, state, queue), media_type="text/event-stream",
@@ -170,12 +170,12 @@ async def _create(ctx: Context, store: ResponseStore, metrics, body: ResponseReq
     text = []
 
     async def collect():
-        async for batch in generation.events(ctx, job, queue):
+        async for batch in running.events(ctx, job, queue):
             text.extend(delta for _, delta, _, _ in batch)
 
-    if not await generation.run_unless_disconnected(ctx, job, request, collect):
+    if not await running.run_unless_disconnected(ctx, job, request, collect):
         return Response(status_code=499)
-    error = generation.failure(job.choices[0])
+    error = running.failure(job.choices[0])
     if error is not None:
         raise error
     obj = _object(ctx, job, body, _status(job), "".join(text))
@@ -205,12 +205,12 @@ async def _stream(ctx: Context, store: ResponseStore, job: Job, body: ResponseRe
                + event("response.in_progress", response=_object(ctx, job, body, "in_progress", None))
                + event("response.output_item.added", output_index=0, item=_message(job, "in_progress", None))
                + event("response.content_part.added", **item, content_index=0, part=_part("")))
-        async for batch in generation.events(ctx, job, queue):
+        async for batch in running.events(ctx, job, queue):
             deltas = [delta for _, delta, _, _ in batch if delta]
             text += deltas
             if deltas:
                 yield event("response.output_text.delta", **item, content_index=0, delta="".join(deltas), logprobs=[])
-        error = generation.failure(job.choices[0])
+        error = running.failure(job.choices[0])
         if error is not None:
             yield event("error", code=str(error.status), message=error.message, param=None)
             yield event("response.failed", response=_object(ctx, job, body, "failed", None, error))
@@ -223,4 +223,4 @@ async def _stream(ctx: Context, store: ResponseStore, job: Job, body: ResponseRe
                + event("response.output_item.done", output_index=0, item=obj["output"][0])
                + event(f"response.{status}", response=obj))
     finally:
-        generation.cancel(ctx, job)
+        running.cancel(ctx, job)

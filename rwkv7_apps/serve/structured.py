@@ -152,6 +152,12 @@ def tool_plan(body) -> ToolPlan | None:
     return ToolPlan(params, descriptions, forced, parallel)
 
 
+def prepare(ctx, body, chat: bool) -> tuple[Constraint | None, ToolPlan | None]:
+    """A body's structure, prepared once for the job builder: its tool plan (``chat`` bodies
+    only) and its one constraint (``request_constraint``); 400 naming the problem."""
+    return request_constraint(ctx, body, tool_plan(body) if chat else None)
+
+
 def request_constraint(ctx, body, plan: ToolPlan | None) -> tuple[Constraint | None, ToolPlan | None]:
     """The body's one constraint (compiled now: 400 naming an invalid schema or grammar, or an
     unsupported feature, before any decode work; None for free text), and its tool plan with

@@ -93,7 +93,7 @@ def test_server_answers_400_naming_the_field_and_keeps_serving(tiny_ckpt):
 
     from rwkv7_apps.engines import load_engine
     from rwkv7_apps.serve.cli import build_app
-    from rwkv7_apps.serve.generation import Limits
+    from rwkv7_apps.serve.job import Limits
     from tests.rwkv7_apps.serve_harness import in_process_server
 
     engine = load_engine("torch", tiny_ckpt, kernels="torch")

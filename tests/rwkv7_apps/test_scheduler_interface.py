@@ -51,7 +51,7 @@ def replica_server(tiny_ckpt):
     openai = pytest.importorskip("openai")
     from rwkv7_apps.engines import load_engine
     from rwkv7_apps.serve.cli import build_app
-    from rwkv7_apps.serve.generation import Limits
+    from rwkv7_apps.serve.job import Limits
 
     engines = [load_engine("torch", tiny_ckpt, kernels="torch") for _ in range(2)]
     rset = build_replica_set(engines, ["cpu-a", "cpu-b"], SchedulerConfig(max_batch=4))

@@ -87,7 +87,7 @@ def test_ready_only_after_everything_compiled_and_a_burst_compiles_nothing(serve
 def test_without_precompile_the_counters_count_request_path_compiles(tiny_ckpt):
     from rwkv7_apps.engines import load_engine
     from rwkv7_apps.serve.cli import build_app
-    from rwkv7_apps.serve.generation import Limits
+    from rwkv7_apps.serve.job import Limits
     from scheduler import Scheduler, SchedulerConfig
 
     engine = load_engine("jax", tiny_ckpt, "float32", "xla")

@@ -9,7 +9,8 @@ from types import SimpleNamespace
 
 import numpy as np
 
-from rwkv7_apps.serve import generation
+from rwkv7_apps.serve import build, render, running
+from rwkv7_apps.serve.job import Choice, Job
 from rwkv7_apps.serve.protocol import CompletionRequest
 from rwkv7_apps.serve.service import Token
 from rwkv7_apps.serve.streaming import TextStream
@@ -19,10 +20,9 @@ from scheduler import RequestOutput
 
 def _stream_all_queued_at_once(ids, logprobs):
     ctx = SimpleNamespace(tokenizer=None, model_name="m")
-    choice = generation.Choice(index=0, prompt_index=0, request_id="r0", text=TextStream())
+    choice = Choice(index=0, prompt_index=0, request_id="r0", text=TextStream())
     body = CompletionRequest(prompt=[1, 2], stream=True, return_token_ids=True)
-    job = generation.Job("completion", body, [[1, 2]], [None], [choice], logprobs=1 if logprobs else None,
-                         echo=False)
+    job = Job(build.COMPLETION, body, [[1, 2]], [None], [choice], logprobs=1 if logprobs else None, echo=False)
     queue: asyncio.Queue = asyncio.Queue()
     for i, t in enumerate(ids):  # everything is queued before the handler wakes up
         scores = TokenLogprobs(np.array([-0.1 * i], np.float32), np.array([[t]], np.int32),
@@ -32,9 +32,9 @@ def _stream_all_queued_at_once(ids, logprobs):
 
     async def run():
         chunks = []
-        async for batch in generation.events(ctx, job, queue):
+        async for batch in running.events(ctx, job, queue):
             for choice, delta, finished, token in batch:
-                chunks += generation.stream_chunks(ctx, job, choice, delta, finished, [None], token)
+                chunks += render.stream_chunks(ctx, job, choice, delta, finished, [None], token)
         return chunks
     return [json.loads(c.removeprefix("data: ")) for c in asyncio.run(run())]
 
