@@ -8,12 +8,14 @@ import argparse
 from typing import Any
 
 from rwkv7_core.quantization import DEFAULT_GROUP_SIZE, SCHEMES
-from rwkv7_core.sampling import MAX_TOKENS_LIMIT
+from rwkv7_core.sampling import MAX_TOKENS_LIMIT, SCALAR_FIELDS, SamplingParams
+from scheduler import SchedulerConfig
 
 from .engines import BACKENDS, kernel_choices, random_model_names
 
-SAMPLING_OPTIONS = ("max_tokens", "temperature", "top_p", "top_k", "presence_penalty",
-                    "frequency_penalty", "penalty_decay", "stop", "stop_tokens")
+SAMPLING_OPTIONS = (*(f.name for f in SCALAR_FIELDS), "stop", "stop_tokens")
+COMMAND_DEFAULTS = {"max_tokens": 128}
+"""The commands' sampling defaults where they differ from ``SamplingParams``'s."""
 DEFAULT_MAX_BATCH = 256
 
 
@@ -50,8 +52,8 @@ def add_engine_options(p: argparse.ArgumentParser) -> None:
     """Backend, kernels, dtype and the scheduler options."""
     p.add_argument("--backend", default="jax", choices=BACKENDS)
     p.add_argument("--kernels", default="auto",
-                   help="jax: auto|xla|pallas|pallas-fused|pallas-interpret|pallas-fused-interpret; torch: auto|torch|triton "
-                        "(auto = the fastest available on this machine; checked by the backend)")
+                   help="a value of the backend's Kernels (jax: rwkv_jax.Kernels, torch: rwkv_torch_ref.Kernels; "
+                        "auto = the fastest available on this machine; checked by the backend)")
     p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
     add_quantization_options(p)
     p.add_argument("--max-batch", type=int, default=None,
@@ -87,13 +89,11 @@ def add_replica_options(p, default: str, routing: str) -> None:
 def add_sampling_options(p: argparse.ArgumentParser, overridable_by: str) -> None:
     """The sampling defaults (each overridable per request)."""
     s = p.add_argument_group(f"sampling defaults (each overridable per request in {overridable_by})")
-    s.add_argument("--max-tokens", type=int, default=128)
-    s.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
-    s.add_argument("--top-p", type=float, default=1.0)
-    s.add_argument("--top-k", type=int, default=0, help="0 = off")
-    s.add_argument("--presence-penalty", type=float, default=0.0)
-    s.add_argument("--frequency-penalty", type=float, default=0.0)
-    s.add_argument("--penalty-decay", type=float, default=1.0)
+    defaults = SamplingParams()
+    for f in SCALAR_FIELDS:
+        default = COMMAND_DEFAULTS.get(f.name, getattr(defaults, f.name))
+        s.add_argument("--" + f.name.replace("_", "-"), type=f.kind, default=default, metavar="N",
+                       help=f"{f.help} (default {default})")
     s.add_argument("--stop", action="append", default=None, metavar="TEXT",
                    help="stop string (repeatable; needs the World tokenizer)")
     s.add_argument("--stop-tokens", type=int_list, default=None, metavar="0,...",
@@ -119,9 +119,7 @@ def check_engine_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> N
         p.error(f"bad sampling default: {e}")
 
 
-def scheduler_config(args: argparse.Namespace):
-    from scheduler import SchedulerConfig
-
+def scheduler_config(args: argparse.Namespace) -> SchedulerConfig:
     max_batch = args.max_batch if args.max_batch is not None else (
         max(args.buckets) if args.buckets else DEFAULT_MAX_BATCH)
     return SchedulerConfig(max_batch=max_batch, buckets=args.buckets,
@@ -132,8 +130,6 @@ def scheduler_config(args: argparse.Namespace):
 
 def sampling_defaults(args: argparse.Namespace) -> dict[str, Any]:
     """The command line's sampling fields (validated), as a SamplingParams dict."""
-    from rwkv7_core.sampling import SamplingParams
-
     d = {k: getattr(args, k) for k in SAMPLING_OPTIONS if getattr(args, k) is not None}
     SamplingParams.from_dict(d).validate(max_tokens_limit=args.max_tokens_limit)
     return d

@@ -107,21 +107,12 @@ class SamplingParams:
         def is_real(v):
             return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
-        if not is_int(self.max_tokens) or not 0 <= self.max_tokens <= DEVICE_INT_MAX:
-            bad("max_tokens", f"must be an integer in [0, {DEVICE_INT_MAX}]")
-        if max_tokens_limit is not None and self.max_tokens > max_tokens_limit:
-            bad("max_tokens", f"{self.max_tokens} exceeds the limit {max_tokens_limit} (--max-tokens-limit)")
-        if not is_real(self.temperature) or self.temperature < 0:
-            bad("temperature", "must be a finite number >= 0")
-        if not is_real(self.top_p) or not 0 < self.top_p <= 1:
-            bad("top_p", "must lie in (0, 1]")
-        if not is_int(self.top_k) or not 0 <= self.top_k <= DEVICE_INT_MAX:
-            bad("top_k", f"must be an integer in [0, {DEVICE_INT_MAX}] (0 = no top-k)")
-        for name in ("presence_penalty", "frequency_penalty"):
-            if not is_real(getattr(self, name)):
-                bad(name, "must be a finite number")
-        if not is_real(self.penalty_decay) or not 0 < self.penalty_decay <= 1:
-            bad("penalty_decay", "must lie in (0, 1]")
+        for spec in SCALAR_FIELDS:
+            value = getattr(self, spec.name)
+            if not (is_int(value) if spec.kind is int else is_real(value)) or not spec.holds(value):
+                bad(spec.name, spec.rule)
+            if spec.name == "max_tokens" and max_tokens_limit is not None and value > max_tokens_limit:
+                bad("max_tokens", f"{value} exceeds the limit {max_tokens_limit} (--max-tokens-limit)")
         if self.seed is not None and (not is_int(self.seed) or not 0 <= self.seed <= SEED_MAX):
             bad("seed", "must be an integer in [0, 2**64 - 1] or None")
         if len(self.stop_tokens) > MAX_STOP_TOKENS:
@@ -155,6 +146,46 @@ MAX_TOKENS_LIMIT = 65536
 """The commands' default ``--max-tokens-limit``: an RWKV row's memory does not grow with its
 output, so the cap bounds time, not memory -- how long one request may hold a decode slot
 (65536 tokens: minutes to hours of one slot, far above any chat or completion answer)."""
+
+
+
+class ScalarField(NamedTuple):
+    """One numeric ``SamplingParams`` field, declared once: its type, bounds (``ge``/``gt``
+    lower, ``le`` upper; None = unbounded), the rule a bad value breaks and a help line. The
+    validation, the commands' options and the server's request fields derive from these."""
+    name: str
+    kind: type          # int or float (an int is a valid float)
+    ge: float | None
+    gt: float | None
+    le: float | None
+    rule: str           # the error text of a value that breaks it
+    help: str
+
+    def holds(self, value: float) -> bool:
+        return ((self.ge is None or value >= self.ge) and (self.gt is None or value > self.gt)
+                and (self.le is None or value <= self.le))
+
+    def bounds(self) -> dict[str, float]:
+        """{ge, gt, le} of the bounds it has (pydantic ``Field`` keywords)."""
+        return {k: v for k, v in (("ge", self.ge), ("gt", self.gt), ("le", self.le)) if v is not None}
+
+
+SCALAR_FIELDS = (
+    ScalarField("max_tokens", int, 0, None, DEVICE_INT_MAX, f"must be an integer in [0, {DEVICE_INT_MAX}]",
+                "most tokens to generate"),
+    ScalarField("temperature", float, 0, None, None, "must be a finite number >= 0", "0 = greedy"),
+    ScalarField("top_p", float, None, 0, 1, "must lie in (0, 1]", "nucleus sampling: the smallest set of "
+                "tokens whose probability reaches it (1 = off)"),
+    ScalarField("top_k", int, 0, None, DEVICE_INT_MAX,
+                f"must be an integer in [0, {DEVICE_INT_MAX}] (0 = no top-k)", "0 = off"),
+    ScalarField("presence_penalty", float, None, None, None, "must be a finite number",
+                "subtracted once from the logit of every token seen so far"),
+    ScalarField("frequency_penalty", float, None, None, None, "must be a finite number",
+                "subtracted from a token's logit times its decayed count"),
+    ScalarField("penalty_decay", float, None, 0, 1, "must lie in (0, 1]",
+                "the counts of frequency_penalty decay by this factor each step"),
+)
+"""The numeric sampling fields, in ``SamplingParams`` order."""
 
 MAX_STOP_STRINGS = 64
 MAX_STOP_LENGTH = 512

@@ -31,6 +31,11 @@ class Kernels(str, enum.Enum):
     PALLAS_FUSED_INTERPRET = "pallas-fused-interpret"
     AUTO = "auto"
 
+    @property
+    def interpreted(self) -> bool:
+        """Run by the Pallas interpreter (a check on any backend), not compiled for a GPU."""
+        return self.value.endswith("-interpret")
+
 
 class Guard(NamedTuple):
     """A choice adopted only once its self-check passes on this device, else the fallback."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
-from rwkv7_core.sampling import SEED_MAX, SamplingFieldError, SamplingParams
+from rwkv7_core.sampling import SCALAR_FIELDS, SEED_MAX, SamplingFieldError, SamplingParams
 from scheduler import Request
 from scheduler.constraint import Constraint
 from scheduler.request import InitialState
@@ -194,10 +194,8 @@ def _banned(body) -> list[int] | None:
 def _params(ctx: Context, body, stops: list[str], max_tokens, logprobs) -> SamplingParams:
     fields = dict(ctx.defaults)
     stop_tokens = [] if body.ignore_eos and body.stop_token_ids is None else body.stop_token_ids
-    given = {"max_tokens": max_tokens, "temperature": body.temperature, "top_p": body.top_p,
-             "top_k": body.top_k, "presence_penalty": body.presence_penalty,
-             "frequency_penalty": body.frequency_penalty, "penalty_decay": body.penalty_decay,
-             "stop_tokens": stop_tokens, "banned_tokens": _banned(body)}
+    given = {**{f.name: getattr(body, f.name) for f in SCALAR_FIELDS},
+             "max_tokens": max_tokens, "stop_tokens": stop_tokens, "banned_tokens": _banned(body)}
     fields.update({k: v for k, v in given.items() if v is not None})
     if stops:
         if ctx.tokenizer is None:

@@ -11,17 +11,24 @@ Extensions beyond OpenAI's fields: ``top_k``, ``penalty_decay``, ``stop_token_id
 """
 from __future__ import annotations
 
-from typing import Literal, Union
+from typing import Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
 
-from rwkv7_core.sampling import DEVICE_INT_MAX, SEED_MAX, TOP_LOGPROBS
+from rwkv7_core.sampling import DEVICE_INT_MAX, SCALAR_FIELDS, SEED_MAX, TOP_LOGPROBS
 
 MAX_N = 64
 TokenIds = list[StrictInt]
 BAN = -100.0
 """The one ``logit_bias`` value served: -100 bans the token (other biases need a per-row
 bias vector on the device, which the sampler does not have)."""
+
+
+def sampling_field(name: str) -> Any:
+    """The request field of the numeric sampling field ``name`` (its bounds and help from
+    ``rwkv7_core.sampling.SCALAR_FIELDS``); None = the server's default."""
+    spec = next(f for f in SCALAR_FIELDS if f.name == name)
+    return Field(None, description=spec.help, **spec.bounds())
 
 
 class APIError(Exception):
@@ -51,13 +58,13 @@ class SamplingFields(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     model: StrictStr | None = None
-    max_tokens: int | None = Field(None, ge=0, le=DEVICE_INT_MAX)
-    temperature: float | None = Field(None, ge=0)
-    top_p: float | None = Field(None, gt=0, le=1)
-    top_k: int | None = Field(None, ge=0, le=DEVICE_INT_MAX)
-    presence_penalty: float | None = None
-    frequency_penalty: float | None = None
-    penalty_decay: float | None = Field(None, gt=0, le=1)
+    max_tokens: int | None = sampling_field("max_tokens")
+    temperature: float | None = sampling_field("temperature")
+    top_p: float | None = sampling_field("top_p")
+    top_k: int | None = sampling_field("top_k")
+    presence_penalty: float | None = sampling_field("presence_penalty")
+    frequency_penalty: float | None = sampling_field("frequency_penalty")
+    penalty_decay: float | None = sampling_field("penalty_decay")
     stop: StrictStr | list[StrictStr] | None = None
     stop_token_ids: TokenIds | None = None
     banned_token_ids: TokenIds | None = None

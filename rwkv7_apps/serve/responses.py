@@ -26,7 +26,7 @@ from . import build, chat, render, running
 from .job import Context, Job
 from .protocol import APIError, ChatCompletionRequest
 from .response_store import ResponseStore, StoredResponse
-from .responses_protocol import ResponseRequest
+from .responses_protocol import SAMPLING, ResponseRequest
 
 
 def add_response_routes(app: FastAPI, ctx: Context, store: ResponseStore, metrics, authorized, serving) -> None:
@@ -96,8 +96,8 @@ def _job(ctx: Context, store: ResponseStore, body: ResponseRequest):
         state = previous.state
     chat_body = ChatCompletionRequest(
         model=body.model, messages=[{"role": r, "content": t} for r, t in body.messages()],
-        max_tokens=body.max_output_tokens, temperature=body.temperature, top_p=body.top_p, top_k=body.top_k,
-        seed=body.seed, state=state)
+        max_tokens=body.max_output_tokens, seed=body.seed, state=state,
+        **{name: getattr(body, name) for name in SAMPLING})
     tokens = _prompt(ctx, body, previous)
     if len(tokens) > ctx.limits.max_prompt_tokens:
         raise APIError(400, f"input: {len(tokens)} prompt tokens (the conversation so far included), more than "

@@ -8,7 +8,9 @@ from typing import Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr
 
-from rwkv7_core.sampling import DEVICE_INT_MAX, SEED_MAX
+from rwkv7_core.sampling import SCALAR_FIELDS, SEED_MAX
+
+from .protocol import sampling_field
 
 
 class InputText(BaseModel):
@@ -63,10 +65,10 @@ class ResponseRequest(BaseModel):
     store: StrictBool = True
     stream: StrictBool = False
     stream_options: ResponsesStreamOptions | None = None
-    max_output_tokens: int | None = Field(None, ge=0, le=DEVICE_INT_MAX)
-    temperature: float | None = Field(None, ge=0)
-    top_p: float | None = Field(None, gt=0, le=1)
-    top_k: int | None = Field(None, ge=0, le=DEVICE_INT_MAX)
+    max_output_tokens: int | None = sampling_field("max_tokens")
+    temperature: float | None = sampling_field("temperature")
+    top_p: float | None = sampling_field("top_p")
+    top_k: int | None = sampling_field("top_k")
     seed: int | None = Field(None, ge=0, le=SEED_MAX)
     state: StrictStr | None = None
     text: TextOptions | None = None
@@ -89,3 +91,8 @@ class ResponseRequest(BaseModel):
         if isinstance(self.input, str):
             return turns + [("user", self.input)]
         return turns + [(m.role, m.text()) for m in self.input]
+
+
+SAMPLING = tuple(f.name for f in SCALAR_FIELDS if f.name in ResponseRequest.model_fields)
+"""The numeric sampling fields a Responses request carries under their own names (its
+``max_output_tokens`` is ``max_tokens``)."""

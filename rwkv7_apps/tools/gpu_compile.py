@@ -26,8 +26,10 @@ import json  # noqa: E402
 import sys  # noqa: E402
 
 from rwkv7_core.config import NAMED_CONFIGS, named_config  # noqa: E402
+from rwkv_jax.kernels import Kernels  # noqa: E402
 
-KERNELS = ("pallas", "pallas-fused", "xla")
+KERNELS = tuple(k.value for k in Kernels if k is not Kernels.AUTO and not k.interpreted)
+"""The kernel sets that compile for a GPU."""
 DECODE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 DEFAULT_BUCKETS = ",".join([f"{b}x1" for b in DECODE_BUCKETS] + ["1x256"])
 PALLAS_PREFIX = "rwkv7"

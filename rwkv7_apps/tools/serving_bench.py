@@ -32,6 +32,7 @@ from pathlib import Path
 import numpy as np
 
 from rwkv7_core.engine import MAX_PIECES, varlen_shape
+from rwkv_jax.kernels import Kernels
 from scheduler import Request, SamplingParams, Scheduler, SchedulerConfig
 
 RESULTS = Path("benchmarks") / "results"  # relative to the working directory (the checkout)
@@ -323,7 +324,7 @@ def run_cli(argv=None) -> dict:
     ap = argparse.ArgumentParser(description="Serving benchmark: prefill policies on one seeded workload")
     ap.add_argument("--model", default="tiny", help="named shape: tiny, 0.1b, 0.4b, 1.5b, 2.9b (random weights)")
     ap.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
-    ap.add_argument("--kernels", default="auto", choices=("xla", "pallas", "pallas-fused", "pallas-interpret", "pallas-fused-interpret", "auto"))
+    ap.add_argument("--kernels", default="auto", choices=[k.value for k in Kernels])
     ap.add_argument("--requests", type=int, default=256)
     ap.add_argument("--prompt-len", type=int, nargs=2, default=(20, 2000), metavar=("MIN", "MAX"))
     ap.add_argument("--output-len", type=int, nargs=2, default=(16, 256), metavar=("MIN", "MAX"))
