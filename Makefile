@@ -30,7 +30,7 @@ TEST_ENV = JAX_PLATFORMS=cpu RWKV7_CUDA_PLUGIN_DIR=$(abspath $(call PLUGIN,$(1))
 	JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES=0
 WHEELHOUSE := build/wheelhouse
 
-.PHONY: demo test test-gpu-stack smoke-newest test-offline wheelhouse ci bench clean
+.PHONY: demo lint test test-gpu-stack smoke-newest test-offline wheelhouse ci bench clean
 
 # -- pinned stack -------------------------------------------------------------------------
 .venv/.installed: pyproject.toml
@@ -51,6 +51,11 @@ demo: .venv/.installed
 		--output /tmp/rwkv7_demo_out.jsonl --max-tokens 32 --metrics /tmp/rwkv7_demo_metrics.json \
 		--plot /tmp/rwkv7_demo_run.png
 	@echo "outputs: /tmp/rwkv7_demo_out.jsonl  metrics: /tmp/rwkv7_demo_metrics.json  plot: /tmp/rwkv7_demo_run.png"
+
+# ruff (lint and import order) over the tree, mypy over the packages; settings in pyproject.toml.
+lint: .venv/.installed
+	.venv/bin/ruff check .
+	.venv/bin/mypy
 
 test: .venv/.installed .venv/cuda-plugin/.installed
 	$(call TEST_ENV,.venv) .venv/bin/python $(PYTEST) tests
@@ -104,7 +109,7 @@ test-offline: wheelhouse
 	cd build && offline-venv/bin/python -c 'import rwkv_jax, scheduler, rwkv7_apps; print("offline install ok:", rwkv_jax.__file__)'
 
 # -- everything CI runs, each stage timed -----------------------------------------------------
-CI_STAGES := smoke-newest test-offline test-gpu-stack test
+CI_STAGES := lint smoke-newest test-offline test-gpu-stack test
 ci:
 	@for stage in $(CI_STAGES); do start=$$(date +%s); $(MAKE) --no-print-directory $$stage || exit 1; \
 		echo "== make $$stage: $$(( $$(date +%s) - start )) s"; done

@@ -53,7 +53,8 @@ from rwkv_jax.forward import forward_fn  # noqa: E402
 from rwkv_jax.kernels import ops_for  # noqa: E402
 from rwkv_jax.layouts import DenseRows, StepRows  # noqa: E402
 from rwkv_jax.modules import Block, Tensors  # noqa: E402
-from rwkv_jax.paths import Path as KernelPath, select_path  # noqa: E402
+from rwkv_jax.paths import Path as KernelPath  # noqa: E402
+from rwkv_jax.paths import select_path
 from rwkv_jax.state import State, init_state  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -148,7 +149,7 @@ def cpu_section(rounds: int, seconds: float) -> list[dict]:
             tokens = jnp.zeros((B, T), jnp.int32)
 
             def call():
-                logits, box[0] = exe(params, tokens, box[0])
+                logits, box[0] = exe(params, tokens, box[0])  # noqa: B023 - called in this iteration
                 logits.block_until_ready()
             call()
             calls, start = 0, time.perf_counter()
@@ -174,9 +175,9 @@ def h200_section(configs: list[str], batches: list[int], n_layer: int | None = N
         config = config if n_layer is None else config._replace(n_layer=n_layer)
         params = params_struct(config, jnp.bfloat16)
         for B in batches:
-            state = jax.eval_shape(lambda: init_state(config, B, jnp.bfloat16))
+            state = jax.eval_shape(lambda: init_state(config, B, jnp.bfloat16))  # noqa: B023 - called in this iteration
             for loop, (_, make) in LOOPS.items():
-                structs = (jax.eval_shape(lambda p: make(p, config.n_layer), params),
+                structs = (jax.eval_shape(lambda p: make(p, config.n_layer), params),  # noqa: B023 - called in this iteration
                            jax.ShapeDtypeStruct((B, 1), jnp.int32), state)
                 with tempfile.TemporaryDirectory(prefix="rwkv7_loop_dump_") as dump:
                     start = time.perf_counter()

@@ -212,11 +212,11 @@ def markdown(rows: list) -> str:
 def compile_step(config, dtype, kernels: str, B: int, dump: str, target, quant=None) -> float:
     """Deviceless compile of the forward decode step (B sequences, T = 1), with weights
     quantized by `quant` (a rwkv7_core.quantization.QuantSpec or None); returns seconds."""
+    from rwkv_jax.deviceless import dump_options, on_target, placed
     from rwkv_jax.forward import forward_fn
     from rwkv_jax.paths import select_path
     from rwkv_jax.random_params import params_struct
     from rwkv_jax.state import init_state
-    from rwkv_jax.deviceless import dump_options, on_target, placed
     params = params_struct(config, dtype, quant)
     state = jax.eval_shape(lambda: init_state(config, B, dtype))
     tokens = jax.ShapeDtypeStruct((B, 1), jnp.int32)
@@ -250,8 +250,8 @@ def main(argv=None) -> None:
         open(a.markdown, "w").write(markdown(json.load(open(a.json))))
         return
     from rwkv7_core.config import named_config
-    from rwkv_jax import deviceless
     from rwkv7_core.quantization import spec_for
+    from rwkv_jax import deviceless
     config = named_config(a.config)
     target = deviceless.load_target(a.target)
     quant = spec_for(a.quantization, a.group_size)

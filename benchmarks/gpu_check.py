@@ -99,13 +99,21 @@ import jax.numpy as jnp
 import numpy as np
 
 import rwkv_jax
-from pallas_kernels import shift_mix, small_m_linear, sparse_channel_mix, wkv_chunk_varlen, wkv_seq, wkv_step
-from pallas_kernels import quantized_channel_mix, quantized_linear
+from pallas_kernels import (
+    quantized_channel_mix,
+    quantized_linear,
+    shift_mix,
+    small_m_linear,
+    sparse_channel_mix,
+    wkv_chunk_varlen,
+    wkv_seq,
+    wkv_step,
+)
 from pallas_kernels.fused_time_mix import fused_channel_mix
 from pallas_kernels.quantized import QuantizedWeight
 from rwkv7_core.config import ModelConfig, named_config
-from rwkv7_core.quantization import quantize, spec_for
 from rwkv7_core.cost import step_bytes_and_flops
+from rwkv7_core.quantization import quantize, spec_for
 from rwkv7_core.random_weights import write_random_checkpoint
 from rwkv_jax.engine import JaxEngine
 from rwkv_jax.kernels import Kernels
@@ -1071,8 +1079,8 @@ def run_data_parallel(smoke: bool, budget: Budget) -> dict:
     if reason:
         return skipped(reason)
     from rwkv7_apps.engines import load_engines
-    from scheduler.replicas.replica_set import build_replica_set
     from scheduler import Request, SamplingParams, Scheduler, SchedulerConfig
+    from scheduler.replicas.replica_set import build_replica_set
 
     with tempfile.TemporaryDirectory() as d:
         path = FsPath(d) / "model.safetensors"
@@ -1091,7 +1099,7 @@ def run_data_parallel(smoke: bool, budget: Budget) -> dict:
                 sched.add(r)
             start = time.perf_counter()
             tokens = []
-            sched.run(on_finish=lambda out: tokens.append(out.generated_tokens))
+            sched.run(on_finish=lambda out: tokens.append(out.generated_tokens))  # noqa: B023 - called in this iteration
             seconds = time.perf_counter() - start
         rows[label] = {"replicas": n, "seconds": seconds, "tok_s": sum(tokens) / seconds}
     one, every = rows["1 device"]["tok_s"], rows[f"{len(devices)} devices"]["tok_s"]

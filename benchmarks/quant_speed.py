@@ -24,9 +24,9 @@ import jax.numpy as jnp
 import numpy as np
 
 import rwkv_jax
-from rwkv_jax.engine import JaxEngine
 from rwkv7_core.config import named_config
 from rwkv7_core.random_weights import write_random_checkpoint
+from rwkv_jax.engine import JaxEngine
 
 RESULTS = Path(__file__).resolve().parent / "results" / "quant_speed_cpu.json"
 BATCHES = (1, 8, 32)

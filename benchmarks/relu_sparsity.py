@@ -17,11 +17,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from rwkv7_core.config import ModelConfig, named_config
 from rwkv_jax.forward import bind
 from rwkv_jax.layouts import DenseRows
 from rwkv_jax.ops import XLA_OPS
 from rwkv_jax.state import init_state
-from rwkv7_core.config import ModelConfig, named_config
 
 UNION_ROWS = (1, 2, 4, 8, 16)
 

@@ -131,9 +131,9 @@ def shrink_gaps(steps, switches, prefills) -> list[dict]:
 
 def model_bench(name: str, max_batch: int, n_requests: int) -> dict:
     import rwkv_jax
-    from rwkv_jax.engine import JaxEngine
     from rwkv7_core.config import named_config
     from rwkv7_core.random_weights import write_random_checkpoint
+    from rwkv_jax.engine import JaxEngine
 
     config = named_config(name)
     with tempfile.TemporaryDirectory() as d:

@@ -82,9 +82,8 @@ SCHEMAS = [
 
 def build_engine(model: str, dtype: str):
     import rwkv_jax
-    from rwkv_jax.engine import JaxEngine
-
     from rwkv7_apps.engines import random_model_path
+    from rwkv_jax.engine import JaxEngine
     return JaxEngine(rwkv_jax.load(random_model_path(model), dtype=dtype), prefill_pieces=(16, 4, 1))
 
 
@@ -134,7 +133,7 @@ def mask_overlap(engine, tok, constraints, batch: int, reps: int = 7, advance: i
     grammars, rng = grammars_for(tok, engine.vocab_size), np.random.default_rng(1)
     rows = [(r, grammars.matcher(constraints[r % len(constraints)])) for r in range(batch)]
     for _ in range(advance):  # a few tokens into each document
-        for r, m in rows:
+        for _, m in rows:
             m.consume(int(rng.choice(np.flatnonzero(unpack_allowed(m.mask(engine.vocab_size), engine.vocab_size)))))
 
     def masks():

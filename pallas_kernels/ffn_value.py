@@ -31,7 +31,8 @@ from jax.experimental.pallas import triton as plgpu_triton
 
 from .common import pow2_divisor, require, triton_params
 from .quantized import QuantizedWeight
-from .quantized_linear import MAX_BLOCK_K as MAX_QUANTIZED_TILE, dequantized_product, group_size, load_live_columns
+from .quantized_linear import MAX_BLOCK_K as MAX_QUANTIZED_TILE
+from .quantized_linear import dequantized_product, group_size, load_live_columns
 from .segment_linear import choose_splits, row_block, sum_splits
 from .sparse_channel_mix import channel_mix_reference, relu_square
 

@@ -57,8 +57,8 @@ def _kernel(p_ref, *refs, offsets, widths, kinds, splits, M, dtype):
         out = jnp.zeros((bm, BLOCK_C), jnp.float32)
         for start, width in chunks(d, max_chunk(bm)):
             col_ok = start + jnp.arange(width) < d
-            h = sum_splits(lambda s: plgpu_triton.load(p_ref.at[s, :, pl.ds(off + start, width)],
-                                                       mask=col_ok[None, :], other=0), splits, dtype)
+            h = sum_splits(lambda s: plgpu_triton.load(p_ref.at[s, :, pl.ds(off + start, width)],  # noqa: B023 - called in this iteration
+                                                       mask=col_ok[None, :], other=0), splits, dtype)  # noqa: B023 - called in this iteration
             if act is not None:
                 h = act(h).astype(dtype).astype(jnp.float32)
             w = plgpu_triton.load(w_refs[i].at[:, pl.ds(start, width)], mask=col_ok[None, :], other=0)

@@ -13,7 +13,8 @@ import jax.numpy as jnp
 
 from .common import require
 from .quantized import QuantizedWeight
-from .quantized_linear import quantized_linear, quantized_linear_reference, supports as linear_supports
+from .quantized_linear import quantized_linear, quantized_linear_reference
+from .quantized_linear import supports as linear_supports
 from .sparse_channel_mix import relu_square
 
 

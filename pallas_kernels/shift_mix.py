@@ -20,7 +20,6 @@ from .common import next_pow2, require, triton_params
 from .segment_linear import SplitSum, sum_splits
 
 
-
 def layer_norm(x, weight, bias, eps: float = LN_EPS):
     """LayerNorm over the last axis with float32 statistics; result in x.dtype."""
     xf = x.astype(jnp.float32)

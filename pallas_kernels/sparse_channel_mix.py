@@ -16,7 +16,8 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
 from .common import next_pow2, pow2_divisor, require, triton_params
-from .small_m_linear import matmul_f32, small_m_linear, supports as linear_supports
+from .small_m_linear import matmul_f32, small_m_linear
+from .small_m_linear import supports as linear_supports
 
 GROUP = 8               # value-weight rows loaded together per loop iteration
 MAX_BLOCK_C = 256       # output columns per program (a power of two dividing C)

@@ -19,8 +19,17 @@ from jax.experimental import pallas as pl
 
 from .common import require, triton_params
 from .segment_linear import sum_splits
-from .time_mix import (bonus, head_norm, in_context_rate, key_mix, log_decay, normalized_key, value_mix,
-                       wkv_operands_reference, wkv_output_reference)
+from .time_mix import (
+    bonus,
+    head_norm,
+    in_context_rate,
+    key_mix,
+    log_decay,
+    normalized_key,
+    value_mix,
+    wkv_operands_reference,
+    wkv_output_reference,
+)
 from .wkv_step import wkv_step_reference
 
 F32 = jnp.float32

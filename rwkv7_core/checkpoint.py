@@ -24,8 +24,17 @@ import numpy as np
 
 from .config import ModelConfig, expected_shapes
 from .quantization import check_quantized, quantized_key, scale_key, stored_spec
-from .tensor_files import (FLOATS, SUPPORTED_DTYPES, CheckpointError, LazyTensors, Tensors, mapped_entries,
-                           read_safetensors, safetensors_entries, write_safetensors)
+from .tensor_files import (
+    FLOATS,
+    SUPPORTED_DTYPES,
+    CheckpointError,
+    LazyTensors,
+    Tensors,
+    mapped_entries,
+    read_safetensors,
+    safetensors_entries,
+    write_safetensors,
+)
 
 __all__ = ["CheckpointError", "LazyTensors", "SUPPORTED_DTYPES", "Tensors", "code_global", "infer_config",
            "read_checkpoint", "read_safetensors", "read_tensors", "validate", "write_checkpoint",

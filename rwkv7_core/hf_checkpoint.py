@@ -21,8 +21,15 @@ import numpy as np
 
 from .config import ModelConfig, expected_shapes
 from .hf_names import Source, fla_source, unused_in_fla, variant_sources
-from .tensor_files import (FLOATS, SUPPORTED_DTYPES, CheckpointError, Entry, LazyTensors, safetensors_entries,
-                           write_safetensors)
+from .tensor_files import (
+    FLOATS,
+    SUPPORTED_DTYPES,
+    CheckpointError,
+    Entry,
+    LazyTensors,
+    safetensors_entries,
+    write_safetensors,
+)
 
 MODEL_TYPES = ("rwkv7", "rwkv7_fla")
 VOCAB_FILE = "rwkv_vocab_v20230424.txt"

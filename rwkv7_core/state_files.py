@@ -32,8 +32,7 @@ from typing import NamedTuple
 import ml_dtypes
 import numpy as np
 
-from .checkpoint import (SUPPORTED_DTYPES, CheckpointError, Tensors, read_safetensors, read_tensors,
-                         write_safetensors)
+from .checkpoint import SUPPORTED_DTYPES, CheckpointError, Tensors, read_safetensors, read_tensors, write_safetensors
 from .config import ModelConfig
 from .state import STATE_LEAVES, state_shapes
 

@@ -9,7 +9,6 @@ from typing import Callable, Hashable
 
 import jax
 
-
 # XLA:CPU at LLVM optimisation level 1 instead of the default: 12-24% less compile time and the
 # same decode/prefill speed (tiny and 0.1b, B = 1/8/32, T = 128; benchmarks/compile_speed.py,
 # results/compile_speed.md): the matrix products are library calls either way.

@@ -33,18 +33,18 @@ import functools
 
 import jax.numpy as jnp
 
+from pallas_kernels import fused_time_mix as fused_time_mix_kernel
+from pallas_kernels import quantized_channel_mix as quantized_mix_kernel
+from pallas_kernels import quantized_linear as quantized_kernel
 from pallas_kernels import shift_mix as shift_mix_kernel
 from pallas_kernels import shift_mix_rows as shift_mix_rows_kernel
 from pallas_kernels import small_m_linear as linear_kernel
 from pallas_kernels import sparse_channel_mix as sparse_kernel
 from pallas_kernels import wkv_chunk_varlen as chunk_kernel
-from pallas_kernels import wkv_seq as wkv_seq_kernel
 from pallas_kernels import wkv_operands as operands_kernel
 from pallas_kernels import wkv_output as output_kernel
+from pallas_kernels import wkv_seq as wkv_seq_kernel
 from pallas_kernels import wkv_step as wkv_step_kernel
-from pallas_kernels import fused_time_mix as fused_time_mix_kernel
-from pallas_kernels import quantized_channel_mix as quantized_mix_kernel
-from pallas_kernels import quantized_linear as quantized_kernel
 from pallas_kernels.quantized import QuantizedWeight
 from pallas_kernels.time_mix import time_mix_reference, wkv_operands_reference, wkv_output_reference
 

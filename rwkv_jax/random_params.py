@@ -15,7 +15,8 @@ from flax import nnx
 
 from rwkv7_core.config import ModelConfig, expected_shapes
 from rwkv7_core.quantization import QuantSpec
-from rwkv7_core.random_weights import init_spec, random_tensors as host_random_tensors
+from rwkv7_core.random_weights import init_spec
+from rwkv7_core.random_weights import random_tensors as host_random_tensors
 
 from .kernels import Kernels
 from .model import DTYPES, Model

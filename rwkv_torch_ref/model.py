@@ -23,7 +23,16 @@ import torch.nn.functional as F
 from rwkv7_core.checkpoint import read_checkpoint
 from rwkv7_core.config import ModelConfig
 from rwkv7_core.constants import LN_EPS
-from rwkv7_core.quantization import QuantSpec, dequantize, quantize, quantized_key, resolve_spec, scale_key, spec_for, stored_spec
+from rwkv7_core.quantization import (
+    QuantSpec,
+    dequantize,
+    quantize,
+    quantized_key,
+    resolve_spec,
+    scale_key,
+    spec_for,
+    stored_spec,
+)
 from rwkv7_core.state import check_tokens
 
 from .state import State, check_state, wkv_dtype, zeros_state

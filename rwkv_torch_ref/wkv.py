@@ -15,7 +15,6 @@ import torch.nn.functional as F
 from rwkv7_core.constants import DECAY_SCALE, GROUP_NORM_EPS, KK_EPS
 
 
-
 class CoreParams(NamedTuple):
     """One layer's per-channel time-mix parameters, accumulation dtype, each [C] (r_k [H, N])."""
     k_k: torch.Tensor

@@ -30,10 +30,10 @@ from rwkv7_core.stop_strings import StopMatcher
 from rwkv7_core.token_mask import all_allowed
 
 from .books import Books, Entry
-from .interface import SchedulerFailed
 from .config import PrefillPolicy, SchedulerConfig, bucket_for, shrink_pays
 from .errors import ErrorCode, FinishReason
 from .grammar import fill_masks
+from .interface import SchedulerFailed
 from .prefill import PiecesFailed, Prefill, PrefillReport, draw_first
 from .request import RequestOutput, RequestState
 from .slots import SlotTable, each

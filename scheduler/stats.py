@@ -225,7 +225,7 @@ class Stats:
         out = cls(max((p.steps.maxlen or 0 for p in parts), default=10_000))
         by_time = lambda records, key: sorted((r for p in parts for r in records(p)), key=key)  # noqa: E731
         for name in ("steps", "prefills", "switches"):
-            getattr(out, name).extend(by_time(lambda p: getattr(p, name), lambda r: r.time))
+            getattr(out, name).extend(by_time(lambda p: getattr(p, name), lambda r: r.time))  # noqa: B023 - called in this iteration
         out.requests.extend(by_time(lambda p: p.requests, lambda r: r.finish_time))
         out.compiles = by_time(lambda p: p.compiles, lambda e: e.time)
         for name in ("prefix_hits", "prefix_misses", "prefix_removed", "prefix_hit_tokens", "turn_states",

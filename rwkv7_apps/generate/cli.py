@@ -22,10 +22,16 @@ from rwkv7_core.tokenizer import WORLD_VOCAB_SIZE
 from scheduler.interface import SchedulerInterface
 
 from ..engines import cache_dir, random_model_path
-from .jsonl_io import InputError, InputRequest, ResultWriter
-from ..options import (add_engine_options, add_model_options, add_replica_options, add_sampling_options,
-                      check_engine_args, sampling_defaults)
+from ..options import (
+    add_engine_options,
+    add_model_options,
+    add_replica_options,
+    add_sampling_options,
+    check_engine_args,
+    sampling_defaults,
+)
 from ..states import RunStates, model_fingerprint, register_states, state_option
+from .jsonl_io import InputError, InputRequest, ResultWriter
 
 EXIT_BAD_ARGS = 2
 MAX_PROMPT_TOKENS = 1 << 20
@@ -303,8 +309,9 @@ def _run(args, sched: SchedulerInterface, tokenizer, writer: ResultWriter, state
 
 def _report(args, sched: SchedulerInterface, run, t0: float) -> None:
     """Print the summary table; write --metrics and --plot."""
-    from .metrics import build_metrics, plot_run, summary_table
     from scheduler.replicas.replica_set import replica_reports
+
+    from .metrics import build_metrics, plot_run, summary_table
 
     replicas = replica_reports(sched)
     metrics = build_metrics(sched.stats, run.counts, time.perf_counter() - t0, t0, run.skipped, replicas,

@@ -23,8 +23,14 @@ import time
 import urllib.request
 
 from ..engines import random_model_path
-from ..options import add_engine_options, add_model_options, add_replica_options, add_sampling_options, \
-    check_engine_args, sampling_defaults
+from ..options import (
+    add_engine_options,
+    add_model_options,
+    add_replica_options,
+    add_sampling_options,
+    check_engine_args,
+    sampling_defaults,
+)
 from ..states import register_states, state_option
 from .response_store import DEFAULT_MAX_COUNT, DEFAULT_MAX_MB
 
@@ -101,6 +107,7 @@ def build_app(sched, model_name: str, defaults: dict, limits, ready, seed: int |
     import numpy as np
 
     from scheduler.replicas.replica_set import ReplicaSet
+
     from .app import create_app
     from .job import Context
     from .metrics import ServerMetrics
@@ -121,6 +128,7 @@ def main(argv: list[str] | None = None) -> int:
     import uvicorn
 
     from scheduler.replicas.replica_set import ReplicaSet
+
     from ..scheduler_setup import build_scheduler
     from .job import Limits
     from .response_store import ResponseStore

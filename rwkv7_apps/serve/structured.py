@@ -21,12 +21,12 @@ from __future__ import annotations
 import json
 from dataclasses import replace
 
+from rwkv7_core.engine import Capability
 from scheduler.constraint import Constraint
 from scheduler.grammar import grammars_for
-from rwkv7_core.engine import Capability
 
-from .protocol import APIError
 from . import tool_calls
+from .protocol import APIError
 from .tool_calls import ToolPlan
 
 GUIDED = {"guided_json": "json", "guided_regex": "regex", "guided_choice": "choice", "guided_grammar": "grammar"}

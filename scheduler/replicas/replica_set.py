@@ -36,7 +36,6 @@ from typing import Any, Callable
 
 from ..errors import FinishReason
 from ..interface import SchedulerFailed
-
 from .affinity import ConversationAffinity
 from .engine_guard import EngineGuard, Fault
 

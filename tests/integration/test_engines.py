@@ -8,9 +8,9 @@ import re
 import numpy as np
 import pytest
 
-from scheduler import Request, SamplingParams, Scheduler, SchedulerConfig, generate
 from rwkv7_core import sampling as np_sampling
 from rwkv7_core.token_mask import ALL_ALLOWED, pack_allowed, unpack_allowed
+from scheduler import Request, SamplingParams, Scheduler, SchedulerConfig, generate
 
 V = 512
 
@@ -208,6 +208,7 @@ def test_device_sampling_matches_numpy_reference(name):
     form = {}
     if name.startswith("jax"):
         import jax.numpy as xp
+
         from rwkv_jax import sampling as dev
 
         def to_dev(a):
@@ -215,6 +216,7 @@ def test_device_sampling_matches_numpy_reference(name):
         form = {"form": dev.SearchForm.UNROLLED if name == "jax-unrolled" else dev.SearchForm.LOOP}
     else:
         import torch
+
         from rwkv_torch_ref import sampling as dev
 
         def to_dev(a):
@@ -294,6 +296,7 @@ def test_jax_nucleus_mask_equals_numpy_sort_rule(scale, form, B):
     """rwkv_jax finds the top-k/top-p threshold by a radix search instead of a sort; the kept
     set must equal the numpy reference's sort-and-cumsum rule, ties at the threshold too."""
     import jax.numpy as jnp
+
     from rwkv_jax import sampling as dev
 
     rng = np.random.default_rng()

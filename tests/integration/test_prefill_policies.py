@@ -8,8 +8,7 @@ import pytest
 
 from pallas_kernels.shift_mix import add_layer_norm
 from pallas_kernels.shift_mix_rows import row_links, shift_mix_rows_reference
-from rwkv_jax.varlen import (cu_seqlens, segments_from_lengths, wkv_varlen,
-                             wkv_varlen_reference)
+from rwkv_jax.varlen import cu_seqlens, segments_from_lengths, wkv_varlen, wkv_varlen_reference
 
 
 def spec_wkv_step(r, w, k, v, kk, a, S):
@@ -21,7 +20,9 @@ def spec_wkv_step(r, w, k, v, kk, a, S):
 
 
 def _wkv_operands(rng, n_tokens, H, N):
-    f = lambda *s: jnp.asarray(rng.standard_normal(s), jnp.float32)
+    def f(*s):
+        return jnp.asarray(rng.standard_normal(s), jnp.float32)
+
     kk = f(n_tokens, H, N)
     kk = kk / jnp.linalg.norm(kk, axis=-1, keepdims=True)
     w = jnp.asarray(rng.uniform(0.545, 1.0, (n_tokens, H, N)), jnp.float32)
@@ -173,7 +174,7 @@ def test_varlen_and_mixed_policies_match_serial_greedy_tokens(tiny_model):
     """Prompts of 1..150 tokens, budget 32 (long prompts are cut and carried across calls),
     max_batch 4 so admissions, shrinks and mixed steps with live rows all happen."""
     from rwkv_jax.engine import JaxEngine
-    from scheduler import Request, SamplingParams, SchedulerConfig, Scheduler
+    from scheduler import Request, SamplingParams, Scheduler, SchedulerConfig
     rng = np.random.default_rng(5)
     lengths = [150, 1, 2, 7, 90, 33, 1, 64, 5, 120]
     requests = [Request(f"r{i}", rng.integers(0, 512, n).tolist(),

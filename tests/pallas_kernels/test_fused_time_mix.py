@@ -14,8 +14,8 @@ import pytest
 from pallas_kernels import lora_up, segment_linear, wkv_tail
 from pallas_kernels.fused_time_mix import fused_channel_mix, fused_time_mix
 from pallas_kernels.segment_linear import SplitSum
-from pallas_kernels.sparse_channel_mix import channel_mix_reference
 from pallas_kernels.small_m_linear import linear_reference
+from pallas_kernels.sparse_channel_mix import channel_mix_reference
 from pallas_kernels.time_mix import TimeMixWeights, lora_up_reference, time_mix_reference
 from pallas_kernels.wkv_step import wkv_step_reference
 

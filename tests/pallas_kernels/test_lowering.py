@@ -14,9 +14,20 @@ import pytest
 from flax import nnx
 
 import rwkv_jax
-from pallas_kernels import (fused_time_mix, quantized_channel_mix, radix_search, shift_mix, shift_mix_rows,
-                            small_m_linear, sparse_channel_mix, wkv_chunk_varlen, wkv_operands, wkv_output, wkv_seq,
-                            wkv_step)
+from pallas_kernels import (
+    fused_time_mix,
+    quantized_channel_mix,
+    radix_search,
+    shift_mix,
+    shift_mix_rows,
+    small_m_linear,
+    sparse_channel_mix,
+    wkv_chunk_varlen,
+    wkv_operands,
+    wkv_output,
+    wkv_seq,
+    wkv_step,
+)
 from pallas_kernels.quantized import QuantizedWeight
 from pallas_kernels.time_mix import TimeMixWeights
 from rwkv7_core.config import named_config

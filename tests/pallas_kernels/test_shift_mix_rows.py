@@ -12,7 +12,9 @@ from pallas_kernels.shift_mix_rows import dense_links, row_links, shift_mix_rows
 
 
 def _inputs(rng, M, P, C, n, dtype, with_delta):
-    f = lambda *s: jnp.asarray(rng.standard_normal(s), jnp.float32)
+    def f(*s):
+        return jnp.asarray(rng.standard_normal(s), jnp.float32)
+
     h, delta, shift = f(M, C).astype(dtype), f(M, C).astype(dtype) if with_delta else None, f(P, C).astype(dtype)
     return h, delta, shift, 1 + 0.1 * f(C), 0.1 * f(C), jnp.asarray(rng.uniform(size=(n, C)), dtype)
 

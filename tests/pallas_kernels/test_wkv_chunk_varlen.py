@@ -18,7 +18,6 @@ from rwkv_jax.forward import varlen_forward_fn
 from rwkv_jax.varlen import segments_from_lengths
 from tests.support.pallas_inputs import varlen_wkv_inputs
 
-
 T, P = 80, 6   # one compiled shape for every case (the interpreter compiles once)
 KERNEL = jax.jit(functools.partial(chunk.wkv_chunk_varlen, interpret=True))
 REFERENCE = jax.jit(chunk.wkv_varlen_reference)

@@ -9,8 +9,15 @@ import signal
 
 import numpy as np
 
-from tests.rwkv7_apps.cli_harness import (greedy_reference, random_token_requests, read_results, run_cli, start_cli,
-                                         wait_for_lines, write_jsonl)
+from tests.rwkv7_apps.cli_harness import (
+    greedy_reference,
+    random_token_requests,
+    read_results,
+    run_cli,
+    start_cli,
+    wait_for_lines,
+    write_jsonl,
+)
 
 N_REQUESTS = 24
 

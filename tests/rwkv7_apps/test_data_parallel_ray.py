@@ -18,8 +18,14 @@ import numpy as np
 import pytest
 
 from scheduler.replicas.ray_cluster import LOCAL_ENV
-from tests.rwkv7_apps.cli_harness import (cli_env, greedy_reference, random_token_requests, read_results,
-                                         wait_for_lines, write_jsonl)
+from tests.rwkv7_apps.cli_harness import (
+    cli_env,
+    greedy_reference,
+    random_token_requests,
+    read_results,
+    wait_for_lines,
+    write_jsonl,
+)
 from tests.rwkv7_apps.interface_check import exercise_interface
 
 os.environ.update(LOCAL_ENV)  # before Ray is imported: the test's cluster stays on 127.0.0.1

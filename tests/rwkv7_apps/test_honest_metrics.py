@@ -10,8 +10,8 @@ import dataclasses
 import numpy as np
 
 import rwkv_jax
-from rwkv7_core import named_config
 from rwkv7_apps.generate.metrics import RunCounts, build_metrics, summary_table
+from rwkv7_core import named_config
 from rwkv_jax.engine import JaxEngine
 from rwkv_jax.random_params import random_model
 from scheduler import Request, SamplingParams, Scheduler, SchedulerConfig

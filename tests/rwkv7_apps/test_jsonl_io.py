@@ -7,7 +7,15 @@ import os
 import numpy as np
 import pytest
 
-from rwkv7_apps.generate.jsonl_io import InputError, InputRequest, ResultWriter, error_record, item_key, read_requests, record_key
+from rwkv7_apps.generate.jsonl_io import (
+    InputError,
+    InputRequest,
+    ResultWriter,
+    error_record,
+    item_key,
+    read_requests,
+    record_key,
+)
 
 
 def _write_lines(path, lines):

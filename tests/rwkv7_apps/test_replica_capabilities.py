@@ -9,9 +9,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from scheduler.replicas.replica_set import build_replica_set
 from rwkv7_core.engine import Capability
 from scheduler import Request, SamplingParams, Scheduler, SchedulerConfig
+from scheduler.replicas.replica_set import build_replica_set
 from tests.support.scheduler_engines import FakeEngine
 
 POLICIES = ("serial", "varlen", "mixed", "auto")

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from scheduler.replicas.affinity import ConversationAffinity
 from rwkv7_apps.serve.response_store import ResponseStore
+from scheduler.replicas.affinity import ConversationAffinity
 
 
 def _put(store, rid, n_tokens, rng):

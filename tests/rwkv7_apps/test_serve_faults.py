@@ -15,10 +15,10 @@ openai = pytest.importorskip("openai")
 pytest.importorskip("torch")
 
 from rwkv7_apps.engines import load_engine  # noqa: E402
-from scheduler.replicas.engine_guard import InjectedThreadDeath  # noqa: E402
 from rwkv7_apps.serve.cli import build_app  # noqa: E402
 from rwkv7_apps.serve.job import Limits  # noqa: E402
 from scheduler import Scheduler, SchedulerConfig  # noqa: E402
+from scheduler.replicas.engine_guard import InjectedThreadDeath  # noqa: E402
 from tests.rwkv7_apps.serve_harness import in_process_server  # noqa: E402
 
 

@@ -6,9 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from rwkv7_core import (CheckpointError, named_config, random_tensors, read_checkpoint,
-                            write_checkpoint)
 from rwkv7_apps.tools.random_checkpoint import main as random_cli
+from rwkv7_core import CheckpointError, named_config, random_tensors, read_checkpoint, write_checkpoint
 from tests.shapes import ODD_CONFIG
 
 
@@ -201,8 +200,8 @@ def test_code_carrying_pth_is_refused_in_one_line(tmp_path, where):
 def test_nested_header_and_nan_weights_fail_in_one_line(tmp_path):
     """The safetensors library bounds the header (as --model and as --state); a weight holding
     NaN is refused when the model reads it, naming the key."""
-    from rwkv7_core.state_files import StateFileError, load_state
     import rwkv_torch_ref
+    from rwkv7_core.state_files import StateFileError, load_state
 
     nested = tmp_path / "nested.safetensors"
     header = b'{"a":' * 10000 + b"1" + b"}" * 10000

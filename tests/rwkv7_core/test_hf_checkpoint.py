@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 import torch
 
+from rwkv7_apps.tools.convert import main as convert
 from rwkv7_core import CheckpointError, read_checkpoint
 from rwkv7_core.checkpoint import read_safetensors, write_safetensors
 from rwkv7_core.hf_checkpoint import write_hf_dir
-from rwkv7_apps.tools.convert import main as convert
 from tests.shapes import ODD_CONFIG
 
 UNUSED = ("blocks.0.att.v0", "blocks.0.att.v1", "blocks.0.att.v2")  # fla has no layer-0 v LoRA

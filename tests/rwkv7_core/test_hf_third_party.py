@@ -16,8 +16,8 @@ import torch
 
 import rwkv_jax
 import rwkv_torch_ref
-from rwkv7_core import named_config, random_tensors, read_checkpoint, write_checkpoint
 from rwkv7_apps.tools.convert import main as convert
+from rwkv7_core import named_config, random_tensors, read_checkpoint, write_checkpoint
 
 rwkv7_hf = pytest.importorskip("rwkv7_hf")  # in the test extras; skipped only outside them
 OFFLINE = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")

@@ -3,8 +3,15 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from rwkv7_core.quantization import (QuantizationError, QuantSpec, dequantize, quantize, quantized_key,
-                                     resolve_spec, spec_for)
+from rwkv7_core.quantization import (
+    QuantizationError,
+    QuantSpec,
+    dequantize,
+    quantize,
+    quantized_key,
+    resolve_spec,
+    spec_for,
+)
 
 
 def _weight(rng, shape=(48, 256)):

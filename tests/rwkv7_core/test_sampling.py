@@ -2,9 +2,17 @@
 import numpy as np
 import pytest
 
+from rwkv7_core.sampling import (
+    GOLDEN,
+    banned_mask,
+    gumbel_noise,
+    lowbias32,
+    nucleus_mask,
+    sample_rows,
+    sampling_rows,
+    update_counts,
+)
 from scheduler import NONFINITE_TOKEN, SamplingParams
-from rwkv7_core.sampling import (GOLDEN, banned_mask, gumbel_noise, lowbias32, nucleus_mask, sample_rows, sampling_rows,
-                                update_counts)
 
 
 def draw_many(logits, params, n):

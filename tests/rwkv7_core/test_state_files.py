@@ -10,8 +10,16 @@ import pytest
 
 from rwkv7_core import named_config, write_checkpoint
 from rwkv7_core.checkpoint import read_safetensors, write_safetensors
-from rwkv7_core.state_files import (FORMAT, SequenceState, StateFileError, from_host_row, load_state,
-                                    save_state, to_host_row, zero_state)
+from rwkv7_core.state_files import (
+    FORMAT,
+    SequenceState,
+    StateFileError,
+    from_host_row,
+    load_state,
+    save_state,
+    to_host_row,
+    zero_state,
+)
 from tests.shapes import ODD_CONFIG
 
 TINY = named_config("tiny")

@@ -16,9 +16,9 @@ import functools
 
 import pytest
 
+from pallas_kernels.wkv_chunk_varlen import CHUNK
 from rwkv7_core import named_config
 from rwkv7_core.state import state_shapes
-from pallas_kernels.wkv_chunk_varlen import CHUNK
 from rwkv_jax import deviceless
 from rwkv_jax.engine import JaxEngine
 from rwkv_jax.executables import EXECUTABLES

@@ -11,8 +11,8 @@ import jax
 import pytest
 
 import rwkv_jax
-from rwkv_jax.forward import forward_fn
 from pallas_kernels import radix_search
+from rwkv_jax.forward import forward_fn
 from rwkv_jax.kernels import Guard, Kernels, guarded, resolve, sampler_form
 from rwkv_jax.sampling import SearchForm
 from rwkv_jax.self_check import cached_check, check_decode, verdict_key, verdicts_path

@@ -12,9 +12,8 @@ import pytest
 import torch
 
 import rwkv_torch_ref
-from rwkv_torch_ref.triton_kernels import wkv7_seq, wkv7_step
+from rwkv_torch_ref.triton_kernels import runtime_loops_broken, wkv7_seq, wkv7_step
 from rwkv_torch_ref.wkv import CoreParams
-from rwkv_torch_ref.triton_kernels import runtime_loops_broken
 
 needs_runtime_loops = pytest.mark.skipif(runtime_loops_broken() is not None, reason=str(runtime_loops_broken()))
 

@@ -4,8 +4,7 @@ import json
 import numpy as np
 import pytest
 
-from scheduler import (Request, RequestState, SamplingParams, Scheduler, SchedulerConfig, bucket_ladder,
-                       generate)
+from scheduler import Request, RequestState, SamplingParams, Scheduler, SchedulerConfig, bucket_ladder, generate
 from tests.support.scheduler_engines import FakeEngine, reference_decode
 
 V = 64
