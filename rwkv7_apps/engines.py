@@ -2,6 +2,7 @@
 backend (jax or torch, imported only when asked for)."""
 from __future__ import annotations
 
+import enum
 import os
 from pathlib import Path
 
@@ -51,16 +52,21 @@ def random_model_path(name: str) -> Path:
 
 def kernel_choices(backend: str) -> list[str]:
     """The backend's ``Kernels`` values (imports that backend's package)."""
+    kernel_enum: type[enum.Enum]
     if backend == "jax":
-        from rwkv_jax import Kernels
+        import rwkv_jax
+
+        kernel_enum = rwkv_jax.Kernels
     elif backend == "torch":
         try:
-            from rwkv_torch_ref import Kernels
+            import rwkv_torch_ref
+
+            kernel_enum = rwkv_torch_ref.Kernels
         except ModuleNotFoundError as e:
             raise ValueError(f"--backend torch needs {e.name}: pip install 'rwkv7-engine[torch]'") from None
     else:
         raise ValueError(f"unknown backend {backend!r}; choose one of {BACKENDS}")
-    return [k.value for k in Kernels]
+    return [k.value for k in kernel_enum]
 
 
 def load_engine(backend: str, path: str | os.PathLike, dtype: str = "float32", kernels: str = "auto",
@@ -123,7 +129,7 @@ def replica_devices(backend: str, data_parallel: str | int) -> list:
 
         devices = jax.local_devices()
         accelerator = devices[0].platform != "cpu"
-        labels = list(range(len(devices)))
+        labels: list = list(range(len(devices)))
         if data_parallel == "auto":
             return labels if accelerator else [None]
         if n == 1:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import functools
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable, NoReturn
 
 from rwkv7_core.tokenizer import tokenizer_for
 from scheduler import Scheduler
@@ -22,12 +22,12 @@ EXIT_BAD_ARGS = 2
 
 
 def build_scheduler(parser: argparse.ArgumentParser, args, model_path: Path,
-                    prefix_store: Callable[[object], object] = lambda engine: None) -> SchedulerInterface:
+                    prefix_store: Callable[[Any], Any] = lambda engine: None) -> SchedulerInterface:
     """The scheduler of ``args`` (``--data-parallel``, ``--ray``, the engine and scheduler
     options); ``prefix_store(engine)`` gives the prefix cache's disk tier (or None). Exits 2
     with a clear message (``parser.prog``) when the model or an option does not work; an
     injected fault (``RWKV7_REPLICA_FAULT``, tests only) goes into its replica."""
-    def fail(message: str):
+    def fail(message: str) -> NoReturn:
         parser.exit(EXIT_BAD_ARGS, f"{parser.prog}: error: {message}\n")
 
     if getattr(args, "ray", None):

@@ -2,7 +2,7 @@
 (scheduler/replicas/replica_set.py) behind the same methods."""
 from __future__ import annotations
 
-from typing import Callable, Protocol, Sequence
+from typing import Any, Callable, Protocol, Sequence
 
 from rwkv7_core.sampling import TokenLogprobs
 
@@ -23,7 +23,7 @@ class SchedulerInterface(Protocol):
     runs given no ``on_finish``; ``logprobs_unsupported``: why token logprobs cannot be served
     (None: they can). Methods as ``scheduler.core.Scheduler`` documents them."""
     config: SchedulerConfig
-    tokenizer: object
+    tokenizer: Any
     results: dict[str, RequestOutput]
     logprobs_unsupported: str | None
 

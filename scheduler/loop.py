@@ -61,7 +61,9 @@ class StepLoop:
         self._bucket_compile_seconds = 0.0       # the last bucket compile's seconds
         self._step_seconds: dict[int, float] = {}  # bucket -> recent decode step seconds
         self._prefill_compiled = False
-        self._on_token = self._on_finish = self._on_logprobs = None
+        self._on_token: Callable[[str, int], None] | None = None
+        self._on_finish: Callable[[RequestOutput], None] | None = None
+        self._on_logprobs: Callable[[str, TokenLogprobs], None] | None = None
 
     def precompile(self) -> None:
         """Compile every executable a run can call: every bucket (and the resizes between
@@ -271,17 +273,17 @@ class StepLoop:
         if self._on_token is not None:
             self._on_token(entry.id, token)
 
-    def _grammar_advance(self, entry: Entry, token: int) -> str | None:
-        """Feed an emitted token to the entry's grammar matcher (if any): "stop" when the
-        grammar is complete, "error" (``entry.error`` set) when the token broke it, else None."""
+    def _grammar_advance(self, entry: Entry, token: int) -> FinishReason | None:
+        """Feed an emitted token to the entry's grammar matcher (if any): STOP when the
+        grammar is complete, ERROR (``entry.error`` set) when the token broke it, else None."""
         matcher = entry.matcher
         if matcher is None:
             return None
         matcher.consume(token)
         if matcher.error is not None:
             entry.fail(ErrorCode.GRAMMAR_BROKEN, f"grammar: {matcher.error}")
-            return "error"
-        return "stop" if matcher.done else None
+            return FinishReason.ERROR
+        return FinishReason.STOP if matcher.done else None
 
     def _masks(self) -> Callable[[], np.ndarray] | None:
         """This step's mask function (rwkv7_core/token_mask.Masks: the engine calls it while

@@ -278,6 +278,7 @@ def _run(args, sched: SchedulerInterface, tokenizer, writer: ResultWriter, state
 
     t0 = time.perf_counter()
     defaults = sampling_defaults(args)
+    run: BatchRun
     stop = StopSignal(lambda message: run.bar.write(message))  # its notice goes above the progress bar
     run = BatchRun(sched, tokenizer, writer, args.input,
                    lambda item: make_request(item, defaults, args, sched.engine.vocab_size, tokenizer, states),

@@ -74,7 +74,7 @@ Builder = Callable[[Context, Any], tuple[Job, list[list[SchedulerRequest]]]]
 
 
 def create_app(ctx: Context, metrics: ServerMetrics, ready, api_key: str | None = None,
-               max_body_bytes: int = 1 << 22, responses: ResponseStore | None = None) -> FastAPI:
+               max_body_bytes: int = 1 << 22, responses: ResponseStore | None = None) -> BodyLimit:
     """``ready()``: True once the model is loaded and compiled (before: 503); ``responses``:
     the store of the Responses API (default: ResponseStore's default bounds)."""
     app = FastAPI(title="rwkv7-serve", docs_url=None, redoc_url=None, openapi_url=None)

@@ -28,7 +28,7 @@ def sampling_field(name: str) -> Any:
     """The request field of the numeric sampling field ``name`` (its bounds and help from
     ``rwkv7_core.sampling.SCALAR_FIELDS``); None = the server's default."""
     spec = next(f for f in SCALAR_FIELDS if f.name == name)
-    return Field(None, description=spec.help, **spec.bounds())
+    return Field(None, description=spec.help, ge=spec.ge, gt=spec.gt, le=spec.le)
 
 
 class APIError(Exception):

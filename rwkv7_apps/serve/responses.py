@@ -95,7 +95,7 @@ def _job(ctx: Context, store: ResponseStore, body: ResponseRequest):
                                 f"{previous.state!r}; it cannot go on from {state!r}", "state")
         state = previous.state
     chat_body = ChatCompletionRequest(
-        model=body.model, messages=[{"role": r, "content": t} for r, t in body.messages()],
+        model=body.model, messages=[{"role": r, "content": t} for r, t in body.messages()],  # type: ignore[misc]
         max_tokens=body.max_output_tokens, seed=body.seed, state=state,
         **{name: getattr(body, name) for name in SAMPLING})
     tokens = _prompt(ctx, body, previous)

@@ -23,7 +23,7 @@ DISCONNECT_POLL_S = 0.25
 async def submit(ctx: Context, job: Job,
                  groups: list[list[Request]]) -> tuple[asyncio.Queue, list[TokenLogprobs | None]]:
     """Queue the job's requests; score the prompts first when echo asks for logprobs."""
-    scores = [None] * len(job.prompts)
+    scores: list[TokenLogprobs | None] = [None] * len(job.prompts)
     if job.echo and job.logprobs is not None:
         scores = [await ctx.service.score(p) if len(p) > 1 else None for p in job.prompts]
     queue: asyncio.Queue = asyncio.Queue()

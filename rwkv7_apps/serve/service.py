@@ -108,7 +108,8 @@ class Service:
             for r in requests:
                 self.scheduler.add(r)
         with self._lock:  # aborted while being added: the scheduler drops them too
-            aborted = [r.id for r in requests if r.id not in self._streams] if self.outage is not None else []
+            aborted: list[str] = ([r.id for r in requests if r.id not in self._streams]
+                                  if self.outage is not None else [])
         for request_id in aborted:
             self.scheduler.cancel(request_id)
 

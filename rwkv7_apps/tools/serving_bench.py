@@ -28,6 +28,7 @@ import tempfile
 import time
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -48,7 +49,7 @@ def make_workload(n: int, prompt_len: tuple[int, int], output_len: tuple[int, in
     lengths = np.exp(rng.uniform(np.log(lo), np.log(hi + 1), n)).astype(int).clip(lo, hi)
     outputs = rng.integers(output_len[0], output_len[1] + 1, n)
     return [Request(f"req{i}", rng.integers(1, vocab, int(p)).tolist(),
-                    SamplingParams(max_tokens=int(o), stop_tokens=[], seed=i))
+                    SamplingParams(max_tokens=int(o), stop_tokens=(), seed=i))
             for i, (p, o) in enumerate(zip(lengths, outputs))]
 
 
@@ -201,7 +202,7 @@ def run_serving_benchmark(model: str = "tiny", *, requests: int = 256, prompt_le
     work = make_workload(requests, tuple(prompt_len), tuple(output_len), engine.vocab_size, seed)
     compile_s = precompile(engine, config.buckets, chunk, policies)
     costs = call_costs(engine, config.buckets, chunk)
-    result = {"environment": {"date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    result: dict[str, Any] = {"environment": {"date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                               "backend": jax.default_backend(), "jax": jax.__version__,
                               "python": platform.python_version(), "machine": platform.machine()},
               "settings": {"model": model, "dtype": dtype, "kernels": engine.kernels,
