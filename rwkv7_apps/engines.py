@@ -8,6 +8,7 @@ from pathlib import Path
 
 from rwkv7_core.config import NAMED_CONFIGS, ModelConfig, named_config
 from rwkv7_core.constants import WORLD_VOCAB_SIZE
+from scheduler.replicas.replica_set import replica_count
 
 BACKENDS = ("jax", "torch")
 RANDOM_MODEL_SEED = 0
@@ -117,13 +118,7 @@ def replica_devices(backend: str, data_parallel: str | int) -> list:
     them): every local accelerator for ``auto`` (one replica on a CPU-only machine); on the
     CPU, N above the JAX device count shares the devices among replicas (one thread each).
     ValueError when N is not a positive integer or exceeds the accelerators there are."""
-    if data_parallel != "auto":
-        try:
-            n = int(data_parallel)
-        except ValueError:
-            n = 0
-        if n < 1:
-            raise ValueError(f"--data-parallel {data_parallel}: expected a positive integer or 'auto'")
+    n = replica_count(data_parallel)
     if backend == "jax":
         import jax
 

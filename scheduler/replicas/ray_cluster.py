@@ -34,7 +34,7 @@ from ..stats import Stats
 from ..validation import check_group
 from .engine_guard import Fault
 from .ray_actor import ReplicaActor
-from .replica_set import Replica, ReplicaLost, ReplicaSet
+from .replica_set import Replica, ReplicaLost, ReplicaSet, replica_count
 
 NAMESPACE = "rwkv7"
 READY_TIMEOUT_S = 600.0
@@ -241,15 +241,7 @@ def ray_replica_set(address: str, data_parallel: str, load_engine: Callable[[], 
 
     resources = ray.cluster_resources()
     gpus = int(resources.get("GPU", 0))
-    if data_parallel == "auto":
-        n = gpus or 1
-    else:
-        try:
-            n = int(data_parallel)
-        except ValueError:
-            n = 0
-        if n < 1:
-            raise ValueError(f"--data-parallel {data_parallel}: expected a positive integer or 'auto'")
+    n = replica_count(data_parallel) or gpus or 1
     kind, have = ("GPU", gpus) if gpus else ("CPU", int(resources.get("CPU", 0)))
     if n > have:
         raise ValueError(f"--data-parallel {n} needs {n} {kind}s, the cluster has {have}")

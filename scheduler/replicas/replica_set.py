@@ -430,6 +430,20 @@ def build_replica_set(engines: list, devices: list[str], config, tokenizer=None,
     return ReplicaSet(replicas, engines[0], tokenizer)
 
 
+def replica_count(data_parallel: str | int) -> int | None:
+    """``--data-parallel N|auto`` as a count (None for "auto"); ValueError unless N is a
+    positive integer."""
+    if data_parallel == "auto":
+        return None
+    try:
+        n = int(data_parallel)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise ValueError(f"--data-parallel {data_parallel}: expected a positive integer or 'auto'")
+    return n
+
+
 def engine_device(engine) -> str:
     """A readable name of the device an engine runs on ("cpu:0", "cuda:1", ...; "default"
     for an engine on its framework's default device)."""
