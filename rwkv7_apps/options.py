@@ -11,6 +11,7 @@ from rwkv7_core.quantization import DEFAULT_GROUP_SIZE, SCHEMES
 from rwkv7_core.sampling import MAX_TOKENS_LIMIT
 
 from .engines import BACKENDS, kernel_choices, random_model_names
+from .grammar_options import add_grammar_options, apply_grammar_options
 
 SAMPLING_OPTIONS = ("max_tokens", "temperature", "top_p", "top_k", "presence_penalty",
                     "frequency_penalty", "penalty_decay", "stop", "stop_tokens")
@@ -71,6 +72,7 @@ def add_engine_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--chunk", type=int, default=256, metavar="K", help="prompt tokens per varlen/mixed call")
     p.add_argument("--max-tokens-limit", type=int, default=MAX_TOKENS_LIMIT, metavar="N",
                    help=f"most max_tokens a request may ask for (default {MAX_TOKENS_LIMIT}; more is refused)")
+    add_grammar_options(p)
 
 
 def add_replica_options(p, default: str, routing: str) -> None:
@@ -117,6 +119,7 @@ def check_engine_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> N
         sampling_defaults(args)  # validates the sampling defaults
     except ValueError as e:
         p.error(f"bad sampling default: {e}")
+    apply_grammar_options(p, args)
 
 
 def scheduler_config(args: argparse.Namespace):

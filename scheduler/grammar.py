@@ -17,6 +17,7 @@ fresh ``Matcher`` for one sequence. Every compile runs on one thread with a larg
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import threading
@@ -89,6 +90,7 @@ class Grammars:
                                                  eos_token=END_OF_TEXT)
         self._cache: OrderedDict[Constraint, tuple[object, int]] = OrderedDict()  # -> (template, bytes)
         self.cache_bytes = 0
+        self._refused: OrderedDict[bytes, tuple[str | None, str]] = OrderedDict()  # digest -> (limit, message)
         self._lock = threading.Lock()
 
     def set_limits(self, limits: GrammarLimits) -> None:
@@ -96,6 +98,7 @@ class Grammars:
         with self._lock:
             self.limits = limits
             self._cache.clear()
+            self._refused.clear()
             self.cache_bytes = 0
 
     def _grammar(self, c: Constraint) -> str:
@@ -111,11 +114,16 @@ class Grammars:
         return M.grammar_from_lark(c.spec)
 
     def _cached(self, c: Constraint):
+        """The cached template of ``c`` (None when not cached); its error again when it was refused."""
         with self._lock:
             held = self._cache.get(c)
             if held is not None:
                 self._cache.move_to_end(c)
                 return held[0]
+            refused = self._refused.get(_digest(c))
+        if refused is not None:
+            limit, message = refused
+            raise GrammarLimitError(limit, message) if limit else ValueError(message)
         return None
 
     def compiled(self, c: Constraint):
@@ -134,11 +142,22 @@ class Grammars:
         return done
 
     def _compile(self, c: Constraint):
-        """Check, compile and first-mask ``c`` (on the compile thread), measuring the memory
-        it took; cache it within ``limits.cache_mb``."""
-        held = self._cached(c)  # compiled while this one waited its turn
+        """``_compile_new(c)``, its refusal remembered (by digest) so a repeat costs nothing."""
+        held = self._cached(c)  # compiled (or refused) while this one waited its turn
         if held is not None:
             return held
+        try:
+            return self._compile_new(c)
+        except ValueError as e:
+            with self._lock:
+                self._refused[_digest(c)] = (e.limit if isinstance(e, GrammarLimitError) else None, str(e))
+                while len(self._refused) > REFUSED_KEPT:
+                    self._refused.popitem(last=False)
+            raise
+
+    def _compile_new(self, c: Constraint):
+        """Check, compile and first-mask ``c`` (on the compile thread), measuring the memory
+        it took; cache it within ``limits.cache_mb``."""
         limits = self.limits
         check(c, limits)
         name = c.kind.replace("_", " ")
@@ -167,6 +186,14 @@ class Grammars:
     def matcher(self, c: Constraint) -> Matcher:
         """A fresh Matcher of ``c`` for one sequence (ValueError when ``c`` is invalid)."""
         return Matcher(self.compiled(c).deep_copy())
+
+
+REFUSED_KEPT = 1024
+"""Refused constraints remembered (by digest, least recently refused dropped first)."""
+
+
+def _digest(c: Constraint) -> bytes:
+    return hashlib.sha256(c.kind.encode() + b"\0" + c.spec.encode()).digest()
 
 
 def resident_bytes() -> int:
@@ -222,6 +249,11 @@ def set_limits(limits: GrammarLimits) -> None:
         held = [g for _, g in _SHARED.values()]
     for grammars in held:
         grammars.set_limits(limits)
+
+
+def current_limits() -> GrammarLimits:
+    """The process's grammar limits (``set_limits``)."""
+    return _LIMITS[0]
 
 
 def grammars_for(tokenizer, vocab_size: int) -> Grammars:

@@ -19,7 +19,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from rwkv7_core.text_checks import unpaired_surrogate
 
-from . import generation
+from . import generation, structured
 from .generation import Context
 from .metrics import CONTENT_TYPE, ServerMetrics
 from .protocol import APIError, ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
@@ -203,6 +203,7 @@ def _check_text(body) -> None:
 
 async def _handle(ctx: Context, metrics: ServerMetrics, body, request: Request, kind: str):
     _check_text(body)
+    await structured.compile_off_loop(ctx, body, kind)  # a grammar compile never runs on the loop
     job, groups = generation.build_job(ctx, body, kind)
     queue, prompt_scores = await generation.submit(ctx, job, groups)
     if body.stream:
