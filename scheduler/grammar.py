@@ -54,7 +54,7 @@ class Matcher:
 
     @property
     def error(self) -> str | None:
-        return self.ll.get_error() or None if self.ll.is_error() else None
+        return first_line(self.ll.get_error()) if self.ll.is_error() else None
 
     def mask(self, vocab_size: int) -> np.ndarray:
         """int32 [W]: the packed mask of the tokens allowed next."""
@@ -92,6 +92,11 @@ class Grammars:
         self.cache_bytes = 0
         self._refused: OrderedDict[bytes, tuple[str | None, str]] = OrderedDict()  # digest -> (limit, message)
         self._lock = threading.Lock()
+
+    @property
+    def cache_entries(self) -> int:
+        """Compiled constraints in the cache (``cache_bytes``: the memory they were measured to take)."""
+        return len(self._cache)
 
     def set_limits(self, limits: GrammarLimits) -> None:
         """Use ``limits`` from now on (the cache, compiled under the old ones, is emptied)."""
@@ -218,7 +223,8 @@ def compile_thread() -> CompileThread:
 
 def first_line(message: str, limit: int = 300) -> str:
     """An engine message as one line: its non-empty lines joined, at most ``limit`` characters."""
-    line = " ".join(part.strip() for part in message.splitlines() if part.strip()) or "unknown error"
+    parts = (part.strip() for part in message.replace("<non-verbose/>", "").splitlines())
+    line = " ".join(part for part in parts if part) or "unknown error"
     return line if len(line) <= limit else line[:limit - 3] + "..."
 
 

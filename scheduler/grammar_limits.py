@@ -48,7 +48,7 @@ class GrammarLimits:
     max_refs: int = 100
     max_choices: int = 1000
     max_automaton_mb: int = 64
-    step_items: int = 5000
+    step_items: int = 1000
     cache_mb: int = 256
 
     def __post_init__(self) -> None:
