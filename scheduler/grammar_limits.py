@@ -76,16 +76,16 @@ def ll_limits(limits: GrammarLimits) -> dict[str, Any]:
 
 def check(c: Constraint, limits: GrammarLimits) -> None:
     """GrammarLimitError when ``c`` is beyond ``limits`` (see the module docstring)."""
+    if c.kind == "choice":
+        n = len(json.loads(c.spec))
+        if n > limits.max_choices:
+            raise GrammarLimitError("max_choices", f"{n} choices, more than the limit max_choices={limits.max_choices}")
     size = len(c.spec.encode())
     if size > limits.max_bytes:
         raise GrammarLimitError("max_bytes", f"the {_name(c)} is {size} bytes, more than the limit "
                                              f"max_bytes={limits.max_bytes}")
     if c.kind == "json_schema":
         check_schema(json.loads(c.spec), limits)
-    elif c.kind == "choice":
-        n = len(json.loads(c.spec))
-        if n > limits.max_choices:
-            raise GrammarLimitError("max_choices", f"{n} choices, more than the limit max_choices={limits.max_choices}")
     elif c.kind == "regex":
         _check_depth(bracket_depth(c.spec), "regex", limits)
     elif c.kind == "grammar":
