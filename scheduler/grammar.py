@@ -23,6 +23,7 @@ import os
 import threading
 from collections import OrderedDict
 from concurrent.futures import Future
+from typing import Any
 
 import numpy as np
 
@@ -118,7 +119,7 @@ class Grammars:
             return M.grammar_from_lark("start: " + " | ".join(json.dumps(s) for s in json.loads(c.spec)))
         return M.grammar_from_lark(c.spec)
 
-    def _cached(self, c: Constraint):
+    def _cached(self, c: Constraint) -> Any:
         """The cached template of ``c`` (None when not cached); its error again when it was refused."""
         with self._lock:
             held = self._cache.get(c)
@@ -131,7 +132,7 @@ class Grammars:
             raise GrammarLimitError(limit, message) if limit else ValueError(message)
         return None
 
-    def compiled(self, c: Constraint):
+    def compiled(self, c: Constraint) -> Any:
         """The validated, untouched matcher of a constraint (cached; compiled on the compile
         thread); ValueError (GrammarLimitError for a limit) naming the problem."""
         held = self._cached(c)
@@ -146,7 +147,7 @@ class Grammars:
         done.set_result(held)
         return done
 
-    def _compile(self, c: Constraint):
+    def _compile(self, c: Constraint) -> Any:
         """``_compile_new(c)``, its refusal remembered (by digest) so a repeat costs nothing."""
         held = self._cached(c)  # compiled (or refused) while this one waited its turn
         if held is not None:
@@ -160,7 +161,7 @@ class Grammars:
                     self._refused.popitem(last=False)
             raise
 
-    def _compile_new(self, c: Constraint):
+    def _compile_new(self, c: Constraint) -> Any:
         """Check, compile and first-mask ``c`` (on the compile thread), measuring the memory
         it took; cache it within ``limits.cache_mb``."""
         limits = self.limits
