@@ -12,6 +12,7 @@ from rwkv7_core.sampling import MAX_TOKENS_LIMIT, SCALAR_FIELDS, SamplingParams
 from scheduler import SchedulerConfig
 
 from .engines import BACKENDS, kernel_choices, random_model_names
+from .grammar_options import add_grammar_options, apply_grammar_options
 
 SAMPLING_OPTIONS = (*(f.name for f in SCALAR_FIELDS), "stop", "stop_tokens")
 COMMAND_DEFAULTS = {"max_tokens": 128}
@@ -73,6 +74,7 @@ def add_engine_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--chunk", type=int, default=256, metavar="K", help="prompt tokens per varlen/mixed call")
     p.add_argument("--max-tokens-limit", type=int, default=MAX_TOKENS_LIMIT, metavar="N",
                    help=f"most max_tokens a request may ask for (default {MAX_TOKENS_LIMIT}; more is refused)")
+    add_grammar_options(p)
 
 
 def add_replica_options(p, default: str, routing: str) -> None:
@@ -117,6 +119,7 @@ def check_engine_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> N
         sampling_defaults(args)  # validates the sampling defaults
     except ValueError as e:
         p.error(f"bad sampling default: {e}")
+    apply_grammar_options(p, args)
 
 
 def scheduler_config(args: argparse.Namespace) -> SchedulerConfig:

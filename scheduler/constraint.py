@@ -13,6 +13,39 @@ from typing import Any, Sequence
 
 KINDS = ("json_schema", "json_object", "regex", "choice", "grammar")
 
+JSON_DEPTH = 512
+"""The deepest JSON a schema may nest when it is read or written here (Python's json
+recursion ends near 1000); grammar_limits.py applies the configured, smaller bound."""
+
+
+def json_text_depth(text: str) -> int:
+    """The deepest container nesting of JSON ``text`` (strings skipped), read without parsing it."""
+    depth = deepest = 0
+    in_string = escaped = False
+    for ch in text:
+        if in_string:
+            escaped, in_string = (False, True) if escaped else (ch == "\\", ch != '"')
+        elif ch == '"':
+            in_string = True
+        elif ch in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif ch in "]}" and depth:
+            depth -= 1
+    return deepest
+
+
+def json_value_depth(value: Any) -> int:
+    """The deepest container nesting of a parsed JSON value (iterative)."""
+    deepest, todo = 0, [(value, 1)]
+    while todo:
+        node, depth = todo.pop()
+        children = node.values() if isinstance(node, dict) else node if isinstance(node, list) else None
+        if children is not None:
+            deepest = max(deepest, depth)
+            todo.extend((child, depth + 1) for child in children)
+    return deepest
+
 
 @dataclass(frozen=True)
 class Constraint:
@@ -30,12 +63,16 @@ class Constraint:
     def json_schema(cls, schema: dict[str, Any] | bool | str) -> "Constraint":
         """The output is one JSON value valid under ``schema`` (a dict, or its JSON text)."""
         if isinstance(schema, str):
+            if json_text_depth(schema) > JSON_DEPTH:
+                raise ValueError(f"the JSON schema nests deeper than {JSON_DEPTH} levels")
             try:
                 schema = json.loads(schema)
             except json.JSONDecodeError as e:
                 raise ValueError(f"the JSON schema is not valid JSON: {e}") from None
         if not isinstance(schema, (dict, bool)):
             raise ValueError(f"a JSON schema must be an object, got {type(schema).__name__}")
+        if json_value_depth(schema) > JSON_DEPTH:
+            raise ValueError(f"the JSON schema nests deeper than {JSON_DEPTH} levels")
         return cls("json_schema", json.dumps(schema))
 
     @classmethod

@@ -142,6 +142,8 @@ def make_request(item: InputRequest, defaults: dict[str, Any], args, vocab_size:
     """An InputRequest -> scheduler Request (internal id = its line number), or an InputError."""
     from scheduler import Request
     from scheduler.constraint import Constraint
+    from scheduler.grammar import current_limits
+    from scheduler.grammar_limits import check as check_grammar
     from scheduler.validation import sampling_params
 
     def fail(why: str) -> InputError:
@@ -150,8 +152,10 @@ def make_request(item: InputRequest, defaults: dict[str, Any], args, vocab_size:
     if "logprobs" in item.overrides:
         return fail("unknown sampling field 'logprobs' (token logprobs are served by rwkv7-serve)")
     fields = {**defaults, **item.overrides}
-    try:  # checked (compiled) by the scheduler when added: a bad one is this line's error record
+    try:  # checked against the grammar limits here, compiled by the scheduler: a bad one is this line's error
         constraint = Constraint.from_response_format(fields.pop("response_format", {"type": "text"}))
+        if constraint is not None:
+            check_grammar(constraint, current_limits())
     except ValueError as e:
         return fail(f"response_format: {e}")
     if fields.get("seed") is None:

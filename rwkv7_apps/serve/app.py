@@ -21,7 +21,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from rwkv7_core.text_checks import unpaired_surrogate
 from scheduler import Request as SchedulerRequest
 
-from . import build, render, running
+from . import build, render, running, structured
 from .job import Context, Job
 from .metrics import CONTENT_TYPE, ServerMetrics
 from .protocol import APIError, ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
@@ -210,6 +210,7 @@ async def _handle(ctx: Context, metrics: ServerMetrics, body, request: Request, 
     """The three steps of a completion or chat: the body becomes a job (``builder``), the
     scheduler runs it, the job's renderer writes the reply or the stream."""
     _check_text(body)
+    await structured.compile_off_loop(ctx, body)  # a grammar compile never runs on the loop
     job, groups = builder(ctx, body)
     queue, prompt_scores = await running.submit(ctx, job, groups)
     if body.stream:

@@ -171,10 +171,12 @@ def main(argv: list[str] | None = None) -> int:
 def _warm_up(sched, service, server, ready: threading.Event, args: argparse.Namespace, name: str) -> None:
     """The warm-up thread: precompile (unless --no-precompile), start the service, rehearse,
     then set ``ready``; a failed compile fails the service (the server exits with status 1)."""
+    from . import structured
     from .service import ServiceClosed
 
     log = logging.getLogger("rwkv7_serve")
     try:
+        structured.warm_up(sched.tokenizer, sched.engine.vocab_size, sched.engine)
         if sched.config.precompile:
             start = time.perf_counter()
             sched.precompile()

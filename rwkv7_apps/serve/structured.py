@@ -18,15 +18,17 @@ vLLM's names were checked against its source (docs/server.md names the files and
 """
 from __future__ import annotations
 
+import asyncio
 import json
 from dataclasses import replace
 
 from rwkv7_core.engine import Capability
 from scheduler.constraint import Constraint
-from scheduler.grammar import grammars_for
+from scheduler.grammar import Grammars, current_limits, grammars_for
+from scheduler.grammar_limits import check
 
 from . import tool_calls
-from .protocol import APIError
+from .protocol import APIError, ChatCompletionRequest
 from .tool_calls import ToolPlan
 
 GUIDED = {"guided_json": "json", "guided_regex": "regex", "guided_choice": "choice", "guided_grammar": "grammar"}
@@ -81,21 +83,25 @@ def _structured_outputs(so: dict) -> Constraint:
         raise APIError(400, f"{field}: give exactly one of {', '.join(SO_KINDS)}", field)
     value = so[given[0]]
     if given[0] == "json" and so.get("disable_additional_properties"):
-        value = _closed(json.loads(value) if isinstance(value, str) else value)
+        value = _closed(_constraint(field, "json", value))
     return _constraint(field, given[0], value)
 
 
-def _closed(schema):
-    """``schema`` with ``additionalProperties: false`` on every object schema that lists
-    ``properties`` and says nothing about others (vLLM's disable_additional_properties)."""
-    if isinstance(schema, list):
-        return [_closed(s) for s in schema]
-    if not isinstance(schema, dict):
-        return schema
-    out = {k: _closed(v) for k, v in schema.items()}
-    if "properties" in out and "additionalProperties" not in out:
-        out["additionalProperties"] = False
-    return out
+def _closed(constraint: Constraint) -> dict:
+    """The schema of ``constraint`` with ``additionalProperties: false`` on every object
+    schema that lists ``properties`` and says nothing about others (vLLM's
+    disable_additional_properties); iterative, as the schema may nest deeply."""
+    schema = json.loads(constraint.spec)
+    todo = [schema]
+    while todo:
+        node = todo.pop()
+        if isinstance(node, dict):
+            if "properties" in node and "additionalProperties" not in node:
+                node["additionalProperties"] = False
+            todo.extend(node.values())
+        elif isinstance(node, list):
+            todo.extend(node)
+    return schema
 
 
 def _constraint(field: str, kind: str, value) -> Constraint:
@@ -134,6 +140,10 @@ def tool_plan(body) -> ToolPlan | None:
         schema = function.get("parameters") or {"type": "object", "properties": {}}
         if not isinstance(schema, dict):
             raise APIError(400, f"tools[{i}].function.parameters: must be a JSON schema object", "tools")
+        try:
+            check(Constraint.json_schema(schema), current_limits())
+        except ValueError as e:
+            raise APIError(400, f"tools[{i}].function.parameters: {e}", "tools") from None
         params[name], descriptions[name] = schema, str(function.get("description", ""))
     if choice in (None, "auto"):
         forced = None
@@ -183,15 +193,40 @@ def request_constraint(ctx, body, plan: ToolPlan | None) -> tuple[Constraint | N
 
 def _compile(ctx, field: str, constraint: Constraint) -> None:
     """Compile ``constraint`` now (cached for the scheduler): 400 naming ``field`` when it is
-    invalid or the server cannot constrain output."""
+    invalid, beyond a grammar limit, or the server cannot constrain output."""
+    try:
+        _grammars(ctx, field).compiled(constraint)
+    except ValueError as e:
+        raise APIError(400, f"{field}: {e}", field) from None
+
+
+def _grammars(ctx, field: str) -> Grammars:
     engine = ctx.service.scheduler.engine
     if ctx.tokenizer is None or Capability.TOKEN_MASK not in engine.capabilities:
         raise APIError(400, f"{field}: structured output needs the World vocabulary and an engine with token "
                             "masks", field)
+    return grammars_for(ctx.tokenizer, ctx.vocab_size)
+
+
+async def compile_off_loop(ctx, body) -> None:
+    """Compile a request body's constraint on the compile thread (scheduler/grammar_worker.py),
+    awaited, so the event loop never runs a compile; ``request_constraint`` then finds it
+    cached. Errors are left to ``request_constraint``, which names them in order."""
     try:
-        grammars_for(ctx.tokenizer, ctx.vocab_size).compiled(constraint)
-    except ValueError as e:
-        raise APIError(400, f"{field}: {e}", field) from None
+        plan = tool_plan(body) if isinstance(body, ChatCompletionRequest) else None
+        found = _one(body)
+        if plan is not None and not found:
+            found = [("tools", Constraint.grammar(plan.grammar()))]
+        if len(found) == 1:
+            await asyncio.wrap_future(_grammars(ctx, found[0][0]).submit(found[0][1]))
+    except (APIError, ValueError):
+        return
+
+
+def warm_up(tokenizer, vocab_size: int, engine) -> None:
+    """Build the grammar tokenizer now (start-up), not on a first constrained request."""
+    if tokenizer is not None and Capability.TOKEN_MASK in engine.capabilities:
+        grammars_for(tokenizer, vocab_size)
 
 
 def history_text(message) -> str:
