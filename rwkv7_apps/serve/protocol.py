@@ -17,6 +17,8 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, Strict
 
 from rwkv7_core.sampling import DEVICE_INT_MAX, SEED_MAX, TOP_LOGPROBS
 
+from .limits import Metadata
+
 MAX_N = 64
 TokenIds = list[StrictInt]
 BAN = -100.0
@@ -77,7 +79,7 @@ class SamplingFields(BaseModel):
     guided_grammar: StrictStr | None = None          # older vLLM: a Lark grammar (llguidance dialect)
     structured_outputs: dict | None = None           # vLLM's StructuredOutputsParams (structured.py)
     store: StrictBool | None = None          # IGNORED
-    metadata: dict[StrictStr, StrictStr] | None = None  # IGNORED
+    metadata: Metadata | None = None  # IGNORED (bounded as OpenAI bounds it)
     service_tier: StrictStr | None = None    # IGNORED
 
     def stop_list(self) -> list[str]:

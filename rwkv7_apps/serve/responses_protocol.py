@@ -10,6 +10,8 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr
 
 from rwkv7_core.sampling import DEVICE_INT_MAX, SEED_MAX
 
+from .limits import Metadata
+
 
 class InputText(BaseModel):
     """A text content part (``input_text`` of user/system turns, ``output_text`` of earlier
@@ -74,7 +76,7 @@ class ResponseRequest(BaseModel):
     tool_choice: Literal["none", "auto"] | None = None
     parallel_tool_calls: StrictBool | None = None   # IGNORED (no tools are served)
     truncation: Literal["disabled"] | None = None   # the history is never truncated
-    metadata: dict[StrictStr, StrictStr] | None = None  # kept with the response
+    metadata: Metadata | None = None  # kept with the response (bounded as OpenAI bounds it)
     user: StrictStr | None = None                   # IGNORED
     safety_identifier: StrictStr | None = None      # IGNORED
     prompt_cache_key: StrictStr | None = None       # IGNORED
