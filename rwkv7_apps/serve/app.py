@@ -24,6 +24,7 @@ from .generation import Context
 from .metrics import CONTENT_TYPE, ServerMetrics
 from .protocol import APIError, ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
 from .response_store import ResponseStore
+from .offload import off_loop, serially_off_loop
 from .responses import add_response_routes
 from .service import UNAVAILABLE
 from .streaming import sse
@@ -69,9 +70,11 @@ def _too_large(limit: int) -> JSONResponse:
 
 
 def create_app(ctx: Context, metrics: ServerMetrics, ready, api_key: str | None = None,
-               max_body_bytes: int = 1 << 22, responses: ResponseStore | None = None) -> FastAPI:
+               max_body_bytes: int = 1 << 22, responses: ResponseStore | None = None,
+               metrics_open: bool = False) -> FastAPI:
     """``ready()``: True once the model is loaded and compiled (before: 503); ``responses``:
-    the store of the Responses API (default: ResponseStore's default bounds)."""
+    the store of the Responses API (default: ResponseStore's default bounds); ``metrics_open``:
+    /metrics needs no API key (its prefix-cache counters are a side channel: closed by default)."""
     app = FastAPI(title="rwkv7-serve", docs_url=None, redoc_url=None, openapi_url=None)
 
     def authorized(request: Request) -> None:
@@ -90,7 +93,7 @@ def create_app(ctx: Context, metrics: ServerMetrics, ready, api_key: str | None 
             raise APIError(503, "the model is still loading or compiling; retry shortly")
 
     _add_error_handlers(app, metrics)
-    _add_status_routes(app, ctx, metrics, ready, Depends(authorized))
+    _add_status_routes(app, ctx, metrics, ready, Depends(authorized), metrics_open)
     _add_tokenizer_routes(app, ctx, metrics, Depends(authorized))
     guarded = [Depends(authorized), Depends(serving)]
 
@@ -123,9 +126,9 @@ def _add_error_handlers(app: FastAPI, metrics: ServerMetrics) -> None:
         return await api_error(request, APIError(e.status_code, str(e.detail)))
 
 
-def _add_status_routes(app: FastAPI, ctx: Context, metrics: ServerMetrics, ready, key) -> None:
-    """/health and /metrics (no key needed: probes and scrapers), /v1/models (``key``: the
-    API-key dependency)."""
+def _add_status_routes(app: FastAPI, ctx: Context, metrics: ServerMetrics, ready, key, metrics_open: bool) -> None:
+    """/health (no key needed: probes), /metrics (the key unless ``metrics_open``), /v1/models
+    (``key``: the API-key dependency)."""
     started = int(time.time())  # /v1/models "created"
 
     @app.api_route("/health", methods=["GET", "HEAD"])
@@ -137,7 +140,7 @@ def _add_status_routes(app: FastAPI, ctx: Context, metrics: ServerMetrics, ready
             return JSONResponse({"status": "loading"}, status_code=503)
         return {"status": "ok"}
 
-    @app.api_route("/metrics", methods=["GET", "HEAD"])
+    @app.api_route("/metrics", methods=["GET", "HEAD"], dependencies=[] if metrics_open else [key])
     async def prometheus():
         return Response(metrics.render(), media_type=CONTENT_TYPE)
 
@@ -152,10 +155,14 @@ def _add_tokenizer_routes(app: FastAPI, ctx: Context, metrics: ServerMetrics, ke
     """/tokenize, /tokenizer_info and /detokenize (vLLM's shapes; ``key``: the API-key dependency)."""
     @app.post("/tokenize", dependencies=[key])
     async def tokenize(body: TokenizeRequest, request: Request):
-        _check_text(body)
-        tokens = generation.tokenize(ctx, body)
+        def work() -> JSONResponse:
+            _check_text(body)
+            tokens = generation.tokenize(ctx, body)
+            return JSONResponse({"count": len(tokens), "max_model_len": ctx.limits.max_prompt_tokens,
+                                 "tokens": tokens})
+        reply = await off_loop(work)
         metrics.count_http(request.url.path, 200)
-        return {"count": len(tokens), "max_model_len": ctx.limits.max_prompt_tokens, "tokens": tokens}
+        return reply
 
     @app.get("/tokenizer_info", dependencies=[key])
     async def tokenizer_info(request: Request):
@@ -201,9 +208,13 @@ def _check_text(body) -> None:
         raise APIError(400, surrogate.message(), surrogate.path or None)
 
 
-async def _handle(ctx: Context, metrics: ServerMetrics, body, request: Request, kind: str):
+def _checked_job(ctx: Context, body, kind: str):
     _check_text(body)
-    job, groups = generation.build_job(ctx, body, kind)
+    return generation.build_job(ctx, body, kind)
+
+
+async def _handle(ctx: Context, metrics: ServerMetrics, body, request: Request, kind: str):
+    job, groups = await serially_off_loop(_checked_job, ctx, body, kind)
     queue, prompt_scores = await generation.submit(ctx, job, groups)
     if body.stream:
         metrics.count_http(request.url.path, 200)
@@ -222,8 +233,9 @@ async def _handle(ctx: Context, metrics: ServerMetrics, body, request: Request, 
         error = generation.failure(choice)
         if error is not None:
             raise error
+    reply = await off_loop(lambda: JSONResponse(generation.response(ctx, job, texts, prompt_scores)))
     metrics.count_http(request.url.path, 200)
-    return JSONResponse(generation.response(ctx, job, texts, prompt_scores))
+    return reply
 
 
 async def _stream(ctx: Context, job, queue, prompt_scores):

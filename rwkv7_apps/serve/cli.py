@@ -26,6 +26,7 @@ from ..engines import random_model_path
 from ..options import add_engine_options, add_model_options, add_replica_options, add_sampling_options, \
     check_engine_args, sampling_defaults
 from ..states import register_states, state_option
+from .connections import add_connection_options, connection_limits, guarded_protocol
 from .response_store import DEFAULT_MAX_COUNT, DEFAULT_MAX_MB
 
 EXIT_BAD_ARGS = 2
@@ -57,7 +58,11 @@ def build_parser() -> argparse.ArgumentParser:
     h.add_argument("--state", action="append", type=state_option, default=None, metavar="NAME=FILE",
                    help="register an initial state (state file or tuned-state .pth/.safetensors); a request "
                         "with \"state\": \"NAME\" starts from it (repeatable)")
+    h.add_argument("--metrics-open", action="store_true",
+                   help="serve /metrics without the --api-key (its prefix-cache counters tell one client "
+                        "about another's prompts: docs/server.md)")
     add_replica_options(h, "1", "a conversation's turns preferring the replica of its previous turn")
+    add_connection_options(p)
     add_engine_options(p)
     # a server holds conversations: compile before ready, and keep finished turns' states (a
     # chat's next turn prefills only its new message) unless told otherwise
@@ -89,15 +94,19 @@ def check_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
         p.error("--shutdown-grace must be >= 0")
     if not 0 <= args.port < 65536:
         p.error(f"--port {args.port}: not a port number")
+    try:
+        connection_limits(args)
+    except ValueError as e:
+        p.error(str(e))
 
 
 def build_app(sched, model_name: str, defaults: dict, limits, ready, seed: int | None = None,
               api_key: str | None = None, max_body_bytes: int = 4 << 20, states: dict | None = None,
-              responses=None):
+              responses=None, metrics_open: bool = False):
     """The ASGI app and its (not yet started) Service for ``sched`` (a
     ``scheduler.interface.SchedulerInterface``); ``ready()`` gates /health and the generation
     routes; ``states``: the named initial states ({name: NamedState}); ``responses``: the
-    Responses API's ResponseStore (None: default bounds)."""
+    Responses API's ResponseStore (None: default bounds); ``metrics_open``: /metrics without the key."""
     import numpy as np
 
     from ..replicas import ReplicaSet
@@ -114,7 +123,7 @@ def build_app(sched, model_name: str, defaults: dict, limits, ready, seed: int |
     ctx = Context(service, model_name, sched.tokenizer, sched.engine.vocab_size, defaults, limits,
                   np.random.default_rng(seed), dict(states or {}))
     return create_app(ctx, metrics, ready, api_key=api_key, max_body_bytes=max_body_bytes,
-                      responses=responses), service
+                      responses=responses, metrics_open=metrics_open), service
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -146,10 +155,13 @@ def main(argv: list[str] | None = None) -> int:
     limits = Limits(args.max_prompt_tokens, args.max_waiting, args.max_tokens_limit)
     app, service = build_app(sched, name, sampling_defaults(args), limits, ready.is_set, seed=args.seed,
                              api_key=args.api_key, max_body_bytes=args.max_body_bytes, states=states,
-                             responses=ResponseStore(args.response_store_count, int(args.response_store_mb * 2**20)))
+                             responses=ResponseStore(args.response_store_count, int(args.response_store_mb * 2**20)),
+                             metrics_open=args.metrics_open)
 
     server = DrainingServer(uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
-                                           timeout_graceful_shutdown=5), service, args.shutdown_grace)
+                                           timeout_graceful_shutdown=5, timeout_keep_alive=args.keep_alive_timeout,
+                                           http=guarded_protocol(connection_limits(args))),
+                            service, args.shutdown_grace)
     threading.Thread(target=_warm_up, args=(sched, service, server, ready, args, name), name="warm-up",
                      daemon=True).start()
     try:

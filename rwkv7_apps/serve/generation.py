@@ -22,6 +22,7 @@ from scheduler import Request, RequestOutput
 from scheduler.validation import prompt_tokens, sampling_params
 
 from . import chat, structured, tool_calls
+from .cache_namespace import request_salt
 from .protocol import BAN, APIError, prompt_list
 from .service import UNAVAILABLE, Service, ServiceClosed, Token
 from .streaming import TextStream, sse
@@ -123,7 +124,7 @@ def build_job(ctx: Context, body, kind: str, chat_tokens: list[int] | None = Non
     params = _params(ctx, body, stops, max_tokens, logprobs)
     constraint, plan = structured.request_constraint(ctx, body, plan)
     job = Job(kind, body, prompts, texts, [], logprobs, echo, plan)
-    groups = []
+    groups, salt = [], request_salt(body)
     for p, tokens in enumerate(prompts):
         group = []
         for k in range(body.n):
@@ -133,7 +134,7 @@ def build_job(ctx: Context, body, kind: str, chat_tokens: list[int] | None = Non
             reader = plan.reader() if plan is not None and body.stream else None
             job.choices.append(Choice(index, p, rid, TextStream(stops), reader=reader))
             group.append(Request(rid, tokens, params.replace(seed=seed), initial_state=initial,
-                                 constraint=constraint))
+                                 constraint=constraint, cache_salt=salt))
         groups.append(group)
     waiting = ctx.service.scheduler.queue_sizes()["waiting"]
     if waiting + len(job.choices) > ctx.limits.max_waiting:

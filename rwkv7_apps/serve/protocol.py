@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, Strict
 
 from rwkv7_core.sampling import DEVICE_INT_MAX, SEED_MAX, TOP_LOGPROBS
 
+from .cache_namespace import CacheSalt
 from .limits import Metadata
 
 MAX_N = 64
@@ -53,6 +54,8 @@ class SamplingFields(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     model: StrictStr | None = None
+    cache_salt: CacheSalt | None = None        # a prefix-cache namespace of its own (cache_namespace.py)
+    prompt_cache_key: CacheSalt | None = None  # the same, OpenAI's name
     max_tokens: int | None = Field(None, ge=0, le=DEVICE_INT_MAX)
     temperature: float | None = Field(None, ge=0)
     top_p: float | None = Field(None, gt=0, le=1)

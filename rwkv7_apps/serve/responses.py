@@ -97,7 +97,7 @@ def _job(ctx: Context, store: ResponseStore, body: ResponseRequest):
     chat_body = ChatCompletionRequest(
         model=body.model, messages=[{"role": r, "content": t} for r, t in body.messages()],
         max_tokens=body.max_output_tokens, temperature=body.temperature, top_p=body.top_p, top_k=body.top_k,
-        seed=body.seed, state=state)
+        seed=body.seed, state=state, cache_salt=body.cache_salt, prompt_cache_key=body.prompt_cache_key)
     tokens = _prompt(ctx, body, previous)
     if len(tokens) > ctx.limits.max_prompt_tokens:
         raise APIError(400, f"input: {len(tokens)} prompt tokens (the conversation so far included), more than "

@@ -10,6 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr
 
 from rwkv7_core.sampling import DEVICE_INT_MAX, SEED_MAX
 
+from .cache_namespace import CacheSalt
 from .limits import Metadata
 
 
@@ -79,7 +80,8 @@ class ResponseRequest(BaseModel):
     metadata: Metadata | None = None  # kept with the response (bounded as OpenAI bounds it)
     user: StrictStr | None = None                   # IGNORED
     safety_identifier: StrictStr | None = None      # IGNORED
-    prompt_cache_key: StrictStr | None = None       # IGNORED
+    prompt_cache_key: CacheSalt | None = None       # a prefix-cache namespace of its own
+    cache_salt: CacheSalt | None = None             # the same, vLLM's name
     service_tier: StrictStr | None = None           # IGNORED
     reasoning: dict | None = None                   # IGNORED (no reasoning effort setting)
     include: list[StrictStr] | None = Field(None, max_length=0)
