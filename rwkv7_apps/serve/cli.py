@@ -27,6 +27,7 @@ from ..options import add_engine_options, add_model_options, add_replica_options
     check_engine_args, sampling_defaults
 from ..states import register_states, state_option
 from .connections import add_connection_options, connection_limits, guarded_protocol
+from .limits import DEFAULT_MAX_REPLY_ENTRIES
 from .response_store import DEFAULT_MAX_COUNT, DEFAULT_MAX_MB
 
 EXIT_BAD_ARGS = 2
@@ -47,6 +48,9 @@ def build_parser() -> argparse.ArgumentParser:
     h.add_argument("--max-prompt-tokens", type=int, default=8192, help="longest prompt accepted (400 beyond)")
     h.add_argument("--max-waiting", type=int, default=1024,
                    help="most requests queued before prefill; more are refused with 429")
+    h.add_argument("--max-reply-entries", type=int, default=DEFAULT_MAX_REPLY_ENTRIES, metavar="N",
+                   help="largest reply a request may ask for, in token entries: n x prompts x (echoed prompt + "
+                        f"max_tokens) x (1 + logprobs) (default {DEFAULT_MAX_REPLY_ENTRIES}; 400 beyond)")
     h.add_argument("--max-body-bytes", type=int, default=4 << 20, help="largest request body (413 beyond)")
     h.add_argument("--shutdown-grace", type=float, default=30.0, metavar="SECONDS",
                    help="on SIGTERM/SIGINT, how long requests in flight may run on before they end with an error")
@@ -80,7 +84,7 @@ def check_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     check_engine_args(p, args)
     if args.model is not None and not (os.path.isfile(args.model) or os.path.isdir(args.model)):
         p.error(f"--model {args.model}: no such file or model directory")
-    for flag in ("max_prompt_tokens", "max_waiting", "max_body_bytes", "response_store_count"):
+    for flag in ("max_prompt_tokens", "max_waiting", "max_body_bytes", "response_store_count", "max_reply_entries"):
         if getattr(args, flag) < 1:
             p.error(f"--{flag.replace('_', '-')} must be >= 1")
     if not args.response_store_mb > 0:
@@ -152,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
     name = args.served_model_name or (os.path.splitext(os.path.basename(os.path.normpath(args.model)))[0] if args.model
                                       else f"random-{args.random_model}")
     ready = threading.Event()
-    limits = Limits(args.max_prompt_tokens, args.max_waiting, args.max_tokens_limit)
+    limits = Limits(args.max_prompt_tokens, args.max_waiting, args.max_tokens_limit, args.max_reply_entries)
     app, service = build_app(sched, name, sampling_defaults(args), limits, ready.is_set, seed=args.seed,
                              api_key=args.api_key, max_body_bytes=args.max_body_bytes, states=states,
                              responses=ResponseStore(args.response_store_count, int(args.response_store_mb * 2**20)),

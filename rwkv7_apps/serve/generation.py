@@ -23,6 +23,7 @@ from scheduler.validation import prompt_tokens, sampling_params
 
 from . import chat, structured, tool_calls
 from .cache_namespace import request_salt
+from .limits import DEFAULT_MAX_REPLY_ENTRIES, reply_entries
 from .protocol import BAN, APIError, prompt_list
 from .service import UNAVAILABLE, Service, ServiceClosed, Token
 from .streaming import TextStream, sse
@@ -36,6 +37,7 @@ class Limits:
     max_prompt_tokens: int
     max_waiting: int
     max_tokens_limit: int = MAX_TOKENS_LIMIT
+    max_reply_entries: int = DEFAULT_MAX_REPLY_ENTRIES
 
 
 @dataclass
@@ -122,6 +124,11 @@ def build_job(ctx: Context, body, kind: str, chat_tokens: list[int] | None = Non
     if logprobs is not None and unsupported is not None:
         raise APIError(400, f"logprobs: {unsupported}", "logprobs")
     params = _params(ctx, body, stops, max_tokens, logprobs)
+    entries = reply_entries([len(t) for t in prompts], body.n, echo, params.max_tokens, logprobs)
+    if entries > ctx.limits.max_reply_entries:
+        raise APIError(400, f"the reply could hold {entries} token entries (n x prompts x (echoed prompt + "
+                            f"max_tokens) x (1 + logprobs)), more than the server's --max-reply-entries "
+                            f"{ctx.limits.max_reply_entries}", "n" if body.n > 1 else "max_tokens")
     constraint, plan = structured.request_constraint(ctx, body, plan)
     job = Job(kind, body, prompts, texts, [], logprobs, echo, plan)
     groups, salt = [], request_salt(body)
