@@ -1,8 +1,8 @@
 """The server under hostile clients (issue 37, items 2, 3, 5, 6 and 9), on one real
 ``rwkv7-serve --random-model tiny-world`` with small limits set by options: idle and
 slowloris sockets are closed and never lock /health out; a /tokenize body is tokenized off
-the event loop; a reply's size is bounded before work starts; the prefix cache is no oracle across cache salts, and /metrics needs the key;
-Responses metadata is bounded. Beside every attack, good requests keep their exact greedy
+the event loop; a reply's size is bounded before work starts; the prefix cache is no oracle
+across cache salts, and /metrics needs the key; Responses metadata is bounded. Beside every attack, good requests keep their exact greedy
 tokens."""
 from __future__ import annotations
 
@@ -35,7 +35,8 @@ def _greedy(server, prompt: list[int], **extra) -> dict:
          **extra}).encode(), AUTH)
     assert status == 200, text
     body = json.loads(text)
-    return {"tokens": body["choices"][0]["token_ids"], "cached": body["usage"]["prompt_tokens_details"]["cached_tokens"]}
+    usage = body["usage"]["prompt_tokens_details"]
+    return {"tokens": body["choices"][0]["token_ids"], "cached": usage["cached_tokens"]}
 
 
 def test_idle_and_slowloris_sockets_are_closed_and_health_stays_up(server):
