@@ -22,9 +22,9 @@ from rwkv7_core.text_checks import unpaired_surrogate
 from . import generation
 from .generation import Context
 from .metrics import CONTENT_TYPE, ServerMetrics
+from .offload import off_loop, serially_off_loop
 from .protocol import APIError, ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
 from .response_store import ResponseStore
-from .offload import off_loop, serially_off_loop
 from .responses import add_response_routes
 from .service import UNAVAILABLE
 from .streaming import sse

@@ -153,3 +153,26 @@ def test_reply_size_is_bounded_before_work_starts(server):
     assert len(choices) == 2 and all(c["token_ids"] == want for c in choices)
     assert len(choices[0]["logprobs"]["tokens"]) == len(prompt) + 4
     assert server.get("/health")[0] == 200
+
+
+def test_metrics_open_serves_metrics_without_the_key(tiny_ckpt):
+    pytest.importorskip("torch")
+    import urllib.error
+    import urllib.request
+
+    from rwkv7_apps.engines import load_engine
+    from rwkv7_apps.serve.cli import build_app
+    from rwkv7_apps.serve.generation import Limits
+    from scheduler import Scheduler, SchedulerConfig
+    from tests.rwkv7_apps.serve_harness import in_process_server
+
+    sched = Scheduler(load_engine("torch", tiny_ckpt, kernels="torch"), SchedulerConfig(max_batch=2))
+    app, service = build_app(sched, "m", {"max_tokens": 2}, Limits(64, 16), lambda: True, api_key=KEY,
+                             metrics_open=True)
+    with in_process_server(app, service) as url:
+        root = url.removesuffix("/v1")
+        with urllib.request.urlopen(root + "/metrics") as r:
+            assert r.status == 200 and b"rwkv7_" in r.read()
+        with pytest.raises(urllib.error.HTTPError) as e:
+            urllib.request.urlopen(url + "/models")
+        assert e.value.code == 401
