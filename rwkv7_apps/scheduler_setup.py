@@ -47,9 +47,9 @@ def build_scheduler(parser: argparse.ArgumentParser, args, model_path: Path,
                    if len(devices) == 1 else
                    load_engines(args.backend, model_path, args.dtype, args.kernels, devices, args.quantization,
                                 args.group_size))
+        tokenizer = tokenizer_for(engines[0].vocab_size, model_path)
     except (OSError, ValueError) as e:
         fail(f"cannot load model {model_path}: {e}")
-    tokenizer = tokenizer_for(engines[0].vocab_size, model_path)
     store = prefix_store(engines[0])
     try:  # ValueError: e.g. a prefill policy this backend does not support, a bad fault
         fault = Fault.from_env()

@@ -5,7 +5,8 @@ releases; fla's ``RWKV7Config`` keys), the weights as ``model.safetensors`` or a
 that ``model.safetensors.index.json`` names, and optionally the World tokenizer's vocabulary
 (``VOCAB_FILE``). Tensor names and layouts: ``hf_names``. Reading gives our official layout as
 ``LazyTensors`` (each tensor read from its shard on access); the model's shape comes from
-config.json and is cross-checked against every tensor shape.
+config.json (``hf_config``: every size bounded before use) and is cross-checked against every
+tensor shape. Every file read is confined to the directory (``confined``).
 """
 from __future__ import annotations
 
@@ -20,6 +21,8 @@ from typing import Mapping
 import numpy as np
 
 from .config import ModelConfig, expected_shapes
+from .confined import confined_file
+from .hf_config import hf_config, read_hf_config
 from .hf_names import Source, fla_source, unused_in_fla, variant_sources
 from .tensor_files import (
     FLOATS,
@@ -30,75 +33,36 @@ from .tensor_files import (
     safetensors_entries,
     write_safetensors,
 )
+from .tokenizer import VOCAB_FILE
 
-MODEL_TYPES = ("rwkv7", "rwkv7_fla")
-VOCAB_FILE = "rwkv_vocab_v20230424.txt"
 INDEX = "model.safetensors.index.json"
-
-
-# ----------------------------------------------------------------------------- config.json
-def read_hf_config(directory: str | os.PathLike) -> ModelConfig:
-    """Our ModelConfig of ``directory/config.json`` (fla's ``RWKV7Config`` keys); fla's defaults for
-    absent low-rank widths. CheckpointError for a missing or unknown ``model_type`` or
-    settings our model does not implement."""
-    path = Path(directory) / "config.json"
-    try:
-        raw = json.loads(path.read_text())
-    except (OSError, ValueError) as e:
-        raise CheckpointError(f"{str(path)!r}: cannot read the model config ({e})") from None
-    if not isinstance(raw, dict) or raw.get("model_type") not in MODEL_TYPES:
-        got = raw.get("model_type") if isinstance(raw, dict) else None
-        raise CheckpointError(f"{str(path)!r}: model_type {got!r} is not an RWKV-7 model (expected one of "
-                              f"{', '.join(MODEL_TYPES)})")
-    for key, want in (("hidden_act", "sqrelu"), ("norm_first", True), ("norm_bias", True), ("norm_eps", 1e-5),
-                      ("tie_word_embeddings", False)):
-        if raw.get(key, want) != want:
-            raise CheckpointError(f"{str(path)!r}: {key}={raw[key]!r} is not supported (only {want!r})")
-    try:
-        C, L, V = int(raw["hidden_size"]), int(raw["num_hidden_layers"]), int(raw["vocab_size"])
-        N = int(raw.get("head_dim") or (C // int(raw["num_heads"]) if raw.get("num_heads") else 64))
-        F = raw.get("intermediate_size") or 32 * -(-int(C * (raw.get("hidden_ratio") or 4)) // 32)
-        config = ModelConfig(n_layer=L, n_embd=C, n_head=int(raw.get("num_heads") or C // N), head_size=N,
-                             vocab_size=V, dim_ffn=int(F), d_decay=int(raw.get("decay_low_rank_dim", 64)),
-                             d_aaa=int(raw.get("a_low_rank_dim", 64)), d_mv=int(raw.get("v_low_rank_dim", 16)),
-                             d_gate=int(raw.get("gate_low_rank_dim", 128)))
-    except (KeyError, TypeError, ValueError, ZeroDivisionError) as e:
-        raise CheckpointError(f"{str(path)!r}: malformed RWKV-7 config ({type(e).__name__}: {e})") from None
-    return config
-
-
-def hf_config(config: ModelConfig, dtype: str) -> dict:
-    """config.json of ``config`` as fla's ``RWKV7Config`` (and rwkv7-hf) write it."""
-    c = config
-    return {"architectures": ["RWKV7ForCausalLM"], "model_type": "rwkv7", "attn_mode": "chunk",
-            "hidden_size": c.n_embd, "num_hidden_layers": c.n_layer, "head_dim": c.head_size,
-            "num_heads": c.n_head, "intermediate_size": c.dim_ffn, "hidden_ratio": c.dim_ffn / c.n_embd,
-            "decay_low_rank_dim": c.d_decay, "a_low_rank_dim": c.d_aaa, "v_low_rank_dim": c.d_mv,
-            "gate_low_rank_dim": c.d_gate, "value_dim": [c.n_embd] * c.n_layer, "vocab_size": c.vocab_size,
-            "hidden_act": "sqrelu", "norm_first": True, "norm_bias": True, "norm_eps": 1e-5,
-            "fuse_norm": False, "tie_word_embeddings": False, "use_cache": True,
-            "bos_token_id": 0, "eos_token_id": 0, "pad_token_id": 0, "torch_dtype": dtype}
 
 
 # ----------------------------------------------------------------------------- reading
 def weight_files(directory: Path) -> list[Path]:
-    """The safetensors files of a model directory (the index's shards, or model.safetensors);
-    CheckpointError naming what is missing."""
-    index = directory / INDEX
-    if index.is_file():
+    """The safetensors files of a model directory (the index's shards, or model.safetensors),
+    each confined to it (``confined.confined_file``); CheckpointError naming what is missing."""
+    if confined_file(directory, INDEX) is not None:
+        index = directory / INDEX
         try:
             shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
         except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
             raise CheckpointError(f"{str(index)!r}: malformed index ({type(e).__name__}: {e})") from None
         for shard in shards:
-            if not (directory / shard).is_file():
-                raise CheckpointError(f"{str(index)!r} names the shard {shard!r}, which is not in {str(directory)!r}")
+            if confined_file(directory, shard) is None:
+                raise CheckpointError(f"{str(index)!r} names the shard {_short(shard)}, which is not a file "
+                                      f"inside {str(directory)!r}")
         return [directory / s for s in shards]
-    if (directory / "model.safetensors").is_file():
+    if confined_file(directory, "model.safetensors") is not None:
         return [directory / "model.safetensors"]
     others = sorted(p.name for p in directory.iterdir() if p.suffix in (".bin", ".pth", ".pt", ".gguf"))
     raise CheckpointError(f"{str(directory)!r} holds no weights: neither model.safetensors nor {INDEX}"
                           + (f" (found {', '.join(others)}: only safetensors are read)" if others else ""))
+
+
+def _short(name: object) -> str:
+    text = repr(name)
+    return text if len(text) <= 80 else text[:77] + "..."
 
 
 def read_hf_dir(directory: str | os.PathLike) -> LazyTensors:
@@ -139,14 +103,19 @@ def read_hf_dir(directory: str | os.PathLike) -> LazyTensors:
 def _check_layers(directory: Path, config: ModelConfig, found: Mapping[str, Entry]) -> None:
     """config.json's sizes against the tensors that carry them, naming key and shapes."""
     layers = {int(m.group(1)) for k in found if (m := re.match(r"model\.layers\.(\d+)\.", k))}
-    if layers != set(range(config.n_layer)):
+    if len(layers) != config.n_layer or min(layers, default=0) != 0 or max(layers, default=-1) != config.n_layer - 1:
         raise CheckpointError(f"{str(directory)!r}: config.json num_hidden_layers={config.n_layer}, but the "
                               f"tensors hold layers {min(layers, default=None)}..{max(layers, default=None)}")
     probes = (("vocab_size", "model.embeddings.weight", 0, config.vocab_size),
               ("hidden_size", "model.embeddings.weight", 1, config.n_embd),
               ("intermediate_size", "model.layers.0.ffn.key.weight", 0, config.dim_ffn),
               ("num_heads", "model.layers.0.attn.r_k", 0, config.n_head),
-              ("head_dim", "model.layers.0.attn.r_k", 1, config.head_size))
+              ("head_dim", "model.layers.0.attn.r_k", 1, config.head_size),
+              ("decay_low_rank_dim", "model.layers.0.attn.w_lora.lora.0.weight", 0, config.d_decay),
+              ("a_low_rank_dim", "model.layers.0.attn.a_lora.lora.0.weight", 0, config.d_aaa),
+              ("v_low_rank_dim", f"model.layers.{min(1, config.n_layer - 1)}.attn.v_lora.lora.0.weight", 0,
+               config.d_mv),
+              ("gate_low_rank_dim", "model.layers.0.attn.g_lora.lora.0.weight", 0, config.d_gate))
     for key, name, axis, value in probes:
         shape = found[name].shape if name in found else None
         if shape is not None and (len(shape) <= axis or shape[axis] != value):

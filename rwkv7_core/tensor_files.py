@@ -8,8 +8,10 @@ checkpoints), which its numpy reader lacks, are read from the byte range its hea
 from __future__ import annotations
 
 import ctypes
+import errno
 import json
 import os
+import stat
 import struct
 import sys
 from contextlib import contextmanager
@@ -162,6 +164,42 @@ def read_safetensors(path: str | os.PathLike) -> tuple[Tensors, dict[str, str]]:
     line when it is malformed; OSError when it cannot be opened."""
     entries, metadata = safetensors_entries(path)
     return {key: entry.read() for key, entry in entries.items()}, metadata
+
+
+def read_regular_safetensors(path: str | os.PathLike, max_bytes: int) -> tuple[Tensors, dict[str, str]]:
+    """As ``read_safetensors``, for files in a directory others may write to (a shared cache):
+    the file is opened without blocking and without following a symbolic link, and must be a
+    regular file of at most ``max_bytes`` (else CheckpointError; a FIFO never blocks). It is read
+    whole into memory and parsed there. FileNotFoundError when it is gone."""
+    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOFOLLOW", 0)
+    try:
+        fd = os.open(path, flags)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise CheckpointError(f"{str(path)!r} is a symbolic link, not a regular file") from None
+        raise
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise CheckpointError(f"{str(path)!r} is not a regular file")
+        if st.st_size > max_bytes:
+            raise CheckpointError(f"{str(path)!r} holds {st.st_size} bytes, over the {max_bytes} allowed")
+        data = f.read(max_bytes + 1)
+    from safetensors import SafetensorError, deserialize
+
+    try:
+        items = deserialize(data)
+    except SafetensorError as e:
+        raise CheckpointError(f"{str(path)!r} is not a readable safetensors file: {e}") from None
+    tensors = {}
+    for key, info in items:
+        dtype = _ST_DTYPES.get(info["dtype"])
+        if dtype is None:
+            raise CheckpointError(f"{str(path)!r}, key {key!r}: unsupported safetensors dtype {info['dtype']}")
+        tensors[key] = np.frombuffer(info["data"], dtype).reshape(info["shape"]).copy()
+    (size,) = struct.unpack("<Q", data[:8])  # a header the library has just validated
+    return tensors, dict(json.loads(data[8:8 + size]).get("__metadata__") or {})
+
 
 def write_safetensors(path: str | os.PathLike, tensors: Mapping[str, np.ndarray],
                       metadata: dict[str, str] | None = None) -> None:

@@ -6,17 +6,29 @@ aborts on ids it lacks (65530..65535 exist in the model's vocabulary but not in 
 file) and on byte sequences that are not complete UTF-8, both of which a sampler can
 produce. Models with another vocabulary size have no tokenizer and take token ids.
 
+A vocabulary file other than the package's own (a Hugging Face directory's) is parsed and
+checked line by line before the Rust encoder sees it, so a malformed one is a one-line
+``VocabularyError`` naming the file and line, never a panic.
+
 numpy-free and framework-free; ``pyrwkv_tokenizer`` is imported on first use.
 """
 from __future__ import annotations
 
 import ast
+import os
 from pathlib import Path
 from typing import Iterable
 
+from .confined import confined_file
 from .constants import END_OF_TEXT, WORLD_VOCAB_SIZE
 
-__all__ = ["END_OF_TEXT", "WORLD_VOCAB_SIZE", "WorldTokenizer", "tokenizer_for", "world_vocab_file"]
+__all__ = ["END_OF_TEXT", "WORLD_VOCAB_SIZE", "VocabularyError", "WorldTokenizer", "read_vocab", "tokenizer_for",
+           "world_vocab_file"]
+VOCAB_FILE = "rwkv_vocab_v20230424.txt"
+
+
+class VocabularyError(ValueError):
+    """A vocabulary file that cannot be used (one line naming the file and, where it applies, the line)."""
 
 
 class WorldTokenizer:
@@ -29,8 +41,15 @@ class WorldTokenizer:
         import pyrwkv_tokenizer  # lazily: only text-mode runs need it
 
         self._vocab_file = Path(vocab_file) if vocab_file else world_vocab_file()
-        self._encoder = pyrwkv_tokenizer.WorldTokenizer(str(self._vocab_file))
-        self._bytes: dict[int, bytes] | None = None
+        self._bytes: dict[int, bytes] | None = None if vocab_file is None else read_vocab(self._vocab_file)
+        try:
+            self._encoder = pyrwkv_tokenizer.WorldTokenizer(str(self._vocab_file))
+        except BaseException as e:  # a Rust panic is a BaseException; interrupts pass through
+            if isinstance(e, (KeyboardInterrupt, SystemExit)):
+                raise
+            first_line = (str(e).strip().splitlines() or [""])[0]
+            raise VocabularyError(f"{str(self._vocab_file)!r}: the encoder refused the vocabulary "
+                                  f"({type(e).__name__}: {first_line})") from None
 
     def encode(self, text: str) -> list[int]:
         """Token ids of ``text`` (never contains END_OF_TEXT)."""
@@ -54,22 +73,40 @@ class WorldTokenizer:
         return self.decode_bytes(ids).decode("utf-8", errors="replace")
 
     def _table(self) -> dict[int, bytes]:
-        """id -> bytes, parsed once from the vocabulary file ('<id> <python literal> <len>')."""
+        """id -> bytes, parsed once from the vocabulary file."""
         if self._bytes is None:
-            table = {}
-            for line in self._vocab_file.read_text(encoding="utf-8").splitlines():
-                first, last = line.index(" "), line.rindex(" ")
-                token = ast.literal_eval(line[first + 1:last])
-                table[int(line[:first])] = token.encode("utf-8") if isinstance(token, str) else token
-            self._bytes = table
+            self._bytes = read_vocab(self._vocab_file)
         return self._bytes
+
+
+def read_vocab(path: Path) -> dict[int, bytes]:
+    """id -> bytes of a World vocabulary file ('<id> <python str or bytes literal> <byte length>'
+    lines, ids in [1, 65536) once each); VocabularyError naming the file and the first bad line."""
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as e:
+        raise VocabularyError(f"{str(path)!r}: cannot read the vocabulary ({type(e).__name__})") from None
+    table: dict[int, bytes] = {}
+    for number, line in enumerate(lines, 1):
+        try:
+            first, last = line.index(" "), line.rindex(" ")
+            token, length = ast.literal_eval(line[first + 1:last]), int(line[last + 1:])
+            index = int(line[:first])
+        except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+            raise VocabularyError(f"{str(path)!r} line {number}: not '<id> <python literal> <byte length>'") from None
+        data = token.encode("utf-8") if isinstance(token, str) else token
+        if not isinstance(data, bytes) or len(data) != length or not 0 < index < WORLD_VOCAB_SIZE or index in table:
+            raise VocabularyError(f"{str(path)!r} line {number}: token {index} must be a str or bytes literal of "
+                                  f"{length} bytes, with an id in [1, {WORLD_VOCAB_SIZE}) not seen before")
+        table[index] = data
+    return table
 
 
 def world_vocab_file() -> Path:
     """The World vocabulary file ``pyrwkv-tokenizer`` ships ('<id> <python literal> <len>' lines)."""
     import pyrwkv_tokenizer
 
-    return Path(pyrwkv_tokenizer.__file__).parent / "rwkv_vocab_v20230424.txt"
+    return Path(pyrwkv_tokenizer.__file__).parent / VOCAB_FILE
 
 
 _WORLD: WorldTokenizer | None = None
@@ -77,13 +114,16 @@ _WORLD: WorldTokenizer | None = None
 
 def tokenizer_for(vocab_size: int, model_path: str | Path | None = None) -> WorldTokenizer | None:
     """The World tokenizer for a model with ``vocab_size == 65536`` (with the vocabulary file
-    of a Hugging Face model directory ``model_path`` when it holds one); None otherwise (the
-    caller then reads and writes token ids)."""
+    of a Hugging Face model directory ``model_path`` when it holds one, confined to it); None
+    otherwise (the caller then reads and writes token ids). VocabularyError for a malformed file."""
     global _WORLD
     if vocab_size != WORLD_VOCAB_SIZE:
         return None
-    local = Path(model_path) / "rwkv_vocab_v20230424.txt" if model_path and Path(model_path).is_dir() else None
-    if local is not None and local.is_file():
+    directory = Path(model_path) if model_path and Path(model_path).is_dir() else None
+    if directory is not None and os.path.lexists(directory / VOCAB_FILE):
+        local = confined_file(directory, VOCAB_FILE)
+        if local is None:
+            raise VocabularyError(f"{str(directory)!r}: {VOCAB_FILE} is not a regular file inside the directory")
         return WorldTokenizer(local)
     if _WORLD is None:
         _WORLD = WorldTokenizer()

@@ -34,6 +34,7 @@ is honoured within one call however long the prompt.
 """
 from __future__ import annotations
 
+import hashlib
 import time
 from collections import deque
 from typing import Any, NamedTuple, Sequence
@@ -97,8 +98,12 @@ def draw_first(engine, row, entry) -> int:
 
 
 def _namespace(entry) -> str:
-    """The prefix-cache namespace of an entry: its initial state's key ("" = zeros)."""
-    return "" if entry.initial is None else entry.initial.key
+    """The prefix-cache namespace of an entry: its initial state's key ("" = zeros), and its
+    request's ``cache_salt`` (hashed: a disk entry never holds the secret) after a separator no
+    state key holds."""
+    state = "" if entry.initial is None else entry.initial.key
+    salt = entry.request.cache_salt
+    return state if not salt else f"{state}\0salt:{hashlib.sha256(salt.encode()).hexdigest()}"
 
 
 class Prefilled(NamedTuple):

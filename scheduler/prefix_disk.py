@@ -7,8 +7,9 @@ initial state (the namespace). Its file name is
 the file holds the row's arrays (``row.{i}``), the tokens (int32) and metadata (format,
 the full model fingerprint, the namespace, the row's length and which leaves are None).
 A load checks all of it, so a file of another model, another state or other tokens is never
-used; a file that fails to load for any reason (truncated, garbage, a hostile header) is
-skipped with a warning and removed, and so is an entry whose use gave non-finite values
+used; a file that fails to load for any reason (truncated, garbage, a hostile header, larger
+than the budget, not a regular file: a FIFO or a link, opened without blocking) is skipped
+with a warning and removed, and so is an entry whose use gave non-finite values
 (``remove``, called by the prefix cache).
 
 Concurrent runs on one directory are safe: files are written to a temporary name and
@@ -29,9 +30,9 @@ from typing import Sequence
 
 import numpy as np
 
-from rwkv7_core.checkpoint import read_safetensors
 from rwkv7_core.engine import HostRow, host_row_bytes
 from rwkv7_core.state_files import write_atomic
+from rwkv7_core.tensor_files import read_regular_safetensors
 
 log = logging.getLogger(__name__)
 
@@ -102,7 +103,7 @@ class DiskPrefixStore:
     def _load(self, path: Path, tokens: tuple[int, ...], namespace: str) -> tuple[HostRow | None, bool]:
         """(the entry's row or None, whether the file was unreadable and removed)."""
         try:
-            tensors, meta = read_safetensors(path)
+            tensors, meta = read_regular_safetensors(path, self.max_bytes)
             leaves, nones = int(meta["leaves"]), json.loads(meta["none"])
             if meta.get("format") != FORMAT:
                 raise ValueError(f"format {meta.get('format')!r}, expected {FORMAT!r}")
@@ -112,7 +113,10 @@ class DiskPrefixStore:
             return None, False
         except Exception as e:  # any failure to parse a cache file (e.g. RecursionError) makes it unusable
             log.warning("prefix cache: skipped and removed %s: unreadable (%s: %s)", path, type(e).__name__, e)
-            path.unlink(missing_ok=True)
+            try:
+                path.unlink(missing_ok=True)
+            except OSError:  # e.g. a directory with an entry's name: skipped on every lookup
+                return None, False
             return None, True
         if meta.get("fingerprint") != self.fingerprint or meta.get("namespace") != namespace:
             log.warning("prefix cache: skipped %s: made by another model or from another state", path)

@@ -42,13 +42,17 @@ class Request:
     never emitted, is not consumed); with ``max_tokens=0`` the prompt is still prefilled.
     ``constraint``: the output must match it (scheduler/constraint.py; needs a tokenizer and an
     engine with ``Capability.TOKEN_MASK``): every draw is masked to the tokens it allows, and
-    the request finishes "stop" once it is complete ("length" at max_tokens before that)."""
+    the request finishes "stop" once it is complete ("length" at max_tokens before that).
+    ``cache_salt``: the prefix-cache namespace beside the initial state: cached prefixes are
+    shared only between requests with the same salt (a client's secret keeps its prompts from
+    being probed through the cache's timing or ``cached_tokens``; "" = the shared namespace)."""
     id: str
     prompt_tokens: Sequence[int]
     params: SamplingParams = field(default_factory=SamplingParams)
     initial_state: InitialState | None = None
     return_state: bool = False
     constraint: Constraint | None = None
+    cache_salt: str = ""
 
 
 class RequestState(enum.Enum):

@@ -63,5 +63,6 @@ def validated(request: Request, vocab_size: int, tokenizer=None, logprobs_unsupp
 def check_group(requests: Sequence[Request]) -> None:
     """ValueError unless ``requests`` (an ``add_group`` group) share one prompt and initial state."""
     if (len({tuple(np.asarray(r.prompt_tokens).ravel().tolist()) for r in requests}) > 1
-            or any(r.initial_state is not requests[0].initial_state for r in requests)):
-        raise ValueError("add_group needs requests with the same prompt_tokens and initial_state")
+            or any(r.initial_state is not requests[0].initial_state for r in requests)
+            or any(r.cache_salt != requests[0].cache_salt for r in requests)):
+        raise ValueError("add_group needs requests with the same prompt_tokens, initial_state and cache_salt")

@@ -31,7 +31,7 @@ from ..options import (
     sampling_defaults,
 )
 from ..states import RunStates, model_fingerprint, register_states, state_option
-from .jsonl_io import InputError, InputRequest, ResultWriter
+from .jsonl_io import MAX_LINE_BYTES, InputError, InputRequest, ResultWriter
 
 EXIT_BAD_ARGS = 2
 MAX_PROMPT_TOKENS = 1 << 20
@@ -64,6 +64,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-prompt-tokens", type=int, default=MAX_PROMPT_TOKENS, metavar="N",
                    help=f"longest prompt a line may have (default {MAX_PROMPT_TOKENS}); a longer one gets an "
                         "error record")
+    p.add_argument("--max-line-bytes", type=int, default=MAX_LINE_BYTES, metavar="N",
+                   help=f"longest input line read, in bytes (default {MAX_LINE_BYTES}); a longer one is never held "
+                        "or tokenized and gets an error record")
     p.add_argument("--seed", type=int, default=0, metavar="S",
                    help="run seed: a request without its own 'seed' gets one derived from S and its id")
     add_sampling_options(p, "the input")
@@ -89,6 +92,8 @@ def check_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
             _check_directory(p, path, flag)
     if args.max_prompt_tokens < 1:
         p.error(f"--max-prompt-tokens {args.max_prompt_tokens}: must be >= 1")
+    if args.max_line_bytes < 1:
+        p.error(f"--max-line-bytes {args.max_line_bytes}: must be >= 1")
     if args.prefix_cache_disk_mb <= 0:
         p.error(f"--prefix-cache-disk-mb {args.prefix_cache_disk_mb:g}: must be > 0")
     if args.ray and (args.state or args.save_states or args.prefix_cache_dir):
@@ -286,7 +291,7 @@ def _run(args, sched: SchedulerInterface, tokenizer, writer: ResultWriter, state
     stop = StopSignal(lambda message: run.bar.write(message))  # its notice goes above the progress bar
     run = BatchRun(sched, tokenizer, writer, args.input,
                    lambda item: make_request(item, defaults, args, sched.engine.vocab_size, tokenizer, states),
-                   stop, lambda item, out: states.save(item.id, item.state, out), _say)
+                   stop, lambda item, out: states.save(item.id, item.state, out), _say, args.max_line_bytes)
     try:
         with stop.installed():
             run.admit()

@@ -6,6 +6,9 @@ state). Output lines are whole JSON objects appended with one ``write`` each and
 small groups, so a crash leaves at most one torn last line, which the next run detects and
 cuts off before it appends.
 
+An input line is read at most ``max_line_bytes`` bytes at a time: a longer one is never held
+whole (nor parsed or tokenized) and becomes an error record naming the limit.
+
 Every output record is keyed for resumption: by its ``id``, or — for records of input
 lines that have no usable id of their own (malformed JSON, a duplicate id) — by the
 ``line`` number they carry.
@@ -23,6 +26,8 @@ from rwkv7_core.text_checks import unpaired_surrogate
 ResultKey = tuple[str, Any]  # ("id", id) or ("line", line number)
 
 PROMPT_FIELDS = ("id", "prompt", "tokens", "state")
+MAX_LINE_BYTES = 16 << 20  # 16 bytes for each of the default 1,048,576 prompt tokens
+_SKIP_CHUNK = 1 << 20
 
 
 class InputRequest(NamedTuple):
@@ -94,18 +99,27 @@ def item_key(item: InputRequest | InputError) -> ResultKey:
     return item.key if isinstance(item, InputError) else ("id", item.id)
 
 
-def read_requests(path: str | os.PathLike, skip=frozenset()) -> Iterator[InputRequest | InputError | None]:
+def read_requests(path: str | os.PathLike, skip=frozenset(),
+                  max_line_bytes: int = MAX_LINE_BYTES) -> Iterator[InputRequest | InputError | None]:
     """Yield every non-blank line of ``path`` as a request or an input error.
 
     A repeated id becomes an InputError on its later lines (the first line keeps it).
-    Line numbers count from 1 and include blank lines. A line that is not valid UTF-8, or
-    whose JSON holds an unpaired surrogate escape, is an input error keyed by its line. A line
+    Line numbers count from 1 and include blank lines. A line that is not valid UTF-8, whose
+    JSON holds an unpaired surrogate escape, or longer than ``max_line_bytes`` (its newline not
+    counted; read in bounded chunks and dropped) is an input error keyed by its line. A line
     whose result key is in ``skip`` (e.g. the keys already in the output) yields None,
     cheaply: its JSON is parsed for the id but nothing else is checked.
     """
     first_line: dict[Any, int] = {}
     with open(path, "rb") as f:
-        for line_no, raw in enumerate(f, start=1):
+        for line_no, raw in enumerate(iter(lambda: f.readline(max_line_bytes + 1), b""), start=1):
+            if len(raw) > max_line_bytes and not raw.endswith(b"\n"):
+                while (rest := f.readline(_SKIP_CHUNK)) and not rest.endswith(b"\n"):
+                    pass
+                yield None if ("line", line_no) in skip else InputError(
+                    line_no, None, f"line {line_no}: longer than the line limit of {max_line_bytes} bytes "
+                                   f"(--max-line-bytes)", by_line=True)
+                continue
             try:
                 text = raw.decode("utf-8")
             except UnicodeDecodeError as e:  # never replaced: "bad\xff" and "bad\xfe" must not merge

@@ -10,7 +10,7 @@ import sys
 import time
 from typing import Any, Callable, Iterator
 
-from .jsonl_io import InputError, InputRequest, ResultWriter, error_record, read_requests
+from .jsonl_io import MAX_LINE_BYTES, InputError, InputRequest, ResultWriter, error_record, read_requests
 from .metrics import RunCounts
 
 
@@ -20,17 +20,19 @@ class BatchRun:
     ``to_request(item)``: an InputRequest as a scheduler Request, or an InputError;
     ``should_stop()``: no more input is admitted once True; ``save_state(item, out)``: the
     path of a result's final state file (OSError / ValueError when it cannot be written);
-    ``say(message)``: a notice. ``counts``: the results written so far (RunCounts);
+    ``say(message)``: a notice; ``max_line_bytes``: the longest input line read (a longer one
+    gets an error record). ``counts``: the results written so far (RunCounts);
     ``skipped``: input lines already in the output."""
 
     def __init__(self, sched, tokenizer, writer: ResultWriter, input_path: str, to_request: Callable,
-                 should_stop: Callable[[], bool], save_state: Callable, say: Callable[[str], None]):
+                 should_stop: Callable[[], bool], save_state: Callable, say: Callable[[str], None],
+                 max_line_bytes: int = MAX_LINE_BYTES):
         from tqdm import tqdm
 
         self.sched, self.tokenizer, self.writer = sched, tokenizer, writer
         self.to_request, self.should_stop, self.save_state, self.say = to_request, should_stop, save_state, say
         self.counts = RunCounts()  # per-request figures live in the scheduler's bounded Stats
-        self.skipped = 0
+        self.skipped, self.max_line_bytes = 0, max_line_bytes
         self.window = 2 * sched.config.max_batch
         self.in_scheduler: dict[str, InputRequest] = {}
         self.todo = self._unfinished(input_path)
@@ -70,7 +72,7 @@ class BatchRun:
 
     def _unfinished(self, input_path: str) -> Iterator[InputRequest | InputError]:
         """Input items without a result in the output yet (one streaming pass)."""
-        for item in read_requests(input_path, skip=self.writer.done):
+        for item in read_requests(input_path, skip=self.writer.done, max_line_bytes=self.max_line_bytes):
             if item is None:
                 self.skipped += 1
             else:

@@ -24,6 +24,7 @@ from scheduler import Request as SchedulerRequest
 from . import build, render, running, structured
 from .job import Context, Job
 from .metrics import CONTENT_TYPE, ServerMetrics
+from .offload import off_loop, serially_off_loop
 from .protocol import APIError, ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
 from .response_store import ResponseStore
 from .responses import add_response_routes
@@ -74,9 +75,11 @@ Builder = Callable[[Context, Any], tuple[Job, list[list[SchedulerRequest]]]]
 
 
 def create_app(ctx: Context, metrics: ServerMetrics, ready, api_key: str | None = None,
-               max_body_bytes: int = 1 << 22, responses: ResponseStore | None = None) -> BodyLimit:
+               max_body_bytes: int = 1 << 22, responses: ResponseStore | None = None,
+               metrics_open: bool = False) -> BodyLimit:
     """``ready()``: True once the model is loaded and compiled (before: 503); ``responses``:
-    the store of the Responses API (default: ResponseStore's default bounds)."""
+    the store of the Responses API (default: ResponseStore's default bounds); ``metrics_open``:
+    /metrics needs no API key (its prefix-cache counters are a side channel: closed by default)."""
     app = FastAPI(title="rwkv7-serve", docs_url=None, redoc_url=None, openapi_url=None)
 
     def authorized(request: Request) -> None:
@@ -95,7 +98,7 @@ def create_app(ctx: Context, metrics: ServerMetrics, ready, api_key: str | None 
             raise APIError(503, "the model is still loading or compiling; retry shortly")
 
     _add_error_handlers(app, metrics)
-    _add_status_routes(app, ctx, metrics, ready, Depends(authorized))
+    _add_status_routes(app, ctx, metrics, ready, Depends(authorized), metrics_open)
     _add_tokenizer_routes(app, ctx, metrics, Depends(authorized))
     guarded = [Depends(authorized), Depends(serving)]
 
@@ -128,9 +131,9 @@ def _add_error_handlers(app: FastAPI, metrics: ServerMetrics) -> None:
         return await api_error(request, APIError(e.status_code, str(e.detail)))
 
 
-def _add_status_routes(app: FastAPI, ctx: Context, metrics: ServerMetrics, ready, key) -> None:
-    """/health and /metrics (no key needed: probes and scrapers), /v1/models (``key``: the
-    API-key dependency)."""
+def _add_status_routes(app: FastAPI, ctx: Context, metrics: ServerMetrics, ready, key, metrics_open: bool) -> None:
+    """/health (no key needed: probes), /metrics (the key unless ``metrics_open``), /v1/models
+    (``key``: the API-key dependency)."""
     started = int(time.time())  # /v1/models "created"
 
     @app.api_route("/health", methods=["GET", "HEAD"])
@@ -142,7 +145,7 @@ def _add_status_routes(app: FastAPI, ctx: Context, metrics: ServerMetrics, ready
             return JSONResponse({"status": "loading"}, status_code=503)
         return {"status": "ok"}
 
-    @app.api_route("/metrics", methods=["GET", "HEAD"])
+    @app.api_route("/metrics", methods=["GET", "HEAD"], dependencies=[] if metrics_open else [key])
     async def prometheus():
         return Response(metrics.render(), media_type=CONTENT_TYPE)
 
@@ -157,10 +160,14 @@ def _add_tokenizer_routes(app: FastAPI, ctx: Context, metrics: ServerMetrics, ke
     """/tokenize, /tokenizer_info and /detokenize (vLLM's shapes; ``key``: the API-key dependency)."""
     @app.post("/tokenize", dependencies=[key])
     async def tokenize(body: TokenizeRequest, request: Request):
-        _check_text(body)
-        tokens = build.tokenize(ctx, body)
+        def work() -> JSONResponse:
+            _check_text(body)
+            tokens = build.tokenize(ctx, body)
+            return JSONResponse({"count": len(tokens), "max_model_len": ctx.limits.max_prompt_tokens,
+                                 "tokens": tokens})
+        reply = await off_loop(work)
         metrics.count_http(request.url.path, 200)
-        return {"count": len(tokens), "max_model_len": ctx.limits.max_prompt_tokens, "tokens": tokens}
+        return reply
 
     @app.get("/tokenizer_info", dependencies=[key])
     async def tokenizer_info(request: Request):
@@ -206,12 +213,16 @@ def _check_text(body) -> None:
         raise APIError(400, surrogate.message(), surrogate.path or None)
 
 
-async def _handle(ctx: Context, metrics: ServerMetrics, body, request: Request, builder: Builder):
-    """The three steps of a completion or chat: the body becomes a job (``builder``), the
-    scheduler runs it, the job's renderer writes the reply or the stream."""
+def _checked_job(ctx: Context, body, builder: Builder):
     _check_text(body)
+    return builder(ctx, body)
+
+
+async def _handle(ctx: Context, metrics: ServerMetrics, body, request: Request, builder: Builder):
+    """The three steps of a completion or chat: the body becomes a job (``builder``, off the
+    event loop), the scheduler runs it, the job's renderer writes the reply or the stream."""
     await structured.compile_off_loop(ctx, body)  # a grammar compile never runs on the loop
-    job, groups = builder(ctx, body)
+    job, groups = await serially_off_loop(_checked_job, ctx, body, builder)
     queue, prompt_scores = await running.submit(ctx, job, groups)
     if body.stream:
         metrics.count_http(request.url.path, 200)
@@ -230,8 +241,9 @@ async def _handle(ctx: Context, metrics: ServerMetrics, body, request: Request, 
         error = running.failure(choice)
         if error is not None:
             raise error
+    reply = await off_loop(lambda: JSONResponse(render.response(ctx, job, texts, prompt_scores)))
     metrics.count_http(request.url.path, 200)
-    return JSONResponse(render.response(ctx, job, texts, prompt_scores))
+    return reply
 
 
 async def _stream(ctx: Context, job, queue, prompt_scores):

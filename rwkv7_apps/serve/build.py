@@ -12,7 +12,9 @@ from scheduler.request import InitialState
 from scheduler.validation import prompt_tokens, sampling_params
 
 from . import chat, structured
+from .cache_namespace import request_salt
 from .job import Choice, Context, Job, Renderer
+from .limits import reply_entries
 from .protocol import BAN, APIError, prompt_list
 from .render_chat import ChatRenderer
 from .render_completion import CompletionRenderer
@@ -81,9 +83,14 @@ def _job(ctx: Context, body, renderer: Renderer, prompts: Prompts, initial: Init
     if prompts.logprobs is not None and unsupported is not None:
         raise APIError(400, f"logprobs: {unsupported}", "logprobs")
     params = _params(ctx, body, prompts.stops, prompts.max_tokens, prompts.logprobs)
+    entries = reply_entries([len(t) for t in prompts.tokens], body.n, prompts.echo, params.max_tokens, prompts.logprobs)
+    if entries > ctx.limits.max_reply_entries:
+        raise APIError(400, f"the reply could hold {entries} token entries (n x prompts x (echoed prompt + "
+                            f"max_tokens) x (1 + logprobs)), more than the server's --max-reply-entries "
+                            f"{ctx.limits.max_reply_entries}", "n" if body.n > 1 else "max_tokens")
     job = Job(renderer, body, prompts.tokens, prompts.texts, [], prompts.logprobs, prompts.echo, plan,
               keeps_replies=renderer is CHAT)
-    groups = []
+    groups, salt = [], request_salt(body)
     for p, tokens in enumerate(prompts.tokens):
         group = []
         for k in range(body.n):
@@ -93,7 +100,7 @@ def _job(ctx: Context, body, renderer: Renderer, prompts: Prompts, initial: Init
             reader = plan.reader() if plan is not None and body.stream else None
             job.choices.append(Choice(index, p, rid, TextStream(prompts.stops), reader=reader))
             group.append(Request(rid, tokens, params.replace(seed=seed), initial_state=initial,
-                                 constraint=constraint))
+                                 constraint=constraint, cache_salt=salt))
         groups.append(group)
     waiting = ctx.service.scheduler.queue_sizes()["waiting"]
     if waiting + len(job.choices) > ctx.limits.max_waiting:

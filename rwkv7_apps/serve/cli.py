@@ -32,6 +32,8 @@ from ..options import (
     sampling_defaults,
 )
 from ..states import register_states, state_option
+from .connections import add_connection_options, connection_limits, guarded_protocol
+from .limits import DEFAULT_MAX_REPLY_ENTRIES
 from .response_store import DEFAULT_MAX_COUNT, DEFAULT_MAX_MB
 
 EXIT_BAD_ARGS = 2
@@ -52,6 +54,9 @@ def build_parser() -> argparse.ArgumentParser:
     h.add_argument("--max-prompt-tokens", type=int, default=8192, help="longest prompt accepted (400 beyond)")
     h.add_argument("--max-waiting", type=int, default=1024,
                    help="most requests queued before prefill; more are refused with 429")
+    h.add_argument("--max-reply-entries", type=int, default=DEFAULT_MAX_REPLY_ENTRIES, metavar="N",
+                   help="largest reply a request may ask for, in token entries: n x prompts x (echoed prompt + "
+                        f"max_tokens) x (1 + logprobs) (default {DEFAULT_MAX_REPLY_ENTRIES}; 400 beyond)")
     h.add_argument("--max-body-bytes", type=int, default=4 << 20, help="largest request body (413 beyond)")
     h.add_argument("--shutdown-grace", type=float, default=30.0, metavar="SECONDS",
                    help="on SIGTERM/SIGINT, how long requests in flight may run on before they end with an error")
@@ -63,7 +68,11 @@ def build_parser() -> argparse.ArgumentParser:
     h.add_argument("--state", action="append", type=state_option, default=None, metavar="NAME=FILE",
                    help="register an initial state (state file or tuned-state .pth/.safetensors); a request "
                         "with \"state\": \"NAME\" starts from it (repeatable)")
+    h.add_argument("--metrics-open", action="store_true",
+                   help="serve /metrics without the --api-key (its prefix-cache counters tell one client "
+                        "about another's prompts: docs/server.md)")
     add_replica_options(h, "1", "a conversation's turns preferring the replica of its previous turn")
+    add_connection_options(p)
     add_engine_options(p)
     # a server holds conversations: compile before ready, and keep finished turns' states (a
     # chat's next turn prefills only its new message) unless told otherwise
@@ -81,7 +90,7 @@ def check_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     check_engine_args(p, args)
     if args.model is not None and not (os.path.isfile(args.model) or os.path.isdir(args.model)):
         p.error(f"--model {args.model}: no such file or model directory")
-    for flag in ("max_prompt_tokens", "max_waiting", "max_body_bytes", "response_store_count"):
+    for flag in ("max_prompt_tokens", "max_waiting", "max_body_bytes", "response_store_count", "max_reply_entries"):
         if getattr(args, flag) < 1:
             p.error(f"--{flag.replace('_', '-')} must be >= 1")
     if not args.response_store_mb > 0:
@@ -95,15 +104,19 @@ def check_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
         p.error("--shutdown-grace must be >= 0")
     if not 0 <= args.port < 65536:
         p.error(f"--port {args.port}: not a port number")
+    try:
+        connection_limits(args)
+    except ValueError as e:
+        p.error(str(e))
 
 
 def build_app(sched, model_name: str, defaults: dict, limits, ready, seed: int | None = None,
               api_key: str | None = None, max_body_bytes: int = 4 << 20, states: dict | None = None,
-              responses=None):
+              responses=None, metrics_open: bool = False):
     """The ASGI app and its (not yet started) Service for ``sched`` (a
     ``scheduler.interface.SchedulerInterface``); ``ready()`` gates /health and the generation
     routes; ``states``: the named initial states ({name: NamedState}); ``responses``: the
-    Responses API's ResponseStore (None: default bounds)."""
+    Responses API's ResponseStore (None: default bounds); ``metrics_open``: /metrics without the key."""
     import numpy as np
 
     from scheduler.replicas.replica_set import ReplicaSet
@@ -121,7 +134,7 @@ def build_app(sched, model_name: str, defaults: dict, limits, ready, seed: int |
     ctx = Context(service, model_name, sched.tokenizer, sched.engine.vocab_size, defaults, limits,
                   np.random.default_rng(seed), dict(states or {}))
     return create_app(ctx, metrics, ready, api_key=api_key, max_body_bytes=max_body_bytes,
-                      responses=responses), service
+                      responses=responses, metrics_open=metrics_open), service
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -151,13 +164,16 @@ def main(argv: list[str] | None = None) -> int:
     name = args.served_model_name or (os.path.splitext(os.path.basename(os.path.normpath(args.model)))[0] if args.model
                                       else f"random-{args.random_model}")
     ready = threading.Event()
-    limits = Limits(args.max_prompt_tokens, args.max_waiting, args.max_tokens_limit)
+    limits = Limits(args.max_prompt_tokens, args.max_waiting, args.max_tokens_limit, args.max_reply_entries)
     app, service = build_app(sched, name, sampling_defaults(args), limits, ready.is_set, seed=args.seed,
                              api_key=args.api_key, max_body_bytes=args.max_body_bytes, states=states,
-                             responses=ResponseStore(args.response_store_count, int(args.response_store_mb * 2**20)))
+                             responses=ResponseStore(args.response_store_count, int(args.response_store_mb * 2**20)),
+                             metrics_open=args.metrics_open)
 
     server = DrainingServer(uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
-                                           timeout_graceful_shutdown=5), service, args.shutdown_grace)
+                                           timeout_graceful_shutdown=5, timeout_keep_alive=args.keep_alive_timeout,
+                                           http=guarded_protocol(connection_limits(args))),
+                            service, args.shutdown_grace)
     threading.Thread(target=_warm_up, args=(sched, service, server, ready, args, name), name="warm-up",
                      daemon=True).start()
     try:

@@ -18,6 +18,7 @@ from rwkv7_core.sampling import MAX_TOKENS_LIMIT, TokenLogprobs
 from scheduler import RequestOutput
 
 from . import chat, tool_calls
+from .limits import DEFAULT_MAX_REPLY_ENTRIES
 from .service import Service, Token
 from .streaming import TextStream
 
@@ -27,6 +28,7 @@ class Limits:
     max_prompt_tokens: int
     max_waiting: int
     max_tokens_limit: int = MAX_TOKENS_LIMIT
+    max_reply_entries: int = DEFAULT_MAX_REPLY_ENTRIES
 
 
 @dataclass

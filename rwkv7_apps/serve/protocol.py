@@ -17,6 +17,9 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, Strict
 
 from rwkv7_core.sampling import DEVICE_INT_MAX, SCALAR_FIELDS, SEED_MAX, TOP_LOGPROBS
 
+from .cache_namespace import CacheSalt
+from .limits import Metadata
+
 MAX_N = 64
 TokenIds = list[StrictInt]
 BAN = -100.0
@@ -58,6 +61,8 @@ class SamplingFields(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     model: StrictStr | None = None
+    cache_salt: CacheSalt | None = None        # a prefix-cache namespace of its own (cache_namespace.py)
+    prompt_cache_key: CacheSalt | None = None  # the same, OpenAI's name
     max_tokens: int | None = sampling_field("max_tokens")
     temperature: float | None = sampling_field("temperature")
     top_p: float | None = sampling_field("top_p")
@@ -84,7 +89,7 @@ class SamplingFields(BaseModel):
     guided_grammar: StrictStr | None = None          # older vLLM: a Lark grammar (llguidance dialect)
     structured_outputs: dict | None = None           # vLLM's StructuredOutputsParams (structured.py)
     store: StrictBool | None = None          # IGNORED
-    metadata: dict[StrictStr, StrictStr] | None = None  # IGNORED
+    metadata: Metadata | None = None  # IGNORED (bounded as OpenAI bounds it)
     service_tier: StrictStr | None = None    # IGNORED
 
     def stop_list(self) -> list[str]:

@@ -3,9 +3,10 @@
 A stored response keeps its JSON object (for ``GET /v1/responses/{id}``) and what a
 continuation (``previous_response_id``) needs: the model, the named initial state, every
 token the model consumed (prompt + output, int32) and whether the output ended with the
-chat template's next-user marker. The store holds at most ``max_count`` responses and
-``max_bytes`` bytes (4 per token + the JSON text); the oldest go first. Used from the
-event loop only.
+chat template's next-user marker. The response object is kept as its compact JSON text (a
+bytes object), so what is counted is what is held: the store holds at most ``max_count``
+responses and ``max_bytes`` bytes (4 per token + the JSON text + ``ENTRY_OVERHEAD`` for the
+Python objects of an entry); the oldest go first. Used from the event loop only.
 """
 from __future__ import annotations
 
@@ -19,22 +20,27 @@ from typing import Sequence
 log = logging.getLogger("rwkv7_serve")
 DEFAULT_MAX_COUNT = 10_000
 DEFAULT_MAX_MB = 256.0
+ENTRY_OVERHEAD = 1024  # bytes: the entry's objects, its id and the dictionaries' slots
 
 
 @dataclass
 class StoredResponse:
     """``tokens``: the token ids the model consumed (prompt + output, a stop token excluded);
-    ``ends_at_user``: the output ended with the template's ``\\n\\nUser:``; ``body``: the
-    response object as served."""
+    ``ends_at_user``: the output ended with the template's ``\\n\\nUser:``; ``body_json``: the
+    response object as served (compact UTF-8 JSON; ``body`` parses it)."""
     model: str
     state: str | None
     tokens: array
     ends_at_user: bool
-    body: dict
+    body_json: bytes
+
+    @property
+    def body(self) -> dict:
+        return json.loads(self.body_json)
 
     @property
     def nbytes(self) -> int:
-        return self.tokens.itemsize * len(self.tokens) + len(json.dumps(self.body))
+        return self.tokens.itemsize * len(self.tokens) + len(self.body_json) + ENTRY_OVERHEAD
 
 
 class ResponseStore:
@@ -49,7 +55,8 @@ class ResponseStore:
 
     def put(self, response_id: str, model: str, state: str | None, tokens: Sequence[int], ends_at_user: bool,
             body: dict) -> None:
-        item = StoredResponse(model, state, array("i", tokens), ends_at_user, body)
+        body_json = json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode()
+        item = StoredResponse(model, state, array("i", tokens), ends_at_user, body_json)
         size = item.nbytes
         if size > self.max_bytes:
             log.warning("response %s (%d bytes) is larger than the response store (%d bytes): not stored",

@@ -96,7 +96,8 @@ def _job(ctx: Context, store: ResponseStore, body: ResponseRequest):
         state = previous.state
     chat_body = ChatCompletionRequest(
         model=body.model, messages=[{"role": r, "content": t} for r, t in body.messages()],  # type: ignore[misc]
-        max_tokens=body.max_output_tokens, seed=body.seed, state=state,
+        max_tokens=body.max_output_tokens, seed=body.seed, state=state, cache_salt=body.cache_salt,
+        prompt_cache_key=body.prompt_cache_key,
         **{name: getattr(body, name) for name in SAMPLING})
     tokens = _prompt(ctx, body, previous)
     if len(tokens) > ctx.limits.max_prompt_tokens:

@@ -12,6 +12,9 @@ from rwkv7_core.sampling import SCALAR_FIELDS, SEED_MAX
 
 from .protocol import sampling_field
 
+from .cache_namespace import CacheSalt
+from .limits import Metadata
+
 
 class InputText(BaseModel):
     """A text content part (``input_text`` of user/system turns, ``output_text`` of earlier
@@ -76,10 +79,11 @@ class ResponseRequest(BaseModel):
     tool_choice: Literal["none", "auto"] | None = None
     parallel_tool_calls: StrictBool | None = None   # IGNORED (no tools are served)
     truncation: Literal["disabled"] | None = None   # the history is never truncated
-    metadata: dict[StrictStr, StrictStr] | None = None  # kept with the response
+    metadata: Metadata | None = None  # kept with the response (bounded as OpenAI bounds it)
     user: StrictStr | None = None                   # IGNORED
     safety_identifier: StrictStr | None = None      # IGNORED
-    prompt_cache_key: StrictStr | None = None       # IGNORED
+    prompt_cache_key: CacheSalt | None = None       # a prefix-cache namespace of its own
+    cache_salt: CacheSalt | None = None             # the same, vLLM's name
     service_tier: StrictStr | None = None           # IGNORED
     reasoning: dict | None = None                   # IGNORED (no reasoning effort setting)
     include: list[StrictStr] | None = Field(None, max_length=0)

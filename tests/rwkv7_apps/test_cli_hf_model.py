@@ -39,3 +39,19 @@ def test_prefix_cache_fingerprint_of_a_directory(tiny_ckpt, tmp_path):
     shard = sorted(hf.glob("model-*.safetensors"))[-1]
     shard.write_bytes(shard.read_bytes()[:-4] + b"\x00\x00\x80\x3f")  # one float of lm_head changed
     assert checkpoint_digest(hf, tmp_path / "cache") != first
+
+
+def test_generate_names_a_malformed_vocabulary_in_one_line(tmp_path):
+    """A World-vocabulary directory whose vocab file is malformed fails at load in one line (it
+    was a Rust panic)."""
+    from rwkv7_core.config import ModelConfig
+    from rwkv7_core.random_weights import write_random_checkpoint
+
+    pth = tmp_path / "world.pth"
+    write_random_checkpoint(pth, ModelConfig(1, 64, 1, 64, 65536, 128, 16, 16, 16, 16), seed=3)
+    hf = tmp_path / "world-hf"
+    assert convert([str(pth), "--to", "hf", "--out", str(hf)]) == 0
+    (hf / "rwkv_vocab_v20230424.txt").write_text("1 'a' 1\n2 'bc' 5\n")
+    proc = run_cli(["--model", hf, "--backend", "torch", "--input", write_jsonl(tmp_path / "in.jsonl", []),
+                    "--output", tmp_path / "out.jsonl"], tmp_path)
+    assert proc.returncode == 2 and "line 2: token 2" in proc.stderr and proc.stderr.count("\n") == 1, proc.stderr

@@ -5,6 +5,7 @@ corrupt files skipped)."""
 from __future__ import annotations
 
 import json
+import os
 
 import numpy as np
 
@@ -104,3 +105,10 @@ def test_disk_prefix_cache_across_processes(tiny_ckpt, tmp_path):
     again, again_m, stderr = run(3)
     assert again == cold
     assert "prefix cache: skipped and removed" in stderr and again_m["tokens"]["prefilled"] == cold_m["tokens"]["prefilled"]
+    run(4)  # entries written again; now each becomes a FIFO, which used to block the job in open() for ever
+    for f in sorted(cache.glob("*.safetensors")):
+        f.unlink()
+        os.mkfifo(f)
+    fifo, fifo_m, stderr = run(5)
+    assert fifo == cold and "not a regular file" in stderr
+    assert fifo_m["tokens"]["prefilled"] == cold_m["tokens"]["prefilled"]

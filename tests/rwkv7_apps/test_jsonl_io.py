@@ -141,3 +141,29 @@ def test_skipping_done_keys_yields_none_and_keeps_duplicate_detection(tmp_path):
     done_all = {item_key(x) for x in full}
     assert list(read_requests(path, skip=done_all)) == [None] * len(full)  # a finished job: all skipped
     assert isinstance(skipped[2], InputError) and "duplicate" in skipped[2].message
+
+
+@pytest.mark.parametrize("last_newline", [True, False])
+def test_a_line_over_the_byte_limit_is_never_held(tmp_path, last_newline):
+    """A 20 MB line (the issue's was 200 MB, tokenized whole) is an error record naming the limit,
+    read in bounded chunks: the lines around it parse as before and the peak stays small."""
+    import tracemalloc
+
+    rng = np.random.default_rng()
+    toks = rng.integers(0, 500, size=8).tolist()
+    huge = '{"id": "h", "prompt": "' + "ab" * 10_000_000
+    path = tmp_path / "in.jsonl"
+    path.write_text(json.dumps({"id": "a", "tokens": toks}) + "\n" + huge + "\n"
+                    + json.dumps({"id": "b", "tokens": toks[::-1]}) + "\n" + huge + ("\n" if last_newline else ""))
+    limit = len(json.dumps({"id": "b", "tokens": toks[::-1]}))
+    tracemalloc.start()
+    items = list(read_requests(path, max_line_bytes=limit))
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert peak < 4 << 20
+    a, long1, b, long2 = items
+    assert a.tokens == toks and b.tokens == toks[::-1]
+    for item, line in ((long1, 2), (long2, 4)):
+        assert isinstance(item, InputError) and item.key == ("line", line)
+        assert f"line {line}: longer than the line limit of {limit} bytes (--max-line-bytes)" == item.message
+    assert list(read_requests(path, skip={("id", "a"), ("line", 2)}, max_line_bytes=limit))[:2] == [None, None]

@@ -142,7 +142,7 @@ def _wrong_dtype(d):
     ("dtype", _wrong_dtype, ["'model.embeddings.weight'", "int32"]),
 ])
 def test_bad_directory_fails_in_one_line(hf_dir, tmp_path, capsys, case, edit, needles):
-    edits = {"shape": lambda c: c.update(hidden_size=128), "model_type": lambda c: c.update(model_type="llama")}
+    edits = {"shape": lambda c: c.update(hidden_size=128, num_heads=2), "model_type": lambda c: c.update(model_type="llama")}
     bad = _copy(hf_dir, tmp_path, edits.get(case))
     edit(bad)
     with pytest.raises(CheckpointError) as err:
@@ -151,3 +151,105 @@ def test_bad_directory_fails_in_one_line(hf_dir, tmp_path, capsys, case, edit, n
     assert "\n" not in msg and all(n in msg for n in needles), msg
     assert convert([str(bad), "--to", "pth", "--out", str(tmp_path / "x.pth")]) == 2
     assert capsys.readouterr().err.count("\n") == 1
+
+
+# ----------------------------------------------------------------------------- hostile input
+@pytest.mark.parametrize("key, value, needle", [
+    ("num_hidden_layers", 1e300, "num_hidden_layers=1e+300 must be an integer in [1, 4096]"),
+    ("num_hidden_layers", 10**12, "num_hidden_layers=1000000000000 must be an integer"),
+    ("v_low_rank_dim", 10**12, "v_low_rank_dim=1000000000000 must be an integer"),
+    ("v_low_rank_dim", 10**4, "v_low_rank_dim=10000 exceeds hidden_size=192"),
+    ("v_low_rank_dim", 100, "v_low_rank_dim=100, but tensor 'model.layers.1.attn.v_lora.lora.0.weight'"),
+    ("vocab_size", -3, "vocab_size=-3 must be an integer"),
+    ("hidden_size", "192", "hidden_size='192' must be an integer"),
+    ("hidden_size", True, "hidden_size=True must be an integer"),
+    ("intermediate_size", 2.5, "intermediate_size=2.5 must be an integer"),
+    ("hidden_ratio", float("inf"), "hidden_ratio=inf must be a number"),
+])
+def test_config_sizes_are_bounded_before_any_allocation(hf_dir, tmp_path, key, value, needle):
+    """A hostile config.json size is one line naming the key, before anything is built from it
+    (1e300 layers used to build a 10^300-element set; v_low_rank_dim 10^12 a 466 TiB array)."""
+    import resource
+
+    def edit(c):
+        c[key] = value
+        if key == "hidden_ratio":
+            c.pop("intermediate_size")
+
+    bad = _copy(hf_dir, tmp_path, edit)
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    with pytest.raises(CheckpointError) as err:
+        tensors, _ = read_checkpoint(bad)
+        dict(tensors)  # every tensor read: nothing may be sized by the hostile field
+    msg = str(err.value)
+    assert "\n" not in msg and needle in msg, msg
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before < 200_000  # KiB: no large allocation
+
+
+def test_one_layer_config_cannot_size_the_unused_layer0_lora(hf_dir, tmp_path):
+    """A one-layer directory has no tensor carrying v_low_rank_dim (layer 0's v LoRA is filled
+    with zeros): its width is still bounded by hidden_size, and good widths read as before."""
+    one = _copy(hf_dir, tmp_path, lambda c: c.update(num_hidden_layers=1, v_low_rank_dim=10**7))
+    w = _weights(one)
+    for f in one.glob("*.safetensors*"):
+        f.unlink()
+    write_safetensors(one / "model.safetensors", {k: v for k, v in w.items() if ".layers.1." not in k
+                                                 and ".layers.2." not in k})
+    with pytest.raises(CheckpointError, match="v_low_rank_dim=10000000 must be an integer in"):
+        read_checkpoint(one)
+    cfg = json.loads((one / "config.json").read_text())
+    (one / "config.json").write_text(json.dumps({**cfg, "v_low_rank_dim": 20}))
+    tensors, config = read_checkpoint(one)
+    assert config.n_layer == 1 and not tensors["blocks.0.att.v1"].any()
+
+
+def _index_pointing(directory, shard_name: str) -> None:
+    index = directory / "model.safetensors.index.json"
+    data = json.loads(index.read_text())
+    first = next(iter(data["weight_map"]))
+    data["weight_map"][first] = shard_name
+    index.write_text(json.dumps(data))
+
+
+@pytest.mark.parametrize("how", ["absolute", "dotdot", "symlink out", "fifo"])
+def test_shards_are_confined_to_the_model_directory(hf_dir, tmp_path, how):
+    """Index entries that are absolute, hold '..', or are symlinks leading outside are refused
+    with the same message whether the outside file exists or not (no existence oracle)."""
+    import os
+
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    real = next(hf_dir.glob("model-00001-*.safetensors"))
+    (outside / "real.safetensors").write_bytes(real.read_bytes())
+    messages = []
+    for i, target in enumerate(("real.safetensors", "gone.safetensors")):
+        (tmp_path / f"d{i}").mkdir()
+        bad = _copy(hf_dir, tmp_path / f"d{i}")
+        if how == "absolute":
+            _index_pointing(bad, str(outside / target))
+        elif how == "dotdot":
+            _index_pointing(bad, f"../../outside/{target}")
+        elif how == "symlink out":
+            (bad / "link.safetensors").symlink_to(outside / target)
+            _index_pointing(bad, "link.safetensors")
+        else:
+            os.mkfifo(bad / "pipe.safetensors")
+            _index_pointing(bad, "pipe.safetensors")
+        with pytest.raises(CheckpointError) as err:
+            read_checkpoint(bad)
+        messages.append(str(err.value).replace(f"d{i}", "<dir>").replace(target[:4], "<name>"))
+    assert messages[0] == messages[1] and "is not a file inside" in messages[0], messages
+
+
+def test_symlinks_inside_the_directory_and_the_hub_cache_layout_load(hf_dir, tmp_path):
+    """A shard symlinked within the directory, and the hub cache's snapshots/<rev> -> blobs links,
+    still load bit-identically."""
+    repo = tmp_path / "models--x--y"
+    (repo / "blobs").mkdir(parents=True)
+    snap = repo / "snapshots" / "abc"
+    snap.mkdir(parents=True)
+    for i, f in enumerate(sorted(hf_dir.iterdir())):
+        (repo / "blobs" / f"h{i}").write_bytes(f.read_bytes())
+        (snap / f.name).symlink_to(f"../../blobs/h{i}")
+    a, b = read_checkpoint(hf_dir)[0], read_checkpoint(snap)[0]
+    assert all(np.array_equal(a[k], b[k]) for k in a)

@@ -72,3 +72,36 @@ def test_scheduler_tokenizer_imports_no_framework():
             "bad = [m for m in ('torch', 'jax', 'flax') if m in sys.modules]; "
             "assert not bad, bad")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+@pytest.mark.parametrize("bad, needle", [
+    ("1 'a' 3\n", "line 1: token 1 must be a str or bytes literal of 3 bytes"),
+    ("1 'a' 1\nxx\n", "line 2: not '<id> <python literal> <byte length>'"),
+    ("1 'a' 1\n1 'b' 1\n", "line 2: token 1 must be"),
+    ("70000 'a' 1\n", "line 1: token 70000 must be"),
+    ("1 [1, 2] 2\n", "line 1: token 1 must be"),
+    ("1 'a\n", "line 1: not '<id>"),
+    ("\xff", "cannot read the vocabulary"),
+])
+def test_malformed_vocabulary_of_a_model_directory_is_one_line(tmp_path, bad, needle):
+    """A model directory's vocabulary is checked before the Rust encoder sees it (which used to
+    panic); the shipped one still loads, and a symlink leading outside is refused."""
+    from rwkv7_core.tokenizer import VocabularyError
+
+    (tmp_path / "rwkv_vocab_v20230424.txt").write_bytes(bad.encode("latin-1"))
+    with pytest.raises(VocabularyError) as err:
+        tokenizer_for(WORLD_VOCAB_SIZE, tmp_path)
+    assert needle in str(err.value) and "\n" not in str(err.value), err.value
+
+
+def test_vocabulary_symlink_out_of_the_directory_is_refused(tmp_path):
+    from rwkv7_core.tokenizer import VocabularyError, world_vocab_file
+
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "rwkv_vocab_v20230424.txt").symlink_to(world_vocab_file())
+    with pytest.raises(VocabularyError, match="not a regular file inside the directory"):
+        tokenizer_for(WORLD_VOCAB_SIZE, tmp_path / "model")
+    (tmp_path / "ok").mkdir()
+    (tmp_path / "ok" / "rwkv_vocab_v20230424.txt").write_bytes(world_vocab_file().read_bytes())
+    text = "Hello, 世界 🙂"
+    assert tokenizer_for(WORLD_VOCAB_SIZE, tmp_path / "ok").decode(tokenizer_for(WORLD_VOCAB_SIZE).encode(text)) == text

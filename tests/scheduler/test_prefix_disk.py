@@ -5,6 +5,7 @@ corrupt it."""
 import logging
 import multiprocessing
 import os
+import threading
 import time
 
 import numpy as np
@@ -61,10 +62,21 @@ def _corrupt(path, how):
         path.write_bytes(data[:8] + b"{not json" + data[17:])
     elif how == "empty":
         path.write_bytes(b"")
+    elif how == "oversized":
+        path.write_bytes(data + bytes(2 << 20))
+    elif how == "fifo":
+        path.unlink()
+        os.mkfifo(path)
+    elif how == "symlink":
+        real = path.with_name("elsewhere")
+        path.rename(real)
+        path.symlink_to(real)
 
 
-@pytest.mark.parametrize("how", ["truncated", "garbage_header", "empty"])
+@pytest.mark.parametrize("how", ["truncated", "garbage_header", "empty", "oversized", "fifo", "symlink"])
 def test_corrupt_file_is_skipped_with_a_warning_and_removed(tmp_path, caplog, how):
+    """A FIFO with an entry's name is opened without blocking (it used to block the lookup in
+    open() for ever), a link is not followed, and a file over the budget is not read."""
     rng = np.random.default_rng()
     tokens = rng.integers(0, V, 30).tolist()
     store = DiskPrefixStore(tmp_path, 1 << 20, FP)
@@ -72,8 +84,15 @@ def test_corrupt_file_is_skipped_with_a_warning_and_removed(tmp_path, caplog, ho
     store.put(tokens[:20], _row(rng))
     longest = [p for p in _files(tmp_path) if "-20-" in p.name][0]
     _corrupt(longest, how)
+    found: list = []
     with caplog.at_level(logging.WARNING, logger="scheduler.prefix_disk"):
-        n, _, removed = DiskPrefixStore(tmp_path, 1 << 20, FP).longest_prefix(tokens)
+        lookup = threading.Thread(target=lambda: found.append(DiskPrefixStore(tmp_path, 1 << 20, FP)
+                                                              .longest_prefix(tokens)), daemon=True)
+        lookup.start()
+        lookup.join(30)
+    if lookup.is_alive():
+        pytest.fail("the lookup blocked")
+    n, _, removed = found[0]
     assert n == 10 and removed == 1  # fell back to the shorter, intact entry
     assert "skipped and removed" in caplog.text and longest.name in caplog.text
     assert not longest.exists()
