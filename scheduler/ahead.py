@@ -11,7 +11,8 @@ The decode thread hands it a plan (``plan_buckets``: the buckets to have ready, 
 first) whenever the batch changes; the thread compiles the first plan entry not ready yet
 from the current bucket, then the next, then the policy's prefill pieces. The decode thread
 only asks ``ready(current, bucket)``; a switch to a bucket not ready waits for its compile
-(``compile_now``) only where nothing else can run (the first step). A background compile
+(``compile_now``) only where nothing else can run (the first step). The prefill pieces
+compile under the scheduler's ``prefill_lock``, between prefill calls. A background compile
 that raises an Exception is logged and its bucket left to compile on use (where an error
 fails that step's requests); anything else ends the thread and the run (``death``).
 """
@@ -63,18 +64,22 @@ def shrink_path(remaining: np.ndarray, buckets: Sequence[int]) -> list[int]:
 
 def plan_buckets(current: int, now_rows: int, future_rows: int, remaining: np.ndarray, may_grow: bool,
                  buckets: Sequence[int]) -> list[int]:
-    """Buckets to have ready, most urgent first (``current`` itself left out): the one the
-    next step wants (``now_rows``: live + ready + prefilling rows) and the one the queued
-    requests grow the batch to (``future_rows``; first while no batch decodes yet: a batch
-    job's first step fills it), then ``shrink_path(remaining)`` (``remaining``: empty while
-    requests wait to take freed rows), the next smaller bucket (rows ending on a stop), and
-    when ``may_grow`` (requests queued, or a server's run) the next larger one."""
-    want, grow = bucket_for(max(now_rows, 1), buckets), bucket_for(max(future_rows, 1), buckets)
-    order = [want, grow] if current else [grow, want]
-    order += shrink_path(remaining, buckets)
-    order += [b for b in neighbours(min(want, current or want), buckets) if b < want]
+    """Buckets to have ready, most urgent first (``current`` itself left out). No batch yet
+    (``current`` 0): the bucket the queued requests fill (``future_rows``; a batch job's first
+    step takes what prefill has ready, and a smaller ready bucket is not waited for). A batch
+    decoding: the bucket the next step wants (``now_rows``: live + ready + prefilling rows),
+    the one the queued requests grow it to, ``shrink_path(remaining)`` (``remaining``: empty
+    while requests wait to take freed rows), the next smaller bucket (rows ending on a stop
+    token) and when ``may_grow`` (requests queued, or a server's run) the next larger one.
+    Every bucket compiled is CPU time the decode steps do not get: nothing else is planned."""
+    grow = bucket_for(max(future_rows, 1), buckets)
+    if not current:
+        return [grow]
+    want = bucket_for(max(now_rows, 1), buckets)
+    order = [want, grow] + shrink_path(remaining, buckets)
+    order += [b for b in neighbours(min(want, current), buckets) if b < min(want, current)]
     if may_grow:
-        order += [b for b in neighbours(max(grow, current), buckets) if b > grow]
+        order += [b for b in neighbours(max(grow, current), buckets) if b > max(grow, current)]
     out: list[int] = []
     for b in order:
         if b != current and b not in out:
@@ -90,8 +95,10 @@ class Ahead:
     logprobs (each bucket then also needs its scoring step). ``death``: what ended the
     thread, for the run to raise. Thread-safe."""
 
-    def __init__(self, engine: Engine, stats: Stats, prefill: Prefill, buckets: Sequence[int]):
+    def __init__(self, engine: Engine, stats: Stats, prefill: Prefill, buckets: Sequence[int],
+                 prefill_lock: threading.Lock):
         self.engine, self.stats, self.prefill, self.buckets = engine, stats, prefill, tuple(buckets)
+        self.prefill_lock = prefill_lock
         self.with_logprobs = False
         self.death: BaseException | None = None
         self._done: set[tuple] = set()     # ("bucket" | "mixed" | "logprobs", b), ("gather", (a, b)), (PREFILL,)
@@ -157,12 +164,19 @@ class Ahead:
         self.mark_compiled(buckets)
 
     def compile_prefill(self) -> None:
-        """The policy's prefill pieces (``Prefill.precompile``; MIXED's steps come per bucket)."""
+        """The policy's prefill pieces (``Prefill.precompile``; MIXED's steps come per bucket),
+        under ``prefill_lock``: no prefill call runs meanwhile, so none waits (uncounted) for
+        a piece compiling here."""
         with self._cond:
             if (PREFILL,) in self._done:
                 return
-        start = time.perf_counter()
-        self._report(start, self.prefill.precompile([]))
+        with self.prefill_lock:
+            start = time.perf_counter()
+            self._report(start, self.prefill.precompile([]))
+        self.mark_prefill_compiled()
+
+    def mark_prefill_compiled(self) -> None:
+        """``Prefill.precompile`` returned: the prefill pieces are ready."""
         with self._cond:
             self._done.add((PREFILL,))
 

@@ -64,8 +64,8 @@ class StepLoop:
         self._stop_worker = False
         self._worker_death: BaseException | None = None  # what ended the prefill thread
         self._compiled: set[int] = set()  # buckets compiled, by an engine without Capability.COMPILES
-        self._ahead = (Ahead(engine, stats, prefill, config.buckets) if Capability.COMPILES in engine.capabilities
-                       else None)
+        self._ahead = (Ahead(engine, stats, prefill, config.buckets, prefill_lock)
+                       if Capability.COMPILES in engine.capabilities else None)
         self._plan_key: tuple = ()
         self._serving = False  # run(serve_until=...): requests may come any time
         self._prefill_compiled = False
@@ -97,6 +97,8 @@ class StepLoop:
         if Capability.REPORTS_COMPILES not in self.engine.capabilities:
             for what, s in seconds.items():
                 self.stats.record_compile(CompileEvent(start, what, s))
+        if self._ahead is not None:
+            self._ahead.mark_prefill_compiled()
         self._prefill_compiled = True
 
     def run(self, on_token: Callable[[str, int], None] | None = None,

@@ -67,8 +67,8 @@ def test_shrink_path_follows_the_rows_running_out():
 def test_plan_buckets_orders_by_need():
     ladder = bucket_ladder(32)
     assert neighbours(8, ladder) == [4, 16] and neighbours(1, ladder) == [2] and neighbours(32, ladder) == [16]
-    # no batch yet: the bucket the queued requests fill first, then the one the next step wants
-    assert plan_buckets(0, 5, 24, np.array([], int), True, ladder)[:2] == [32, 8]
+    # no batch yet: the bucket the queued requests fill
+    assert plan_buckets(0, 5, 24, np.array([], int), True, ladder) == [32]
     # a batch of 24 decoding, nothing queued: where its rows run out, then the next smaller one
     plan = plan_buckets(32, 24, 24, np.array([3] * 20 + [9] * 3 + [30]), False, ladder)
     assert plan == [4, 1, 16]
