@@ -9,7 +9,10 @@ for the MIXED policy its mixed step; once a request asked for logprobs, its scor
 and the resizes between pairs of buckets (``Engine.compile([a, b])`` compiles both ways).
 The decode thread hands it a plan (``plan_buckets``: the buckets to have ready, most urgent
 first) whenever the batch changes; the thread compiles the first plan entry not ready yet
-from the current bucket, then the next, then the policy's prefill pieces. The decode thread
+from the current bucket, then the next, then the policy's prefill pieces. (It does not run
+at a lower priority: XLA:CPU compiles on its own pool threads, which also run the steps, so
+on a CPU the compiles ahead still take cores from decode; on a GPU they use the host's.)
+The decode thread
 only asks ``ready(current, bucket)``; a switch to a bucket not ready waits for its compile
 (``compile_now``) only where nothing else can run (the first step). The prefill pieces
 compile under the scheduler's ``prefill_lock``, between prefill calls. A background compile
@@ -19,7 +22,6 @@ fails that step's requests); anything else ends the thread and the run (``death`
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import time
 from typing import Sequence
@@ -33,9 +35,6 @@ from .prefill import Prefill
 from .stats import CompileEvent, Stats
 
 log = logging.getLogger(__name__)
-
-AHEAD_NICE = 10
-"""Niceness of the compile thread (Linux, per thread): decode steps keep the CPU first."""
 
 PREFILL = "prefill"
 """The plan entry of the prefill pieces (after every bucket)."""
@@ -234,10 +233,6 @@ class Ahead:
 
     def _work(self) -> None:
         self.stats.set_role("ahead")
-        try:
-            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), AHEAD_NICE)
-        except (AttributeError, OSError):  # not Linux, or not allowed: the same, at normal priority
-            pass
         try:
             while (job := self._next()) is not None:
                 self._run(job)
