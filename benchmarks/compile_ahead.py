@@ -130,7 +130,9 @@ def main(argv=None) -> dict:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--base", type=Path, help="a checkout of the commit to compare with")
     p.add_argument("--requests", type=int, default=2000)
-    p.add_argument("--skip-job", action="store_true", help="only the demos")
+    p.add_argument("--phases", default="demo_cold,demo_warm,job",
+                   help="which runs, in order (the job alone runs on a cold cache)")
+    p.add_argument("--out", default="compile_ahead", help="results file name (without .json / .md)")
     args = p.parse_args(argv)
     trees = {"this": ROOT} if args.base is None else {"base": args.base.resolve(), "this": ROOT}
     work = Path(tempfile.mkdtemp(prefix="compile_ahead_"))
@@ -138,7 +140,7 @@ def main(argv=None) -> dict:
     write_job(job, args.requests)
     caches = {k: work / f"cache_{k}" for k in trees}
     results: dict[str, dict] = {}
-    for phase in ("demo_cold", "demo_warm") + (() if args.skip_job else ("job",)):
+    for phase in args.phases.split(","):
         for key, tree in trees.items():  # interleaved: base then this, phase by phase
             name = f"{phase}_{key}"
             inp, max_tokens = (str(job), None) if phase == "job" else (DEMO_INPUT, 32)
@@ -158,7 +160,7 @@ def main(argv=None) -> dict:
            "note": "a loaded 2-core machine shared with other jobs (load_avg_1m per run): absolute times are "
                    "noisy; compare base and this run by run"}
     RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "compile_ahead.json").write_text(json.dumps(out, indent=1) + "\n")
+    (RESULTS / f"{args.out}.json").write_text(json.dumps(out, indent=1) + "\n")
     md = [f"# Compile ahead: bucket switches and compile time on the critical path ({out['date']})", "",
           f"tiny-world random model, XLA:CPU, {out['cpus']} CPUs, **loaded machine** (load average per run in the "
           f"table); base = {out['base']}, this = the compile-ahead branch. `benchmarks/compile_ahead.py`.", "",
@@ -166,7 +168,7 @@ def main(argv=None) -> dict:
     for r in rows:
         md.append(f"- {r['name']} switches: " + ", ".join(f"{s['from']}->{s['to']} ({s['live']} live) "
                                                       f"{s['wait_ms']} ms" for s in r["switch_list"][:40]))
-    (RESULTS / "compile_ahead.md").write_text("\n".join(md) + "\n")
+    (RESULTS / f"{args.out}.md").write_text("\n".join(md) + "\n")
     print(table(rows))
     print("same tokens:", same)
     return out

@@ -9,13 +9,13 @@ for the MIXED policy its mixed step; once a request asked for logprobs, its scor
 and the resizes between pairs of buckets (``Engine.compile([a, b])`` compiles both ways).
 The decode thread hands it a plan (``plan_buckets``: the buckets to have ready, most urgent
 first) whenever the batch changes; the thread compiles the first plan entry not ready yet
-from the current bucket, then the next, then the policy's prefill pieces. (It does not run
+from the current bucket, then the next, then the policy's flattened prefill shape. (It does not run
 at a lower priority: XLA:CPU compiles on its own pool threads, which also run the steps, so
 on a CPU the compiles ahead still take cores from decode; on a GPU they use the host's.)
 The decode thread
 only asks ``ready(current, bucket)``; a switch to a bucket not ready waits for its compile
-(``compile_now``) only where nothing else can run (the first step). The prefill pieces
-compile under the scheduler's ``prefill_lock``, between prefill calls. A background compile
+(``compile_now``) only where nothing else can run (the first step). The prefill shape
+compiles under the scheduler's ``prefill_lock``, between prefill calls. A background compile
 that raises an Exception is logged and its bucket left to compile on use (where an error
 fails that step's requests); anything else ends the thread and the run (``death``).
 """
@@ -37,7 +37,7 @@ from .stats import CompileEvent, Stats
 log = logging.getLogger(__name__)
 
 PREFILL = "prefill"
-"""The plan entry of the prefill pieces (after every bucket)."""
+"""The plan entry of the flattened prefill shape (after every bucket)."""
 
 
 def neighbours(bucket: int, buckets: Sequence[int]) -> list[int]:
@@ -163,19 +163,24 @@ class Ahead:
         self.mark_compiled(buckets)
 
     def compile_prefill(self) -> None:
-        """The policy's prefill pieces (``Prefill.precompile``; MIXED's steps come per bucket),
-        under ``prefill_lock``: no prefill call runs meanwhile, so none waits (uncounted) for
-        a piece compiling here."""
+        """The flattened prefill shape of the VARLEN / AUTO policies (one executable, the call
+        several waiting prompts share), under ``prefill_lock``: no prefill call runs meanwhile,
+        so none waits (uncounted) for it. The piece lengths of serial calls, a dozen
+        executables of which a job uses a few, compile when first used, in the prefill thread
+        (they hold no decode step; compiled here, one long call would hold the bucket
+        compiles back); MIXED's steps come with each bucket."""
         with self._cond:
             if (PREFILL,) in self._done:
                 return
-        with self.prefill_lock:
-            start = time.perf_counter()
-            self._report(start, self.prefill.precompile([]))
+        if self.prefill.policy in (PrefillPolicy.VARLEN, PrefillPolicy.AUTO):
+            rows = self.prefill.token_rows
+            with self.prefill_lock:
+                start = time.perf_counter()
+                self._report(start, {f"varlen_prefill:{rows}": self.engine.compile_varlen(rows)})
         self.mark_prefill_compiled()
 
     def mark_prefill_compiled(self) -> None:
-        """``Prefill.precompile`` returned: the prefill pieces are ready."""
+        """``Prefill.precompile`` returned: the prefill shape is ready."""
         with self._cond:
             self._done.add((PREFILL,))
 
@@ -188,7 +193,7 @@ class Ahead:
     # ---- the plan and the thread -----------------------------------------------------------
     def want(self, current: int, buckets: list[int], prompts_wait: bool) -> None:
         """Compile next: ``buckets`` (most urgent first) from ``current``, then, while
-        ``prompts_wait`` (requests still to prefill), the prefill pieces; replaces the plan
+        ``prompts_wait`` (requests still to prefill), the prefill shape; replaces the plan
         not started yet (a no-op when it is unchanged)."""
         key = (current, tuple(buckets), prompts_wait, self.with_logprobs)
         if key == self._last_plan:
@@ -249,7 +254,7 @@ class Ahead:
         except Exception as e:
             self.stats.record_ahead_failure()
             log.warning("compiling ahead %s failed (it compiles when used instead): %s: %s",
-                        "the prefill pieces" if job == PREFILL else f"bucket {job[1]}", type(e).__name__, e)
+                        "the prefill shape" if job == PREFILL else f"bucket {job[1]}", type(e).__name__, e)
             with self._cond:
                 if job == PREFILL:
                     self._done.add((PREFILL,))
