@@ -25,8 +25,9 @@ protocol of its own: ``VarlenPrefill`` (several prompt pieces flattened into one
 for grammar-constrained rows); ``ReportsCompiles`` (the engine tells a listener about every compile,
 so throughput figures can leave compile time out); and ``Compiles`` (its ``compile*`` methods do
 real work and may run on a second thread beside the steps, so a scheduler prepares the buckets
-it is about to need ahead; an engine without it compiles nothing and costs nothing there). ``check_capabilities`` verifies that a
-declaration does not lie (the scheduler runs it once per engine).
+it is about to need ahead; an engine without it compiles nothing and costs nothing there).
+``check_capabilities`` verifies that a declaration does not lie (the scheduler runs it once
+per engine).
 
 Rows are values: ``insert`` copies a row into its slot and never consumes or aliases it, so
 one prefilled row may be inserted into several slots (``n`` choices of one prompt), each

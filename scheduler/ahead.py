@@ -102,7 +102,7 @@ class Ahead:
         self.death: BaseException | None = None
         self._done: set[tuple] = set()     # ("bucket" | "mixed" | "logprobs", b), ("gather", (a, b)), (PREFILL,)
         self._failed: set[int] = set()     # buckets whose background compile raised: compiled on use
-        self._plan: list = []              # (current, bucket) pairs, then PREFILL
+        self._plan: list[tuple[int, int] | str] = []  # (current, bucket) pairs, then PREFILL
         self._last_plan: tuple = ()
         self._cond = threading.Condition()
         self._stop = False
@@ -221,7 +221,7 @@ class Ahead:
             self._thread.join()
             self._thread = None
 
-    def _next(self) -> tuple | str | None:
+    def _next(self) -> tuple[int, int] | str | None:
         """The next plan entry with something to compile; None when stopping."""
         with self._cond:
             while True:
@@ -229,10 +229,10 @@ class Ahead:
                     return None
                 while self._plan:
                     job = self._plan.pop(0)
-                    if job == PREFILL:
-                        if (PREFILL,) not in self._done:
+                    if isinstance(job, tuple):
+                        if not self.ready(*job):
                             return job
-                    elif not self.ready(*job):
+                    elif (PREFILL,) not in self._done:
                         return job
                 self._cond.wait()
 
@@ -244,19 +244,19 @@ class Ahead:
         except BaseException as e:  # noqa: BLE001 - handed to the run thread
             self.death = e
 
-    def _run(self, job) -> None:
+    def _run(self, job: tuple[int, int] | str) -> None:
         """One plan entry; an Exception is logged and its bucket compiles on use instead."""
         try:
-            if job == PREFILL:
-                self.compile_prefill()
-            else:
+            if isinstance(job, tuple):
                 self.compile_now(*job)
+            else:
+                self.compile_prefill()
         except Exception as e:
             self.stats.record_ahead_failure()
             log.warning("compiling ahead %s failed (it compiles when used instead): %s: %s",
-                        "the prefill shape" if job == PREFILL else f"bucket {job[1]}", type(e).__name__, e)
+                        f"bucket {job[1]}" if isinstance(job, tuple) else "the prefill shape", type(e).__name__, e)
             with self._cond:
-                if job == PREFILL:
-                    self._done.add((PREFILL,))
-                else:
+                if isinstance(job, tuple):
                     self._failed.add(job[1])
+                else:
+                    self._done.add((PREFILL,))

@@ -130,7 +130,7 @@ class StepLoop:
                 self._report_finals()
                 self._apply_cancels()
                 if self._ahead is not None:
-                    self._plan_ahead()
+                    self._plan_ahead(self._ahead)
                 admitted = self._take_ready()
                 if self._policy is PrefillPolicy.MIXED:
                     self._start_pieces()
@@ -424,11 +424,10 @@ class StepLoop:
             return self.config.max_batch
         return min(self.config.max_batch, max(b for b in self.config.buckets if b == current or self._ready(b)))
 
-    def _plan_ahead(self) -> None:
+    def _plan_ahead(self, ahead: Ahead) -> None:
         """Hand the compile thread the buckets to have ready (``ahead.plan_buckets``) when the
         batch or its queues changed since the last plan."""
         books, slots, max_batch = self._books, self._slots, self.config.max_batch
-        ahead = self._ahead
         live, ready, prefilling, waiting = len(slots), len(books.ready), books.prefilling, len(books.waiting)
         if slots.any_wants_logprobs() and not ahead.with_logprobs:
             ahead.with_logprobs = True
