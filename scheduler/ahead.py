@@ -64,17 +64,18 @@ def shrink_path(remaining: np.ndarray, buckets: Sequence[int]) -> list[int]:
 def plan_buckets(current: int, now_rows: int, future_rows: int, remaining: np.ndarray, may_grow: bool,
                  buckets: Sequence[int]) -> list[int]:
     """Buckets to have ready, most urgent first (``current`` itself left out). No batch yet
-    (``current`` 0): the bucket the queued requests fill (``future_rows``; a batch job's first
-    step takes what prefill has ready, and a smaller ready bucket is not waited for). A batch
+    (``current`` 0): the bucket the queued requests fill (``future_rows``: short prompts are
+    all prefilled by the first step, and a smaller ready bucket is not waited for), after the
+    one the next step wants (``now_rows``) when that is less than half of it (long prompts:
+    the batch starts small and grows as prefill goes on). A batch
     decoding: the bucket the next step wants (``now_rows``: live + ready + prefilling rows),
     the one the queued requests grow it to, ``shrink_path(remaining)`` (``remaining``: empty
     while requests wait to take freed rows), the next smaller bucket (rows ending on a stop
     token) and when ``may_grow`` (requests queued, or a server's run) the next larger one.
     Every bucket compiled is CPU time the decode steps do not get: nothing else is planned."""
-    grow = bucket_for(max(future_rows, 1), buckets)
+    grow, want = bucket_for(max(future_rows, 1), buckets), bucket_for(max(now_rows, 1), buckets)
     if not current:
-        return [grow]
-    want = bucket_for(max(now_rows, 1), buckets)
+        return [grow] if grow <= 2 * want else [want, grow]
     order = [want, grow] + shrink_path(remaining, buckets)
     order += [b for b in neighbours(min(want, current), buckets) if b < min(want, current)]
     if may_grow:

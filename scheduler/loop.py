@@ -487,11 +487,13 @@ class StepLoop:
     def _resize(self, target: int) -> None:
         """Move the batch to bucket ``target`` (compiled first if it is not yet: the decode
         thread waits, ``BucketSwitch.compile_wait``), live rows compacted to the front."""
-        start = time.perf_counter()
+        start, own = time.perf_counter(), self.stats.compiled_in_this_thread()
         if self._ahead is None:
             self._ensure_compiled([target])
         else:
             self._ahead.compile_now(self._slots.bucket, target)
+            self.stats.record_blocked(max(0.0, time.perf_counter() - start
+                                          - (self.stats.compiled_in_this_thread() - own)))
         keep = self._slots.live_slots()
         clock = self.stats.start_call()
         self.engine.resize(keep, target)

@@ -111,6 +111,7 @@ class Stats:
         self.prefill_calls: dict[str, int] = {}  # engine prefill calls by kind: serial, varlen, mixed
         self.compile_seconds = 0.0
         self.compile_seconds_by_thread: dict[str, float] = {}  # COMPILE_THREADS role -> seconds
+        self.blocked_seconds = 0.0   # the decode thread blocked on a compile another thread had in progress
         self.kept_steps = 0          # steps run in another bucket than wanted: that one was compiling
         self.ahead_failures = 0      # background compiles that raised (the bucket then compiled on use)
         self.finished: dict[str, int] = {}
@@ -210,10 +211,16 @@ class Stats:
         """This thread's role (``set_role``; "other" when never set)."""
         return getattr(self._thread, "role", "other")
 
+    def record_blocked(self, seconds: float) -> None:
+        """The decode thread waited ``seconds`` for a compile another thread had in progress
+        (its own compiles are events)."""
+        self.blocked_seconds += seconds
+
     @property
     def compile_seconds_waited(self) -> float:
-        """Compile seconds the decode thread waited for (the critical path)."""
-        return self.compile_seconds_by_thread.get("decode", 0.0)
+        """Compile seconds the decode thread waited for (the critical path): its own compiles
+        and those of other threads it blocked on."""
+        return self.compile_seconds_by_thread.get("decode", 0.0) + self.blocked_seconds
 
     @property
     def compile_seconds_hidden(self) -> float:
@@ -280,7 +287,7 @@ class Stats:
         for name in ("prefix_hits", "prefix_misses", "prefix_removed", "prefix_hit_tokens", "turn_states",
                      "decode_steps", "decode_tokens",
                      "decode_seconds", "prefill_tokens", "prefill_seconds", "compile_seconds", "prompt_tokens",
-                     "generated_tokens", "mask_steps", "mask_rows", "mask_seconds", "kept_steps", "ahead_failures"):
+                     "generated_tokens", "mask_steps", "mask_rows", "mask_seconds", "kept_steps", "ahead_failures", "blocked_seconds"):
             setattr(out, name, sum(getattr(p, name) for p in parts))
         for p in parts:
             for role, seconds in p.compile_seconds_by_thread.items():
@@ -336,6 +343,7 @@ class Stats:
                        "compile_seconds": self.compile_seconds,
                        "compile_seconds_by_thread": dict(self.compile_seconds_by_thread),
                        "kept_steps": self.kept_steps, "ahead_failures": self.ahead_failures,
+                       "blocked_seconds": self.blocked_seconds,
                        "mask_steps": self.mask_steps,
                        "mask_rows": self.mask_rows, "mask_seconds": self.mask_seconds},
             "rates": {"prefill_tok_s": self.prefill_tok_s, "decode_tok_s": self.decode_tok_s,

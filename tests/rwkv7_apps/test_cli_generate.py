@@ -96,7 +96,8 @@ def test_generate_jax_end_to_end(tiny_ckpt, tmp_path):
     waited = [e for e in m["compile_events"] if e["thread"] == "decode"]
     assert all(re.fullmatch(rf"\w+:{first}( first run)?", e["what"]) for e in waited), waited
     assert np.isclose(sum(m["compile_seconds_by_thread"].values()), m["compile_seconds"])
-    assert np.isclose(m["compile_seconds_waited"], sum(e["seconds"] for e in waited))
+    own = sum(e["seconds"] for e in waited)  # and the time it blocked on the compile thread's, at the first switch
+    assert own - 1e-9 <= m["compile_seconds_waited"] <= own + m["bucket_switches"][0]["compile_wait"] + 1e-9
     assert m["compile_ahead_failures"] == 0 and m["kept_steps"] >= 0
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
