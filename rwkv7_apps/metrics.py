@@ -9,7 +9,8 @@ Definitions (all times in seconds):
 - compile seconds: every compile (decode buckets, slot and resize executables, prefill
   pieces, varlen/mixed shapes), ahead of time or lazily during the run; split by the thread
   that ran it (scheduler/stats.py): ``compile_seconds_waited`` the decode thread waited for
-  (the critical path), ``compile_seconds_hidden`` compiled ahead while the batch decoded.
+  (the critical path: its own compiles, and its time blocked on one in progress elsewhere),
+  ``compile_seconds_hidden`` compiled ahead while the batch decoded.
 - kept steps: decode steps run in another bucket than their rows wanted because that one
   was still compiling (padded rows, or ready rows waiting); switch wait: the decode thread's
   time in a bucket switch from a decoding batch, compiles waited for included.
