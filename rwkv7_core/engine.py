@@ -22,9 +22,12 @@ protocol of its own: ``VarlenPrefill`` (several prompt pieces flattened into one
 ``Logprobs`` (log-probabilities of drawn tokens and of a given prompt, sampling.py's
 ``TokenLogprobs``); ``TokenMask`` (``step``, ``step_logprobs``, ``mixed_step`` and
 ``sample`` also take ``allowed``, packed allowed-token masks of rwkv7_core/token_mask.py,
-for grammar-constrained rows); and ``ReportsCompiles`` (the engine tells a listener about every compile,
-so throughput figures can leave compile time out). ``check_capabilities`` verifies that a
-declaration does not lie (the scheduler runs it once per engine).
+for grammar-constrained rows); ``ReportsCompiles`` (the engine tells a listener about every compile,
+so throughput figures can leave compile time out); and ``Compiles`` (its ``compile*`` methods do
+real work and may run on a second thread beside the steps, so a scheduler prepares the buckets
+it is about to need ahead; an engine without it compiles nothing and costs nothing there).
+``check_capabilities`` verifies that a declaration does not lie (the scheduler runs it once
+per engine).
 
 Rows are values: ``insert`` copies a row into its slot and never consumes or aliases it, so
 one prefilled row may be inserted into several slots (``n`` choices of one prompt), each
@@ -44,7 +47,7 @@ import numpy as np
 from .config import ModelConfig
 from .sampling import NONFINITE_TOKEN, SamplingParams, SamplingRows, TokenLogprobs
 
-__all__ = ["Capability", "Engine", "HostRow", "Logprobs", "MAX_PIECES", "MixedStep", "NONFINITE_TOKEN",
+__all__ = ["Capability", "Compiles", "Engine", "HostRow", "Logprobs", "MAX_PIECES", "MixedStep", "NONFINITE_TOKEN",
            "ReportsCompiles", "Row", "Slots", "TokenLogprobs", "TokenMask", "VarlenPrefill", "check_capabilities",
            "host_row_bytes", "varlen_shape"]
 
@@ -71,6 +74,7 @@ class Capability(enum.Enum):
     LOGPROBS = "logprobs"
     REPORTS_COMPILES = "reports_compiles"
     TOKEN_MASK = "token_mask"
+    COMPILES = "compiles"
 
     @property
     def methods(self) -> tuple[str, ...]:
@@ -203,9 +207,19 @@ class ReportsCompiles(Protocol):
         which the compile began, ``seconds`` its duration."""
 
 
+class Compiles(Protocol):
+    """``Capability.COMPILES``: no methods of its own; the engine compiles an executable per
+    shape, so its ``compile``, ``compile_prefill`` (and the capabilities' ``compile_varlen``,
+    ``compile_mixed``, ``compile_logprobs``) take real time, and they are safe to call from a
+    second thread while another runs ``step``, ``insert``, ``resize``, ``prefill``...: the
+    scheduler compiles the buckets it is about to need there (scheduler/ahead.py). What a
+    ``compile*`` call returned for is compiled and run once: using it waits for nothing. An
+    engine without it (torch's eager model) compiles nothing; its ``compile*`` return at once."""
+
+
 _PROTOCOLS = {Capability.VARLEN_PREFILL: VarlenPrefill, Capability.MIXED_STEP: MixedStep,
               Capability.LOGPROBS: Logprobs, Capability.REPORTS_COMPILES: ReportsCompiles,
-              Capability.TOKEN_MASK: TokenMask}
+              Capability.TOKEN_MASK: TokenMask, Capability.COMPILES: Compiles}
 
 
 def check_capabilities(engine) -> None:

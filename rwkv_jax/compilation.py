@@ -43,9 +43,11 @@ class ExecutableCache:
     see ``compiler_options``).
 
     Thread-safe: one lock per key, so two threads compile different keys side by side and
-    never the same key twice. ``compile_seconds[key]`` records how long each compile took.
-    ``call(key, *args)`` runs an executable; its first run (one-off set-up, up to hundreds of
-    ms on CPU) is waited for and counted into ``compile_seconds``. Every listener added with
+    never the same key twice (the scheduler compiles ahead on a thread of its own,
+    scheduler/ahead.py, while the decode thread runs what is compiled).
+    ``compile_seconds[key]`` records how long each compile took. ``call(key, *args)`` runs
+    an executable; its first run (one-off set-up, up to hundreds of ms on CPU) happens once,
+    is waited for and counted into ``compile_seconds``. Every listener added with
     ``add_listener`` is called ``listener(key, phase, start, seconds)`` in the compiling thread
     after each compile (phase "compile") and each first run (phase "first run"), so callers
     can leave both out of throughput.
@@ -70,36 +72,41 @@ class ExecutableCache:
     def keys(self) -> list:
         return list(self._executables)
 
+    def _key_lock(self, key) -> threading.Lock:
+        with self._lock:
+            return self._key_locks.setdefault(key, threading.Lock())
+
     def get(self, key):
         """The executable for key, compiling (and timing) it on first use."""
         exe = self._executables.get(key)
         if exe is not None:
             return exe
-        with self._lock:
-            key_lock = self._key_locks.setdefault(key, threading.Lock())
-        with key_lock:
+        with self._key_lock(key):
             exe = self._executables.get(key)
             if exe is None:
                 start = time.perf_counter()
                 exe = self.lower(key).compile(self.options)
                 seconds = self.compile_seconds[key] = time.perf_counter() - start
+                self._never_run.add(key)  # before it is published: no caller skips the first run
                 self._executables[key] = exe
-                self._never_run.add(key)
                 self._report(key, "compile", start, seconds)
         return exe
 
     def call(self, key, *args):
-        """Run key's executable on args (compiling it first if needed)."""
+        """Run key's executable on args (compiling it first if needed). Its first run happens
+        once, under the key's lock: another thread calling it meanwhile waits for it."""
         exe = self.get(key)
         if key not in self._never_run:
             return exe(*args)
-        start = time.perf_counter()
-        out = jax.block_until_ready(exe(*args))
-        if key in self._never_run:
-            self._never_run.discard(key)
+        with self._key_lock(key):
+            if key not in self._never_run:
+                return exe(*args)
+            start = time.perf_counter()
+            out = jax.block_until_ready(exe(*args))
             seconds = time.perf_counter() - start
             self.compile_seconds[key] += seconds
-            self._report(key, "first run", start, seconds)
+            self._never_run.discard(key)
+        self._report(key, "first run", start, seconds)
         return out
 
     def _report(self, key, phase: str, start: float, seconds: float) -> None:

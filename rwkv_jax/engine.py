@@ -46,8 +46,9 @@ from .varlen_engine import pack_pieces
 
 
 class JaxEngine:
-    """Engine contract (with every ``Capability``: varlen prefill, mixed step, logprobs and
-    compile reports) for a loaded ``rwkv_jax.Model``.
+    """Engine contract (with every ``Capability``: varlen prefill, mixed step, logprobs,
+    compile reports, token masks, and compiles: its ``compile*`` may run on a second thread
+    beside the steps, ``ExecutableCache`` being thread-safe) for a loaded ``rwkv_jax.Model``.
 
     Rows (``prefill``/``extract`` results) are ``(State with B=1, logits float32 [V] | None)``;
     host rows are the numpy copies of the same leaves. ``executables`` is the one cache of

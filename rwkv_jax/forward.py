@@ -14,8 +14,8 @@ weight's layer slice before its products; for an H200 (deviceless, 1.5b bf16) it
 5-15x faster (1.6 s vs 7.7 s at B=1, 3.1 s vs 45 s at B=32) but runs a device while loop
 that executes more launches per step (794 vs 654 at B=1, 1,602 vs 747 at B=32), and the
 fused decode kernels need a static layer index. So both backends unroll, and pay the
-compile once per executable (kept by the persistent cache; the scheduler only compiles a
-smaller bucket when that pays, ``scheduler.config.shrink_pays``). The price is more leaves
+compile once per executable (kept by the persistent cache; the scheduler compiles the
+buckets it is about to need on a thread of its own, scheduler/ahead.py). The price is more leaves
 (19 per layer; ~0.4 us each per call) and a compile time linear in L.
 """
 from __future__ import annotations

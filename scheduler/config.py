@@ -1,8 +1,8 @@
-"""Scheduler configuration (immutable), the bucket ladder and when a shrink pays."""
+"""Scheduler configuration (immutable), the bucket ladder and the choice of a step's bucket."""
 from __future__ import annotations
 
 import enum
-from typing import NamedTuple, Sequence
+from typing import Callable, NamedTuple, Sequence
 
 from rwkv7_core.sampling import DEVICE_INT_MAX, MAX_TOKENS_LIMIT
 
@@ -90,15 +90,23 @@ def bucket_for(n: int, buckets: Sequence[int]) -> int:
     return buckets[-1]
 
 
-def shrink_pays(current: int, target: int, step_seconds: float | None, steps_left: int,
-                compile_seconds: float) -> bool:
-    """Whether moving the batch from bucket ``current`` down to the not yet compiled bucket
-    ``target`` saves more decode time than compiling it costs. Saving: ``steps_left`` (the
-    most tokens a live row may still draw, an upper bound) times the current step time
-    scaled by the share of rows dropped (an upper bound too: a step has fixed costs).
-    ``compile_seconds``: what compiling a bucket took so far in this run (small when the
-    persistent compilation cache has it; 0 for engines that compile nothing: always shrink).
-    An unmeasured step time shrinks."""
-    if compile_seconds <= 0 or step_seconds is None:
-        return True
-    return step_seconds * (1 - target / current) * steps_left > compile_seconds
+def choose_bucket(need: int, want: int, current: int, buckets: Sequence[int],
+                  ready: Callable[[int], bool]) -> int:
+    """The bucket of the next decode step. ``need``: rows it must hold (live and admitted);
+    ``want``: rows it should hold (with the prompts in prefill, which join soon); ``current``:
+    the bucket now (0: none); ``ready(b)``: moving to bucket b waits for no compile. The
+    smallest bucket holding ``want`` when it is ready; else, shrinking, the smallest ready
+    bucket between it and ``current`` (``current`` itself at worst: its rows padded);
+    growing, the largest ready bucket below it that holds ``need`` (ready rows wait), else
+    the smallest ready one above it; when none is (the first step), the wanted one, compiled
+    then."""
+    target = bucket_for(want, buckets)
+    usable = lambda b: b == current or ready(b)  # noqa: E731
+    if usable(target):
+        return target
+    if target < current:
+        return min(b for b in buckets if target < b <= current and usable(b))
+    below = [b for b in buckets if need <= b < target and usable(b)]
+    if below:
+        return max(below)
+    return min((b for b in buckets if b > target and usable(b)), default=target)

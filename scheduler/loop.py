@@ -7,13 +7,19 @@ WAITING requests in arrival order, prefills them under ``prefill_lock`` (one pro
 call for SERIAL, flattened pieces for VARLEN; using the prefix cache), draws each first
 token and hands the request over as READY.
 Every loop iteration of ``run()``: report final requests, apply cancels, admit READY
-requests (at most ``max_batch`` live rows), resize the batch to the smallest bucket holding
-the live rows plus the prompts in prefill (which join soon: no shrink-then-grow) if that
-differs from the current one (compacting live slots to the front; compiling a new bucket
-first unless precompiled; a shrink to a bucket not compiled yet only when it saves more
-decode time than the compile costs, ``config.shrink_pays``), insert the admitted rows into
-free slots, run one engine step, and account the drawn tokens. MIXED has no worker and runs
-prompt chunks inside the decode step.
+requests (at most ``max_batch`` live rows, and no more than the largest bucket ready),
+resize the batch to the smallest bucket holding the live rows plus the prompts in prefill
+(which join soon: no shrink-then-grow) if that differs from the current one (compacting
+live slots to the front), insert the admitted rows into free slots, run one engine step,
+and account the drawn tokens. MIXED has no worker and runs prompt chunks inside the decode
+step.
+
+Compiles: an engine with ``Capability.COMPILES`` gets a third thread (scheduler/ahead.py)
+that compiles the buckets the batch is about to need while it decodes; a step whose bucket
+is still compiling keeps a ready one (``config.choose_bucket``: padded rows when shrinking,
+ready rows waiting when growing; ``Stats.kept_steps`` counts them), so the decode thread
+waits for a compile only when nothing decodes yet. Other engines compile nothing, and get
+neither the thread nor the bookkeeping.
 """
 from __future__ import annotations
 
@@ -29,8 +35,9 @@ from rwkv7_core.sampling import NONFINITE_TOKEN, TokenLogprobs
 from rwkv7_core.stop_strings import StopMatcher
 from rwkv7_core.token_mask import all_allowed
 
+from .ahead import Ahead, plan_buckets
 from .books import Books, Entry
-from .config import PrefillPolicy, SchedulerConfig, bucket_for, shrink_pays
+from .config import PrefillPolicy, SchedulerConfig, bucket_for, choose_bucket
 from .errors import ErrorCode, FinishReason
 from .grammar import fill_masks
 from .interface import SchedulerFailed
@@ -57,9 +64,11 @@ class StepLoop:
         self._admitting = True
         self._stop_worker = False
         self._worker_death: BaseException | None = None  # what ended the prefill thread
-        self._compiled: set[int] = set()
-        self._bucket_compile_seconds = 0.0       # the last bucket compile's seconds
-        self._step_seconds: dict[int, float] = {}  # bucket -> recent decode step seconds
+        self._compiled: set[int] = set()  # buckets compiled, by an engine without Capability.COMPILES
+        self._ahead = (Ahead(engine, stats, prefill, config.buckets, prefill_lock)
+                       if Capability.COMPILES in engine.capabilities else None)
+        self._plan_key: tuple = ()
+        self._serving = False  # run(serve_until=...): requests may come any time
         self._prefill_compiled = False
         self._on_token: Callable[[str, int], None] | None = None
         self._on_finish: Callable[[RequestOutput], None] | None = None
@@ -68,8 +77,20 @@ class StepLoop:
     def precompile(self) -> None:
         """Compile every executable a run can call: every bucket (and the resizes between
         them), the prefill shapes of the policy and, for an engine with Capability.LOGPROBS,
-        the scoring paths (once; ``run`` does it first when ``config.precompile``)."""
-        self._ensure_compiled(self.config.buckets)
+        the scoring paths (once; ``run`` does it first when ``config.precompile``). Its
+        compiles are booked to "precompile"."""
+        role = self.stats.role()
+        self.stats.set_role("precompile")
+        try:
+            self._precompile()
+        finally:
+            self.stats.set_role(role)
+
+    def _precompile(self) -> None:
+        if self._ahead is not None:
+            self._ahead.compile_buckets(self.config.buckets)
+        else:
+            self._ensure_compiled(self.config.buckets)
         if self._prefill_compiled:
             return
         start = time.perf_counter()
@@ -79,6 +100,8 @@ class StepLoop:
         if Capability.REPORTS_COMPILES not in self.engine.capabilities:
             for what, s in seconds.items():
                 self.stats.record_compile(CompileEvent(start, what, s))
+        if self._ahead is not None:
+            self._ahead.mark_prefill_compiled()
         self._prefill_compiled = True
 
     def run(self, on_token: Callable[[str, int], None] | None = None,
@@ -88,25 +111,29 @@ class StepLoop:
             serve_until: Callable[[], bool] | None = None) -> None:
         """``Scheduler.run`` (scheduler/core.py documents it)."""
         self._on_token, self._on_finish, self._on_logprobs = on_token, on_finish, on_logprobs
+        self._serving, self._plan_key = serve_until is not None, ()
         self._admitting = True
         self._stop_worker = False
         self._worker_death = None
         if self.config.precompile:
             self.precompile()
+        self.stats.set_role("decode")
         books = self._books
         worker = threading.Thread(target=None if self._policy is PrefillPolicy.MIXED else self._prefill_worker,
                                   name="prefill", daemon=True)
         worker.start()
+        if self._ahead is not None:
+            self._ahead.start()
         try:
             while True:
                 if self._admitting and should_stop is not None and should_stop():
                     with books.cond:
                         self._admitting = False
-                if self._worker_death is not None:
-                    death = self._worker_death
-                    raise SchedulerFailed(f"the prefill thread died: {type(death).__name__}: {death}") from death
+                self._check_threads()
                 self._report_finals()
                 self._apply_cancels()
+                if self._ahead is not None:
+                    self._plan_ahead(self._ahead)
                 admitted = self._take_ready()
                 if self._policy is PrefillPolicy.MIXED:
                     self._start_pieces()
@@ -123,6 +150,17 @@ class StepLoop:
                 books.cond.notify_all()
             worker.join()
             self._report_finals()
+            if self._ahead is not None:
+                self._ahead.stop()
+
+    def _check_threads(self) -> None:
+        """SchedulerFailed when the prefill or the compile thread died."""
+        if self._worker_death is not None:
+            death = self._worker_death
+            raise SchedulerFailed(f"the prefill thread died: {type(death).__name__}: {death}") from death
+        if self._ahead is not None and self._ahead.death is not None:
+            death = self._ahead.death
+            raise SchedulerFailed(f"the compile-ahead thread died: {type(death).__name__}: {death}") from death
 
     # ---- prefill (scheduler/prefill.py) ----------------------------------------------
     def _can_start(self) -> bool:
@@ -135,6 +173,7 @@ class StepLoop:
     def _prefill_worker(self) -> None:
         """SERIAL / VARLEN / AUTO: prefill calls beside decode, until the run ends; an
         exception that escapes ends the run too (``run`` raises it)."""
+        self.stats.set_role("prefill")
         try:
             self._prefill_calls()
         except BaseException as e:  # noqa: BLE001 - handed to the run thread
@@ -221,11 +260,11 @@ class StepLoop:
                 entry.cancel_requested = True  # finished when it comes out of prefill
 
     def _take_ready(self) -> list[Entry]:
-        """READY entries that fit in max_batch, first tokens accounted (those that ended on
-        it, or were cancelled meanwhile, made final)."""
+        """READY entries that fit in max_batch and in the largest bucket ready, first tokens
+        accounted (those that ended on it, or were cancelled meanwhile, made final)."""
         books = self._books
         admitted: list[Entry] = []
-        room = self.config.max_batch - len(self._slots)
+        room = self._capacity() - len(self._slots)
         while len(admitted) < room:
             with books.cond:
                 if not books.ready:
@@ -367,23 +406,54 @@ class StepLoop:
 
     # ---- batch ------------------------------------------------------------------------
     def _ensure_compiled(self, buckets) -> None:
+        """An engine without Capability.COMPILES: ``compile`` each new bucket (it does nothing)."""
         todo = [b for b in buckets if b not in self._compiled]
         if not todo:
             return
         start = time.perf_counter()
         seconds = self.engine.compile(todo)
-        self._bucket_compile_seconds = max(seconds.values())
         if Capability.REPORTS_COMPILES not in self.engine.capabilities:  # else its listener reported them
             for b in todo:
                 self.stats.record_compile(CompileEvent(start, f"bucket {b}", seconds[b]))
         self._compiled.update(todo)
 
+    def _ready(self, bucket: int) -> bool:
+        """Moving the batch to ``bucket`` waits for no compile."""
+        return self._ahead is None or self._ahead.ready(self._slots.bucket, bucket)
+
+    def _capacity(self) -> int:
+        """Most live rows the next step may hold: max_batch, or with a batch already decoding
+        and buckets still compiling, the largest bucket ready (the rest wait for the next)."""
+        current = self._slots.bucket
+        if self._ahead is None or not current:
+            return self.config.max_batch
+        return min(self.config.max_batch, max(b for b in self.config.buckets if b == current or self._ready(b)))
+
+    def _plan_ahead(self, ahead: Ahead) -> None:
+        """Hand the compile thread the buckets to have ready (``ahead.plan_buckets``) when the
+        batch or its queues changed since the last plan."""
+        books, slots, max_batch = self._books, self._slots, self.config.max_batch
+        live, ready, prefilling, waiting = len(slots), len(books.ready), books.prefilling, len(books.waiting)
+        if slots.any_wants_logprobs() and not ahead.with_logprobs:
+            ahead.with_logprobs = True
+        key = (slots.bucket, live, ready, prefilling, min(waiting, max_batch), ahead.with_logprobs)
+        if key == self._plan_key:
+            return
+        self._plan_key = key
+        queued = ready + prefilling + (waiting if self._admitting else 0)
+        remaining = slots.remaining[slots.live] if not queued else slots.remaining[:0]
+        plan = plan_buckets(slots.bucket, min(live + ready + prefilling, max_batch), min(live + queued, max_batch),
+                            remaining, bool(queued) or self._serving, self.config.buckets)
+        ahead.want(slots.bucket, plan, prompts_wait=bool(waiting) and self._admitting)
+
     def _decode_step(self, admitted: list[Entry]) -> None:
         engine, slots = self.engine, self._slots
-        with self._books.cond:  # a prompt in prefill joins soon: keep room for it (no shrink-then-grow)
-            prefilling = self._books.prefilling
-        rows = min(len(slots) + len(admitted) + prefilling, self.config.max_batch)
-        target = self._target_bucket(rows, admitted)
+        with self._books.cond:  # a prompt in prefill, or one ready but held back, joins soon: keep room for it
+            joining = self._books.prefilling + len(self._books.ready)
+        need = len(slots) + len(admitted)
+        want = min(need + joining, self.config.max_batch)
+        target = choose_bucket(need, want, slots.bucket, self.config.buckets, self._ready)
+        wanted = bucket_for(want, self.config.buckets)
         report = None
         try:
             if target != slots.bucket:
@@ -415,32 +485,27 @@ class StepLoop:
             return
         if report is not None:
             self._hand_over(report)
-        self.stats.record_step(clock[1], target, len(slots), engine.last_path, seconds)
-        last = self._step_seconds.get(target)
-        self._step_seconds[target] = seconds if last is None else 0.8 * last + 0.2 * seconds
+        self.stats.record_step(clock[1], target, len(slots), engine.last_path, seconds,
+                               wanted if wanted != target else 0)
         self._account(out, scored)
 
     def _resize(self, target: int) -> None:
-        """Move the batch to bucket ``target`` (compiled first), live rows compacted to the front."""
-        self._ensure_compiled([target])
+        """Move the batch to bucket ``target`` (compiled first if it is not yet: the decode
+        thread waits, ``BucketSwitch.compile_wait``), live rows compacted to the front."""
+        start, own = time.perf_counter(), self.stats.compiled_in_this_thread()
+        if self._ahead is None:
+            self._ensure_compiled([target])
+        else:
+            self._ahead.compile_now(self._slots.bucket, target)
+            self.stats.record_blocked(max(0.0, time.perf_counter() - start
+                                          - (self.stats.compiled_in_this_thread() - own)))
         keep = self._slots.live_slots()
         clock = self.stats.start_call()
         self.engine.resize(keep, target)
-        self.stats.record_switch(BucketSwitch(clock[1], self._slots.bucket, target, len(keep),
-                                              self.stats.call_seconds(clock)))
+        seconds = self.stats.call_seconds(clock)
+        self.stats.record_switch(BucketSwitch(clock[1], self._slots.bucket, target, len(keep), seconds,
+                                              time.perf_counter() - start - seconds))
         self._slots.resize(target, keep)
-
-    def _target_bucket(self, rows: int, admitted: list[Entry]) -> int:
-        """The smallest bucket holding ``rows``, unless that is a shrink to a bucket not yet
-        compiled that would not pay for its compile (then the current bucket)."""
-        target, current = bucket_for(rows, self.config.buckets), self._slots.bucket
-        if target >= current or target in self._compiled:
-            return target
-        steps_left = max([self._slots.steps_left()] + [e.params.max_tokens - len(e.tokens) for e in admitted])
-        if shrink_pays(current, target, self._step_seconds.get(current), steps_left,
-                       self._bucket_compile_seconds):
-            return target
-        return current
 
     def _fail_batch(self, admitted: list[Entry], error: BaseException) -> None:
         """Every live and admitted request fails with ``error``; the next step starts a fresh batch."""

@@ -7,6 +7,12 @@ inspection and tests; the totals and percentiles cover the whole run).
 Throughput figures exclude compile time: an engine call that compiled (an engine with
 ``Capability.REPORTS_COMPILES`` says so, in the compiling thread) has its compile seconds
 subtracted before its seconds are recorded; TTFT is wall time and keeps them.
+
+Each compile is booked to the thread that ran it (``CompileEvent.thread``, a role the
+scheduler gives its threads with ``set_role``): ``"decode"`` (the decode thread waited for
+it: compile time on the critical path), ``"ahead"`` (scheduler/ahead.py compiled it while
+the batch decoded: hidden), ``"prefill"`` (the prefill worker waited: delays first tokens,
+not the decode steps), ``"precompile"`` (before the first step), ``"other"`` (any other thread).
 """
 from __future__ import annotations
 
@@ -17,11 +23,14 @@ from typing import NamedTuple
 
 from .sketch import RELATIVE_ERROR, LogHistogram, Timeline
 
-__all__ = ["BucketSwitch", "CompileEvent", "PrefillRecord", "RELATIVE_ERROR", "RequestRecord", "Stats",
-           "StepRecord"]
+__all__ = ["BucketSwitch", "COMPILE_THREADS", "CompileEvent", "PrefillRecord", "RELATIVE_ERROR", "RequestRecord",
+           "Stats", "StepRecord"]
 
 PEAK_WINDOW = 8
 """Consecutive decode steps over which the peak decode rate is measured."""
+
+COMPILE_THREADS = ("decode", "ahead", "prefill", "precompile", "other")
+"""The roles a compile is booked to (module docstring); "decode" is the critical path."""
 
 
 class StepRecord(NamedTuple):
@@ -30,6 +39,7 @@ class StepRecord(NamedTuple):
     live: int        # rows holding a request
     path: str        # engine kernel path of the step
     seconds: float   # engine.step wall time (includes fetching the sampled tokens), compiles excluded
+    wanted: int = 0  # the bucket its rows wanted; != bucket: that one was still compiling (0: the same)
 
 
 class RequestRecord(NamedTuple):
@@ -48,6 +58,7 @@ class CompileEvent(NamedTuple):
     time: float      # perf_counter when the compile started
     what: str        # the executable, e.g. "step:8", "prefill:64", "bucket 8"; "step:8 first run":
     seconds: float   # its first run's one-off set-up (Capability.REPORTS_COMPILES)
+    thread: str = "other"  # who ran it, one of COMPILE_THREADS (``Stats.record_compile`` sets it)
 
     @property
     def kind(self) -> str:
@@ -66,6 +77,7 @@ class BucketSwitch(NamedTuple):
     to_bucket: int
     live: int
     seconds: float   # engine.resize wall time, compiles excluded
+    compile_wait: float = 0.0  # seconds the decode thread waited for compiles to make this switch
 
 
 class PrefillRecord(NamedTuple):
@@ -98,6 +110,10 @@ class Stats:
         self.prefill_seconds = 0.0
         self.prefill_calls: dict[str, int] = {}  # engine prefill calls by kind: serial, varlen, mixed
         self.compile_seconds = 0.0
+        self.compile_seconds_by_thread: dict[str, float] = {}  # COMPILE_THREADS role -> seconds
+        self.blocked_seconds = 0.0   # the decode thread blocked on a compile another thread had in progress
+        self.kept_steps = 0          # steps run in another bucket than wanted: that one was compiling
+        self.ahead_failures = 0      # background compiles that raised (the bucket then compiled on use)
         self.finished: dict[str, int] = {}
         self.prompt_tokens = self.generated_tokens = 0
         self.mask_steps, self.mask_rows, self.mask_seconds = 0, 0, 0.0  # grammar masks: steps, rows, host s
@@ -107,8 +123,13 @@ class Stats:
         self._thread = threading.local()
 
     # ---- recording ------------------------------------------------------------------
-    def record_step(self, start: float, bucket: int, live: int, path: str, seconds: float) -> None:
-        self.steps.append(StepRecord(start, bucket, live, path, seconds))
+    def record_step(self, start: float, bucket: int, live: int, path: str, seconds: float,
+                    wanted: int = 0) -> None:
+        """One decode step; ``wanted``: the bucket its rows wanted when that one was still
+        compiling (the step kept another: ``kept_steps``), else 0."""
+        self.steps.append(StepRecord(start, bucket, live, path, seconds, wanted or bucket))
+        if wanted and wanted != bucket:
+            self.kept_steps += 1
         self.timeline.add(start, seconds, bucket, live)
         self.step_seconds.add(seconds)
         self.decode_steps += 1
@@ -165,11 +186,46 @@ class Stats:
         self.switches.append(switch)
 
     def record_compile(self, event: CompileEvent) -> None:
-        """A compile; also counted against the calling thread's current engine call."""
+        """A compile, booked to the calling thread's role; also counted against that thread's
+        current engine call."""
+        event = event._replace(thread=self.role())
         with self._lock:
             self.compiles.append(event)
             self.compile_seconds += event.seconds
+            by = self.compile_seconds_by_thread
+            by[event.thread] = by.get(event.thread, 0.0) + event.seconds
         self._thread.compiled = self.compiled_in_this_thread() + event.seconds
+
+    def record_ahead_failure(self) -> None:
+        """A background compile raised (scheduler/ahead.py logged it)."""
+        with self._lock:
+            self.ahead_failures += 1
+
+    def set_role(self, role: str) -> None:
+        """Book this thread's compiles from now on to ``role`` (one of COMPILE_THREADS)."""
+        if role not in COMPILE_THREADS:
+            raise ValueError(f"unknown compile thread role {role!r}; choose one of {COMPILE_THREADS}")
+        self._thread.role = role
+
+    def role(self) -> str:
+        """This thread's role (``set_role``; "other" when never set)."""
+        return getattr(self._thread, "role", "other")
+
+    def record_blocked(self, seconds: float) -> None:
+        """The decode thread waited ``seconds`` for a compile another thread had in progress
+        (its own compiles are events)."""
+        self.blocked_seconds += seconds
+
+    @property
+    def compile_seconds_waited(self) -> float:
+        """Compile seconds the decode thread waited for (the critical path): its own compiles
+        and those of other threads it blocked on."""
+        return self.compile_seconds_by_thread.get("decode", 0.0) + self.blocked_seconds
+
+    @property
+    def compile_seconds_hidden(self) -> float:
+        """Compile seconds spent ahead, beside the decode steps."""
+        return self.compile_seconds_by_thread.get("ahead", 0.0)
 
     def compiles_by_kind(self) -> dict[str, tuple[int, float]]:
         """{executable kind: (compiles, seconds)}; first runs add their seconds, not a compile."""
@@ -231,9 +287,11 @@ class Stats:
         for name in ("prefix_hits", "prefix_misses", "prefix_removed", "prefix_hit_tokens", "turn_states",
                      "decode_steps", "decode_tokens",
                      "decode_seconds", "prefill_tokens", "prefill_seconds", "compile_seconds", "prompt_tokens",
-                     "generated_tokens", "mask_steps", "mask_rows", "mask_seconds"):
+                     "generated_tokens", "mask_steps", "mask_rows", "mask_seconds", "kept_steps", "ahead_failures", "blocked_seconds"):
             setattr(out, name, sum(getattr(p, name) for p in parts))
         for p in parts:
+            for role, seconds in p.compile_seconds_by_thread.items():
+                out.compile_seconds_by_thread[role] = out.compile_seconds_by_thread.get(role, 0.0) + seconds
             for reason, n in p.finished.items():
                 out.finished[reason] = out.finished.get(reason, 0) + n
             for kind, n in p.prefill_calls.items():
@@ -282,7 +340,11 @@ class Stats:
                        "decode_steps": self.decode_steps, "decode_tokens": self.decode_tokens,
                        "decode_seconds": self.decode_seconds, "prefill_tokens": self.prefill_tokens,
                        "prefill_seconds": self.prefill_seconds, "prefill_calls": dict(self.prefill_calls),
-                       "compile_seconds": self.compile_seconds, "mask_steps": self.mask_steps,
+                       "compile_seconds": self.compile_seconds,
+                       "compile_seconds_by_thread": dict(self.compile_seconds_by_thread),
+                       "kept_steps": self.kept_steps, "ahead_failures": self.ahead_failures,
+                       "blocked_seconds": self.blocked_seconds,
+                       "mask_steps": self.mask_steps,
                        "mask_rows": self.mask_rows, "mask_seconds": self.mask_seconds},
             "rates": {"prefill_tok_s": self.prefill_tok_s, "decode_tok_s": self.decode_tok_s,
                       "decode_tok_s_peak": self.decode_tok_s_peak},

@@ -7,7 +7,13 @@ Definitions (all times in seconds):
 - prefill tok/s: prompt tokens actually run through the model (prefix-cache hits excluded)
   / total prefill time, compile time excluded.
 - compile seconds: every compile (decode buckets, slot and resize executables, prefill
-  pieces, varlen/mixed shapes), ahead of time or lazily during the run.
+  pieces, varlen/mixed shapes), ahead of time or lazily during the run; split by the thread
+  that ran it (scheduler/stats.py): ``compile_seconds_waited`` the decode thread waited for
+  (the critical path: its own compiles, and its time blocked on one in progress elsewhere),
+  ``compile_seconds_hidden`` compiled ahead while the batch decoded.
+- kept steps: decode steps run in another bucket than their rows wanted because that one
+  was still compiling (padded rows, or ready rows waiting); switch wait: the decode thread's
+  time in a bucket switch from a decoding batch, compiles waited for included.
 - prefill share: prompt tokens / (prompt + generated tokens) over successful requests.
 - prefill calls: engine calls that ran prompt pieces, by kind ("serial": one prompt at
   B=1, "varlen": flattened pieces of several, "mixed": pieces inside a decode step), so
@@ -32,7 +38,11 @@ import numpy as np
 
 from scheduler.stats import PEAK_WINDOW, RELATIVE_ERROR, Stats
 
-__all__ = ["PEAK_WINDOW", "RunCounts", "build_metrics", "plot_run", "summary_table", "timeline_series"]
+__all__ = ["COMPILE_COLORS", "PEAK_WINDOW", "RunCounts", "build_metrics", "plot_run", "summary_table",
+           "timeline_series"]
+
+COMPILE_COLORS = {"decode": "tab:red", "ahead": "tab:gray", "prefill": "tab:orange", "precompile": "tab:purple"}
+"""The plot's shade of a compile, by the thread that ran it (``CompileEvent.thread``)."""
 
 
 class RunCounts:
@@ -96,6 +106,12 @@ def build_metrics(stats: Stats, counts: RunCounts, wall_time: float, t0: float,
         "prefill_calls": dict(sorted(stats.prefill_calls.items())),
         "decode_tok_s": {"average": decode_avg, "peak": decode_peak},
         "compile_seconds": stats.compile_seconds,
+        "compile_seconds_waited": stats.compile_seconds_waited,
+        "compile_seconds_hidden": stats.compile_seconds_hidden,
+        "compile_seconds_by_thread": dict(sorted(stats.compile_seconds_by_thread.items())),
+        "compile_ahead_failures": stats.ahead_failures,
+        "kept_steps": stats.kept_steps,
+        "switch_wait_max_s": max((s.seconds + s.compile_wait for s in stats.switches if s.from_bucket), default=None),
         "prefill_share": prompt / (prompt + generated) if prompt + generated else None,
         "ttft_s": stats.ttft.percentiles(),
         "inter_token_latency_s": stats.inter_token.percentiles(),
@@ -165,6 +181,8 @@ def summary_table(m: dict[str, Any]) -> str:
                                         f"{sorted({e['bucket'] for e in m['bucket_timeline']})}"),
         ("compiles", f"{len(m['compile_events']):,}"),
         ("compile time", fmt(m["compile_seconds"], " s")),
+        ("  decode waited / ahead", f"{fmt(m['compile_seconds_waited'], ' s')} / {fmt(m['compile_seconds_hidden'], ' s')}"),
+        ("steps kept (compiling) / switch wait max", f"{m['kept_steps']:,} / {fmt(ms(m['switch_wait_max_s']), ' ms')}"),
         ("prefix-cache hit rate", fmt(None if m["prefix_cache"]["hit_rate"] is None
                                       else 100 * m["prefix_cache"]["hit_rate"], "%")),
         ("wall time", fmt(m["wall_time_s"], " s")),
@@ -178,8 +196,9 @@ def summary_table(m: dict[str, Any]) -> str:
 
 def plot_run(stats: Stats, t0: float, path: str, replicas: Sequence[dict[str, Any]] = ()) -> None:
     """Write a PNG: bucket and mean live rows, and decode tok/s, per timeline window over
-    time (with several ``replicas``, reports as for ``build_metrics``, each one's); a red
-    line at every compile."""
+    time (with several ``replicas``, reports as for ``build_metrics``, each one's); every
+    compile shaded over its duration by the thread that ran it (``COMPILE_COLORS``: red where
+    the decode thread waited, grey where it ran ahead, hidden behind decode)."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -200,9 +219,10 @@ def plot_run(stats: Stats, t0: float, path: str, replicas: Sequence[dict[str, An
     ax_rate.set_ylabel("decode tok/s")
     ax_rate.set_xlabel("time since start (s)")
     for event in stats.compiles:
+        color = COMPILE_COLORS.get(event.thread, "tab:purple")
         for ax in (ax_rows, ax_rate):
-            ax.axvline(event.time - t0, color="tab:red", alpha=0.3, linewidth=1)
-    fig.suptitle("rwkv7-generate run (red lines: compiles)")
+            ax.axvspan(event.time - t0, event.time - t0 + event.seconds, color=color, alpha=0.25, linewidth=0)
+    fig.suptitle("rwkv7-generate run (compiles shaded: red = decode waited, grey = ahead, orange = prefill)")
     fig.tight_layout()
     fig.savefig(path, format="png", dpi=100)
     plt.close(fig)

@@ -90,6 +90,15 @@ def test_generate_jax_end_to_end(tiny_ckpt, tmp_path):
         assert 0 < m[key]["p50"] <= m[key]["p99"]
     assert {e["bucket"] for e in m["bucket_timeline"]} <= {1, 2} and m["bucket_timeline"]
     assert m["compile_events"] and m["prefix_cache"]["hit_rate"] is None
+    # compiled ahead: the decode thread waited for no compile but the first bucket's (when it
+    # was not ready by the first step); every later switch found its executables ready
+    first = m["bucket_switches"][0]["to_bucket"]
+    waited = [e for e in m["compile_events"] if e["thread"] == "decode"]
+    assert all(re.fullmatch(rf"\w+:{first}( first run)?", e["what"]) for e in waited), waited
+    assert np.isclose(sum(m["compile_seconds_by_thread"].values()), m["compile_seconds"])
+    own = sum(e["seconds"] for e in waited)  # and the time it blocked on the compile thread's, at the first switch
+    assert own - 1e-9 <= m["compile_seconds_waited"] <= own + m["bucket_switches"][0]["compile_wait"] + 1e-9
+    assert m["compile_ahead_failures"] == 0 and m["kept_steps"] >= 0
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
     again = run_cli(["--model", ckpt, "--input", inp, "--output", out], tmp_path)  # all done: no-op

@@ -5,7 +5,7 @@ import json
 
 import numpy as np
 
-from rwkv7_apps.generate.metrics import PEAK_WINDOW, RunCounts, build_metrics, plot_run, summary_table
+from rwkv7_apps.generate.metrics import COMPILE_COLORS, PEAK_WINDOW, RunCounts, build_metrics, plot_run, summary_table
 from scheduler.stats import BucketSwitch, CompileEvent, PrefillRecord, RequestRecord, Stats
 
 
@@ -16,12 +16,16 @@ def _random_run(rng, t0=1000.0):
     steps = []
     for b in buckets:
         dt = float(rng.uniform(0.001, 0.01))
-        steps.append((t, b, int(rng.integers(1, b + 1)), "BATCHED_DECODE", dt))
+        wanted = b // 2 if b > 1 and rng.random() < 0.3 else 0  # a smaller bucket was still compiling
+        steps.append((t, b, int(rng.integers(1, b + 1)), "BATCHED_DECODE", dt, wanted))
         stats.record_step(*steps[-1])
         t += dt + float(rng.uniform(0, 0.002))
+    stats.set_role("decode")
     stats.record_compile(CompileEvent(t0 + 0.1, "step:8", 0.3))
-    stats.record_compile(CompileEvent(t0 + 0.2, "prefill:16", 0.2))
-    stats.record_switch(BucketSwitch(t0 + 0.6, 8, 4, 3, 0.001))
+    stats.set_role("ahead")
+    stats.record_compile(CompileEvent(t0 + 0.6, "prefill:16", 0.2))
+    stats.record_switch(BucketSwitch(t0 + 0.05, 0, 8, 0, 0.002, 0.3))
+    stats.record_switch(BucketSwitch(t0 + 0.6, 8, 4, 3, 0.001, 0.004))
     for i in range(10):
         stats.record_prefill(PrefillRecord(t0 + 0.01 * i, str(i), int(rng.integers(1, 50)), 0.005))
     stats.record_prefix_lookups(3, 7, hit_tokens=40)
@@ -67,7 +71,14 @@ def test_metrics_fields_and_values(tmp_path):
     assert m["bucket_timeline"][0]["t"] == 0.5
     assert [e["what"] for e in m["compile_events"]] == ["step:8", "prefill:16"]
     assert np.isclose(m["compile_events"][0]["time"], 0.1) and np.isclose(m["compile_seconds"], 0.5)
-    assert m["bucket_switches"][0]["to_bucket"] == 4
+    assert [s["to_bucket"] for s in m["bucket_switches"]] == [8, 4]
+    assert m["bucket_switches"][1]["compile_wait"] == 0.004
+    # compile time split by thread: the decode thread waited for step:8, prefill:16 ran ahead
+    assert [e["thread"] for e in m["compile_events"]] == ["decode", "ahead"]
+    assert np.isclose(m["compile_seconds_waited"], 0.3) and np.isclose(m["compile_seconds_hidden"], 0.2)
+    assert np.isclose(sum(m["compile_seconds_by_thread"].values()), m["compile_seconds"])
+    assert m["kept_steps"] == sum(1 for s in steps if s[5]) and m["compile_ahead_failures"] == 0
+    assert np.isclose(m["switch_wait_max_s"], 0.005)  # from a decoding batch only (not 0 -> 8)
     assert m["prefix_cache"] == {"hits": 3, "misses": 7, "removed": 0, "hit_tokens": 40, "turn_states": 1,
                                  "hit_rate": 0.3}
     assert m["decode_steps"] == 50 and m["wall_time_s"] == wall
@@ -89,3 +100,10 @@ def test_plot_writes_a_png(tmp_path):
     plot_run(stats, 1000.0, str(path))
     data = path.read_bytes()
     assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5000
+    # both kinds of compile are shaded: the one the decode thread waited for, the one ahead
+    import matplotlib.colors
+    import matplotlib.image
+    pixels = matplotlib.image.imread(str(path))[..., :3]
+    for thread in ("decode", "ahead"):
+        shade = 0.25 * np.array(matplotlib.colors.to_rgb(COMPILE_COLORS[thread])) + 0.75
+        assert (np.abs(pixels - shade).max(axis=-1) < 0.02).sum() > 500, thread

@@ -6,13 +6,14 @@ The "model" is a tiny recurrence: hidden h [D] float64, ``h = tanh(0.9 h + E[tok
 logits = sum_d h[d] * P[d, :]. Its state row is ``[h (D), tokens seen, first prompt token]``.
 Fault injection: a prompt starting with ``poison_token`` gets NaN logits once it has seen
 ``poison_after`` tokens; a prompt containing ``crash_token`` makes prefill raise; step number
-i (counting from 0) raises when i is in ``fail_steps``. ``compile_seconds``: what ``compile``
-reports for each bucket it had not compiled (no time passes: a stand-in for a real compile's
-cost, for the scheduler's shrink decisions). ``events`` logs every call.
+i (counting from 0) raises when i is in ``fail_steps``. ``compile_seconds``: how long
+``compile`` sleeps for each bucket it had not compiled (and reports). ``events`` logs every
+call. ``CompilingEngine`` declares ``Capability.COMPILES`` and holds compiles back on demand.
 """
 from __future__ import annotations
 
 import os
+import threading
 import time
 from typing import Sequence
 
@@ -76,6 +77,7 @@ class FakeEngine:
     def compile(self, buckets):
         self.events.append(("compile", tuple(buckets)))
         seconds = {b: 0.0 if b in self.compiled else self.compile_seconds for b in buckets}
+        time.sleep(sum(seconds.values()))
         self.compiled.update(buckets)
         return seconds
 
@@ -140,6 +142,57 @@ class FakeEngine:
 
     def from_host(self, host_row):
         return tuple(None if a is None else np.array(a) for a in host_row)
+
+
+class CompilingEngine(FakeEngine):
+    """A FakeEngine that declares ``Capability.COMPILES``, as a JIT engine would: ``compile``
+    of a bucket in ``held`` blocks (in whichever thread called it) until ``release(bucket)``;
+    a bucket in ``fail_compiles`` raises RuntimeError when compiled. It checks its use:
+    stepping, inserting into or resizing to a bucket, or resizing between two buckets (with
+    rows kept), that ``compile`` has not returned for raises RuntimeError ("... not
+    compiled"). ``compile_threads``: (thread name, buckets) of every compile call."""
+    capabilities = frozenset({Capability.COMPILES})
+
+    def __init__(self, *args, held: Sequence[int] = (), fail_compiles: Sequence[int] = (), **kwargs):
+        super().__init__(*args, **kwargs)
+        self.gates = {b: threading.Event() for b in held}
+        self.fail_compiles = set(fail_compiles)
+        self.pairs: set[tuple[int, int]] = set()
+        self.compile_threads: list[tuple[str, tuple[int, ...]]] = []
+        self._compile_lock = threading.Lock()
+
+    def release(self, bucket: int) -> None:
+        self.gates[bucket].set()
+
+    def compile(self, buckets):
+        self.compile_threads.append((threading.current_thread().name, tuple(buckets)))
+        for b in buckets:
+            if b in self.gates:
+                self.gates[b].wait()
+            if b in self.fail_compiles:
+                raise RuntimeError(f"injected compile failure of bucket {b}")
+        with self._compile_lock:
+            seconds = super().compile(buckets)
+            self.pairs.update((a, b) for a in buckets for b in buckets)
+        return seconds
+
+    def _check(self, bucket: int, what: str) -> None:
+        if bucket not in self.compiled:
+            raise RuntimeError(f"{what} in bucket {bucket}, not compiled")
+
+    def resize(self, keep_slots, new_bucket):
+        self._check(new_bucket, "resize")
+        if keep_slots and (self.bucket, new_bucket) not in self.pairs:
+            raise RuntimeError(f"resize {self.bucket} -> {new_bucket} not compiled")
+        super().resize(keep_slots, new_bucket)
+
+    def insert(self, slot, row, params):
+        self._check(self.bucket, "insert")
+        super().insert(slot, row, params)
+
+    def step(self, tokens, positions):
+        self._check(self.bucket, "step")
+        return super().step(tokens, positions)
 
 
 def reference_decode(engine: FakeEngine, prompt: Sequence[int], params, max_tokens: int | None = None):
