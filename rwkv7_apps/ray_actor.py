@@ -22,7 +22,7 @@ class ReplicaActor:
 
     def __init__(self, backend: str, model_path: str | None, random_model: str | None, dtype: str, kernels: str,
                  config: dict, fault: tuple | None, quantization: str = "none",
-                 group_size: int | None = None):
+                 group_size: int | None = None, state_dtype: str = "float32"):
         from rwkv7_core.tokenizer import tokenizer_for
         from scheduler import Scheduler, SchedulerConfig
 
@@ -31,7 +31,8 @@ class ReplicaActor:
         from .replicas import MAX_FAILURES
 
         path = random_model_path(random_model) if random_model else model_path
-        engine = load_engine(backend, path, dtype, kernels, quantization=quantization, group_size=group_size)
+        engine = load_engine(backend, path, dtype, kernels, quantization=quantization, group_size=group_size,
+                             state_dtype=state_dtype)
         self.guard = EngineGuard(engine, Fault(*fault) if fault else None)
         self.scheduler = Scheduler(self.guard, SchedulerConfig(**config), tokenizer=tokenizer_for(engine.vocab_size))
         self.device = f"{os.uname().nodename}:{os.getpid()}/{engine_device(engine)}"

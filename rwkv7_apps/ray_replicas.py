@@ -257,7 +257,7 @@ def ray_replica_set(args, model_path, config) -> RayReplicaSet:
     actors = [remote.options(name=f"rwkv7-generate-{os.getpid()}-{i}").remote(
         args.backend, None if args.random_model else str(model_path), args.random_model, args.dtype, args.kernels,
         config_fields, tuple(fault._replace(replica=0)) if fault and fault.of_replica(i) else None,
-        args.quantization, args.group_size)
+        args.quantization, args.group_size, args.state_dtype)
         for i in range(n)]
     try:
         infos = ray.get([a.ready.remote() for a in actors], timeout=READY_TIMEOUT_S)

@@ -42,10 +42,10 @@ def build_scheduler(parser: argparse.ArgumentParser, args, model_path: Path,
         parser.error(str(e))
     try:
         engines = ([load_engine(args.backend, model_path, args.dtype, args.kernels, quantization=args.quantization,
-                                group_size=args.group_size)]
+                                group_size=args.group_size, state_dtype=args.state_dtype)]
                    if len(devices) == 1 else
                    load_engines(args.backend, model_path, args.dtype, args.kernels, devices, args.quantization,
-                                args.group_size))
+                                args.group_size, args.state_dtype))
     except (OSError, ValueError) as e:
         fail(f"cannot load model {model_path}: {e}")
     tokenizer = tokenizer_for(engines[0].vocab_size, model_path)
