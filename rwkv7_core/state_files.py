@@ -189,10 +189,11 @@ def _our_state(tensors: Tensors, metadata: dict, config: ModelConfig, source: st
     if sorted(tensors) != sorted(STATE_LEAVES):
         raise StateFileError(f"{source!r}: expected the keys {list(STATE_LEAVES)}, got {sorted(tensors)}")
     state = SequenceState(*(np.array(tensors[name]) for name in STATE_LEAVES), tokens)
+    check_state(state, config, repr(source))
     recorded = metadata.get("state_dtype", DEFAULT_STATE_DTYPE)
     if recorded != _dtype_name(state.wkv.dtype):
         raise StateFileError(f"{source!r}: metadata says state_dtype {recorded} but its wkv is {state.wkv.dtype}")
-    return check_state(state, config, repr(source))
+    return state
 
 
 def _tuned_state(tensors: Tensors, config: ModelConfig, source: str, state_dtype: str) -> SequenceState:
