@@ -3,7 +3,7 @@ random checkpoint with trained-like statistics (CPU, JAX xla, float32 weights).
 
 The worst rounding schedule is measured: every token is its own decode step, so the state is
 rounded to the state dtype after every token (a prefill call carries it in float32 and
-rounds once at its end). Both models run side by side in one jitted scan.
+rounds once at its end). All the models run side by side in one jitted step (the text fed to each, or generation).
 
 - KL(float32 state || 16-bit state) of the next-token distribution at every position of
   --sequences texts of --positions tokens (the repo's README and docs/*.md, World tokenizer,
@@ -67,35 +67,35 @@ def _step(params, tok, state, config):
     return forward_fn(params, tok[:, None], state, config=config, path=select_path(tok.shape[0], 1), kernels="xla")
 
 
-@functools.partial(jax.jit, static_argnames="config")
-def forced(params, tokens, ref_state, state, *, config):
-    """Both states fed tokens int32 [T, B] one step at a time -> (KL [T, B], top-1 equal [T, B],
-    |logit error| max [T, B], final states)."""
-    def body(carry, tok):
-        a, b = carry
-        la, a = _step(params, tok, a, config)
-        lb, b = _step(params, tok, b, config)
-        lp, lq = jax.nn.log_softmax(la), jax.nn.log_softmax(lb)
-        kl = jnp.sum(jnp.exp(lp) * (lp - lq), -1)
-        return (a, b), (kl, la.argmax(-1) == lb.argmax(-1), jnp.abs(la - lb).max(-1))
-    (a, b), out = jax.lax.scan(body, (ref_state, state), tokens)
-    return out, a, b
+@functools.partial(jax.jit, static_argnames="config", donate_argnames="states")
+def step(params, toks, states, *, config):
+    """One decode step of each state in ``states`` (the first the float32 reference) fed its
+    tokens int32 [B] of ``toks`` -> (KL of each other state's next-token distribution from the
+    reference's [n - 1, B], each state's argmax [n, B], max |logit - reference logit| [n - 1, B],
+    the new states)."""
+    outs = [_step(params, t, s, config) for t, s in zip(toks, states)]
+    ref = jax.nn.log_softmax(outs[0][0])
+    kl = jnp.stack([jnp.sum(jnp.exp(ref) * (ref - jax.nn.log_softmax(lg)), -1) for lg, _ in outs[1:]])
+    err = jnp.stack([jnp.abs(outs[0][0] - lg).max(-1) for lg, _ in outs[1:]])
+    return kl, jnp.stack([lg.argmax(-1).astype(jnp.int32) for lg, _ in outs]), err, tuple(s for _, s in outs)
 
 
-@functools.partial(jax.jit, static_argnames=("config", "n"))
-def greedy(params, first, state, *, config, n):
-    """n greedy tokens [n, B] from the logits-producing token `first` int32 [B] and its state."""
-    def body(carry, _):
-        tok, s = carry
-        logits, s = _step(params, tok, s, config)
-        nxt = logits.argmax(-1).astype(jnp.int32)
-        return (nxt, s), nxt
-    _, toks = jax.lax.scan(body, (first, state), None, length=n)
-    return toks
+def forced(params, tokens: np.ndarray, states: tuple, config) -> tuple:
+    """Every state fed tokens [T, B] step by step -> (KL [T, n - 1, B], argmax [T, n, B],
+    errors [T, n - 1, B], final states)."""
+    kls, tops, errs = [], [], []
+    for t in range(tokens.shape[0]):
+        tok = jnp.asarray(tokens[t])
+        kl, top, err, states = step(params, (tok,) * len(states), states, config=config)
+        kls.append(kl)
+        tops.append(top)
+        errs.append(err)
+    return np.stack(kls), np.stack(tops), np.stack(errs), states
 
 
 def window_stats(kl: np.ndarray, top1: np.ndarray, err: np.ndarray) -> dict:
-    """KL mean / p99, top-1 agreement and max |logit error| over the WINDOW positions ending at each mark."""
+    """KL mean / p99, top-1 agreement and max |logit error| ([T, B] each) over the WINDOW
+    positions ending at each mark."""
     out = {}
     for mark in MARKS:
         if mark > kl.shape[0]:
@@ -125,32 +125,54 @@ def identical_prefix(a: np.ndarray, b: np.ndarray) -> float:
     return float(np.mean([len(col) if col.all() else int(np.argmin(col)) for col in same.T]))
 
 
-def measure(path: Path, config: ModelConfig, texts: np.ndarray, n_gen: int, state_dtype: str, folder: str) -> dict:
-    ref_model = rwkv_jax.load(path)
-    model = rwkv_jax.load(path, state_dtype=state_dtype)
-    params, B = ref_model.params, texts.shape[0]
+def generate(params, first: np.ndarray, states: tuple, n: int, config) -> np.ndarray:
+    """n steps from the tokens ``first`` int32 [B]: states[0] (float32) greedy on its own
+    tokens; then per 16-bit state dtype a pair (fed float32's tokens, greedy on its own).
+    Returns the argmax of every state [n, len(states), B] (row t: after t + 1 steps)."""
+    toks = [jnp.asarray(first)] * len(states)
+    tops = []
+    for _ in range(n):
+        _, top, _, states = step(params, tuple(toks), states, config=config)
+        tops.append(top)
+        toks = [top[0] if i % 2 else top[i] for i in range(len(states))]  # odd: forced on float32's
+    return np.stack(tops)
+
+
+def greedy_rows(tops: np.ndarray, i: int) -> dict:
+    """Agreement of the pair of 16-bit states at columns (i, i + 1) of ``generate`` with float32."""
+    ref = tops[:, 0]
+    return {"forced_agreement": float((tops[:, i] == ref).mean()), "identical_prefix": identical_prefix(tops[:, i + 1], ref)}
+
+
+def measure(path: Path, config: ModelConfig, texts: np.ndarray, n_gen: int, state_dtypes: list, folder: str) -> dict:
+    """The float32 state against each of ``state_dtypes``, side by side (see module doc)."""
+    models = [rwkv_jax.load(path, state_dtype=sd) for sd in ["float32", *state_dtypes]]
+    params, B = models[0].params, texts.shape[0]
     t0 = time.perf_counter()
-    (kl, top1, err), _, _ = forced(params, jnp.asarray(texts.T), ref_model.init_state(B), model.init_state(B),
-                                   config=config)
-    row = {"text": window_stats(*(np.asarray(x) for x in (kl, top1, err)))}
-    # greedy: both models read the prompt step by step, then the float32 model generates
-    prompt = jnp.asarray(texts[:, :PROMPT].T)
-    _, ref_state, state = forced(params, prompt[:-1], ref_model.init_state(B), model.init_state(B), config=config)
-    ref_gen = np.asarray(greedy(params, prompt[-1], ref_state, config=config, n=n_gen))
-    feed = jnp.asarray(np.concatenate([np.asarray(prompt[-1:]), ref_gen[:-1]]))
-    (_, agree, _), _, _ = forced(params, feed, ref_state, state, config=config)
-    own = np.asarray(greedy(params, prompt[-1], state, config=config, n=n_gen))
-    row["greedy"] = {"forced_agreement": float(np.asarray(agree).mean()), "identical_prefix": identical_prefix(own, ref_gen)}
-    loaded = round_trip(state, config, folder)
-    (_, agree_rt, _), _, _ = forced(params, feed, ref_state, loaded, config=config)
-    own_rt = np.asarray(greedy(params, prompt[-1], loaded, config=config, n=n_gen))
-    row["greedy_after_round_trip"] = {"forced_agreement": float(np.asarray(agree_rt).mean()),
-                                      "identical_prefix": identical_prefix(own_rt, ref_gen),
-                                      "bit_identical_to_no_round_trip": bool(np.array_equal(own_rt, own)
-                                                                             and np.array_equal(agree_rt, agree))}
-    row["seconds"] = round(time.perf_counter() - t0, 1)
-    print(f"  {state_dtype}: {json.dumps(row)}", flush=True)
-    return row
+    kl, tops, err, _ = forced(params, texts.T, tuple(m.init_state(B) for m in models), config)
+    rows = {sd: {"text": window_stats(kl[:, i], tops[:, i + 1] == tops[:, 0], err[:, i])}
+            for i, sd in enumerate(state_dtypes)}
+    print(f"  text: {time.perf_counter() - t0:.0f} s", flush=True)
+    # the prompt step by step, then generation from the last prompt token: float32, and per
+    # 16-bit dtype a forced and a free state, with and without a round trip through a state file
+    _, _, _, after = forced(params, texts[:, :PROMPT - 1].T, tuple(m.init_state(B) for m in models), config)
+    pairs = [after[0]]
+    for state in after[1:]:
+        pairs += [jax.tree.map(jnp.copy, state), jax.tree.map(jnp.copy, state)]
+    for state in after[1:]:
+        loaded = round_trip(state, config, folder)
+        pairs += [loaded, jax.tree.map(jnp.copy, loaded)]
+    tops = generate(params, texts[:, PROMPT - 1], tuple(pairs), n_gen, config)
+    n = len(state_dtypes)
+    for i, sd in enumerate(state_dtypes):
+        plain, trip = 1 + 2 * i, 1 + 2 * (n + i)
+        rows[sd]["greedy"] = greedy_rows(tops, plain)
+        rows[sd]["greedy_after_round_trip"] = {
+            **greedy_rows(tops, trip), "bit_identical_to_no_round_trip": bool(
+                np.array_equal(tops[:, trip:trip + 2], tops[:, plain:plain + 2]))}
+        print(f"  {sd}: {json.dumps(rows[sd])}", flush=True)
+    print(f"  total {time.perf_counter() - t0:.0f} s", flush=True)
+    return rows
 
 
 def markdown(out: dict) -> str:
@@ -192,8 +214,7 @@ def main(argv=None) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "trained-like.safetensors"
         write_checkpoint(path, trained_like(random_tensors(config, args.seed), args.seed + 1))
-        for sd in args.state_dtypes.split(","):
-            out["state_dtypes"][sd] = measure(path, config, texts, args.generate, sd, tmp)
+        out["state_dtypes"] = measure(path, config, texts, args.generate, args.state_dtypes.split(","), tmp)
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text(json.dumps(out, indent=1) + "\n")
     args.output.with_suffix(".md").write_text(markdown(out))
