@@ -62,10 +62,10 @@ seconds, times the slowest measured/recorded ratio so far, fit what is left of T
 4b. state_dtype, ~17 s: the decode row of 1.5b pallas-fused at B = 256 with a bfloat16 wkv
    state (``run_state_dtype``), beside the float32-state row of section 4.
 
-Start-up (~10 s) + 64 + 5 + 300 + 17 + 15 = ~411 s; then the quantized section's 1.5b int8 B=1
-row (~17 s; the fp8 one when compiles ran faster); the prefill and models sections start what still fits and list the rest as skipped,
-with the reason (a rerun with --cache-dir compiles nothing and reaches them); 30 s of margin
-remain under 8 minutes.
+Start-up (~10 s) + 64 + 5 + 300 + 17 + 15 = ~411 s; then the quantized section's 1.5b int8
+B=1 row (~17 s; the fp8 one when compiles ran faster); the prefill and models sections start
+what still fits and list the rest as skipped, with the reason (a rerun with --cache-dir
+compiles nothing and reaches them); 30 s of margin remain under 8 minutes.
 
 --smoke runs every section on the CPU with tiny shapes and interpret-mode kernels and no time
 budget (a CI test); the deviceless section then compiles and serializes but cannot load.

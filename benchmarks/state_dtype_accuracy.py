@@ -141,7 +141,8 @@ def generate(params, first: np.ndarray, states: tuple, n: int, config) -> np.nda
 def greedy_rows(tops: np.ndarray, i: int) -> dict:
     """Agreement of the pair of 16-bit states at columns (i, i + 1) of ``generate`` with float32."""
     ref = tops[:, 0]
-    return {"forced_agreement": float((tops[:, i] == ref).mean()), "identical_prefix": identical_prefix(tops[:, i + 1], ref)}
+    return {"forced_agreement": float((tops[:, i] == ref).mean()),
+            "identical_prefix": identical_prefix(tops[:, i + 1], ref)}
 
 
 def measure(path: Path, config: ModelConfig, texts: np.ndarray, n_gen: int, state_dtypes: list, folder: str) -> dict:

@@ -69,7 +69,8 @@ def main(argv=None) -> None:
     out = {"config": args.config, "dtype": args.dtype, "rounds": args.rounds, "tok_s": medians, "samples": samples,
            "note": "loaded shared 2-core machine; interleaved rounds"}
     lines = [f"CPU decode tok/s (JAX xla, {args.config} {args.dtype} weights, median of {args.rounds} interleaved "
-             "rounds, loaded 2-core machine)", "", "| B | float32 state | bfloat16 state | ratio |", "|---|---|---|---|"]
+             "rounds, loaded 2-core machine)", "", "| B | float32 state | bfloat16 state | ratio |",
+             "|---|---|---|---|"]
     for B in map(int, args.batch.split(",")):
         a, b = medians[f"float32 B={B}"], medians[f"bfloat16 B={B}"]
         lines.append(f"| {B} | {a:.1f} | {b:.1f} | {b / a:.2f} |")

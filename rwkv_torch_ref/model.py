@@ -248,4 +248,5 @@ def load(path: str | os.PathLike, dtype: str = "float32", kernels: str | Kernels
             os.environ.setdefault("TRITON_INTERPRET", "1")
     tensors, config = read_checkpoint(path)
     quant = resolve_spec(quantization, group_size, stored_spec(tensors.metadata), str(path))
-    return RWKV7(tensors, config, DTYPES[dtype], kind, device, quant, None if state_dtype is None else DTYPES[state_dtype])
+    return RWKV7(tensors, config, DTYPES[dtype], kind, device, quant,
+                 None if state_dtype is None else DTYPES[state_dtype])
