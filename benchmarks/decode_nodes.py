@@ -16,7 +16,7 @@ entry for registers and spills. Needs jax's CUDA plugin (installed, or in the fo
 ``--target`` (default: the package's H200 description, ``rwkv_jax/gpu_targets/h200.txtpb``).
 
 usage: JAX_PLATFORMS=cpu python benchmarks/decode_nodes.py --config 1.5b --kernels pallas,xla
-       --batch 1,8 [--dtype bfloat16] [--ptxas] [--json benchmarks/results/decode_nodes.json]
+       --batch 1,8 [--dtype bfloat16] [--state-dtype float32] [--ptxas] [--json benchmarks/results/decode_nodes.json]
 """
 from __future__ import annotations
 
@@ -173,8 +173,10 @@ def estimate_ms(row: dict, per_node_us: float = PER_NODE_US) -> float:
     from rwkv7_core.config import named_config
     from rwkv7_core.cost import step_bytes_and_flops
     config = named_config(row["config"])
-    itemsize = BYTES[{"bfloat16": "bf16", "float16": "f16", "float32": "f32"}[row["dtype"]]]
-    streamed, flops = step_bytes_and_flops(config, config.n_params * itemsize, itemsize, row["B"], 1)
+    short = {"bfloat16": "bf16", "float16": "f16", "float32": "f32"}
+    itemsize = BYTES[short[row["dtype"]]]
+    state_itemsize = BYTES[short[row.get("state_dtype", "float32")]]
+    streamed, flops = step_bytes_and_flops(config, config.n_params * itemsize, itemsize, row["B"], 1, state_itemsize)
     moved = streamed + row["copy_bytes"]
     return (max(moved / HBM_BYTES_S, flops / MATMUL_FLOP_S) + row["nodes"] * per_node_us * 1e-6) * 1e3
 
@@ -209,16 +211,18 @@ def markdown(rows: list) -> str:
     return "\n".join(lines) + "\n"
 
 
-def compile_step(config, dtype, kernels: str, B: int, dump: str, target, quant=None) -> float:
+def compile_step(config, dtype, kernels: str, B: int, dump: str, target, quant=None,
+                 state_dtype=jnp.float32) -> float:
     """Deviceless compile of the forward decode step (B sequences, T = 1), with weights
-    quantized by `quant` (a rwkv7_core.quantization.QuantSpec or None); returns seconds."""
+    quantized by `quant` (a rwkv7_core.quantization.QuantSpec or None) and the wkv state in
+    `state_dtype`; returns seconds."""
     from rwkv_jax.deviceless import dump_options, on_target, placed
     from rwkv_jax.forward import forward_fn
     from rwkv_jax.paths import select_path
     from rwkv_jax.random_params import params_struct
     from rwkv_jax.state import init_state
     params = params_struct(config, dtype, quant)
-    state = jax.eval_shape(lambda: init_state(config, B, dtype))
+    state = jax.eval_shape(lambda: init_state(config, B, dtype, state_dtype))
     tokens = jax.ShapeDtypeStruct((B, 1), jnp.int32)
     static = dict(config=config, path=select_path(B, 1), kernels=kernels)
     t0 = time.perf_counter()
@@ -240,6 +244,7 @@ def main(argv=None) -> None:
     ap.add_argument("--quantization", default="none", choices=("none", "int8", "fp8"),
                     help="quantized weights (every kernels option takes them)")
     ap.add_argument("--group-size", type=int, default=None, help="int8 group size (default: the library's)")
+    ap.add_argument("--state-dtype", default="float32", choices=sorted(DTYPES), help="the wkv state's dtype")
     ap.add_argument("--ptxas", action="store_true", help="ptxas -v every Pallas entry (regs, spills)")
     ap.add_argument("--keep-dumps", help="keep the XLA dumps under this folder")
     ap.add_argument("--json", help="append the rows to this JSON file (a list)")
@@ -265,7 +270,8 @@ def main(argv=None) -> None:
         for B in map(int, a.batch.split(",")):
             dump = tempfile.mkdtemp(prefix=f"nodes_{a.config}_{kernels}_B{B}_", dir=a.keep_dumps)
             try:
-                seconds = compile_step(config, DTYPES[a.dtype], kernels, B, dump, target, quant)
+                seconds = compile_step(config, DTYPES[a.dtype], kernels, B, dump, target, quant,
+                                       DTYPES[a.state_dtype])
             except Exception as e:  # a shape that does not compile is a result too
                 print(f"{a.config} {a.dtype} {kernels} B={B} FAILED: {type(e).__name__}: {str(e)[:300]}", flush=True)
                 save({"label": a.label, "config": a.config, "dtype": a.dtype, "kernels": kernels, "B": B,
@@ -274,7 +280,8 @@ def main(argv=None) -> None:
             from rwkv7_core.state import state_shapes
             records = thunks(dump, tuple(state_shapes(config, B).values()), config.n_layer)
             row = {"label": a.label, "config": a.config, "dtype": a.dtype, "kernels": kernels, "B": B,
-                   **({"quantization": quant.describe()} if quant else {}), "n_layer": config.n_layer,
+                   **({"quantization": quant.describe()} if quant else {}),
+                   **({"state_dtype": a.state_dtype} if a.state_dtype != "float32" else {}), "n_layer": config.n_layer,
                    "compile_s": round(seconds, 1), **summarize(records, config.n_layer),
                    "launches": [{k: r[k] for k in ("name", "programs", "bytes") if k in r}
                                 for r in records if r["name"].startswith("rwkv7")]}

@@ -59,10 +59,13 @@ seconds, times the slowest measured/recorded ratio so far, fit what is left of T
    a Pallas and an XLA compile each).
 9. serving (<= SERVING_BUDGET_S), http_serving (<= HTTP_BUDGET_S), data_parallel (>= 2 GPUs).
 
-Start-up (~10 s) + 64 + 5 + 300 + 15 = ~394 s; then the quantized section's 1.5b B=1 rows
-(~35 s); the prefill and models sections start what still fits and list the rest as skipped,
-with the reason (a rerun with --cache-dir compiles nothing and reaches them); 30 s of margin
-remain under 8 minutes.
+4b. state_dtype, ~17 s: the decode row of 1.5b pallas-fused at B = 256 with a bfloat16 wkv
+   state (``run_state_dtype``), beside the float32-state row of section 4.
+
+Start-up (~10 s) + 64 + 5 + 300 + 17 + 15 = ~411 s; then the quantized section's 1.5b int8
+B=1 row (~17 s; the fp8 one when compiles ran faster); the prefill and models sections start
+what still fits and list the rest as skipped, with the reason (a rerun with --cache-dir
+compiles nothing and reaches them); 30 s of margin remain under 8 minutes.
 
 --smoke runs every section on the CPU with tiny shapes and interpret-mode kernels and no time
 budget (a CI test); the deviceless section then compiles and serializes but cannot load.
@@ -302,9 +305,9 @@ def params_for(config: ModelConfig, dtype) -> dict:
 
 
 @functools.lru_cache(maxsize=None)
-def model_for(config: ModelConfig, dtype, kernels: str, device=None) -> Model:
-    """One Model per (config, dtype, kernels, device), so each executable compiles once a run."""
-    return Model(params_for(config, dtype), config, dtype, kernels, device)
+def model_for(config: ModelConfig, dtype, kernels: str, device=None, state_dtype=jnp.float32) -> Model:
+    """One Model per (config, dtype, kernels, device, state dtype), so each executable compiles once a run."""
+    return Model(params_for(config, dtype), config, dtype, kernels, device, state_dtype)
 
 
 @functools.lru_cache(maxsize=None)
@@ -614,7 +617,8 @@ def measure_model(model: Model, B, T, smoke, roofline) -> dict:
     block((logits, state))
     step_s = (time.perf_counter() - start) / n
     params_bytes = sum(x.nbytes for x in jax.tree.leaves(model.params))
-    nbytes, flops = step_bytes_and_flops(model.config, params_bytes, jnp.dtype(model.dtype).itemsize, B, T)
+    nbytes, flops = step_bytes_and_flops(model.config, params_bytes, jnp.dtype(model.dtype).itemsize, B, T,
+                                         jnp.dtype(model.state_dtype).itemsize)
     bytes_s = nbytes / (roofline["copy_GBps"] * 1e9)
     flops_s = flops / (roofline["bf16_matmul_TFLOPs"] * 1e12)
     return {"path": rwkv_jax.select_path(B, T).name, "compile_s": executables_for(model).compile_seconds[key],
@@ -697,6 +701,20 @@ def run_decode(smoke: bool, interpret: bool, roofline: dict, budget: Budget, clo
             out["engine"].append({**row, "skipped": reason} if reason else
                                  attempt(row, measure_engine_step, model, B, smoke))
         yield out
+
+
+def run_state_dtype(smoke: bool, interpret: bool, roofline: dict, budget: Budget, clock: CompileClock) -> dict:
+    """Decode with a bfloat16 wkv state (issue 39) beside the decode section's float32-state
+    row: 1.5b bf16 pallas-fused at B = 256 (tiny float32 at B = 4 in --smoke); tok/s, step ms,
+    launches and the HBM roofline fraction of the step's bytes (the state at 2 bytes)."""
+    name, B = ("tiny", 4) if smoke else ("1.5b", 256)
+    kernels = kernel_names(interpret)[0]
+    row = {"model": name, "kernels": kernels, "B": B, "T": 1, "state_dtype": "bfloat16"}
+    reason = budget.shortfall(clock.estimate(name, kernels, B, 1) + 5)
+    if reason:
+        return {**row, "skipped": reason}
+    model = model_for(named_config(name), jnp.float32 if smoke else jnp.bfloat16, kernels, state_dtype=jnp.bfloat16)
+    return attempt(row, measure_model, model, B, 1, smoke, roofline)
 
 
 def model_items(smoke: bool, fused: str, pallas: str, xla: str) -> list:
@@ -1266,7 +1284,7 @@ def markdown(results: dict) -> str:
     tables = {"parity": _parity_lines, "torch_parity": _torch_lines, "kernels": _kernel_lines,
               "decode": lambda p: _rows_lines(p.get("rows", [])) + _engine_lines(p.get("engine", [])),
               "models": lambda p: _rows_lines(p.get("rows", [])), "prefill": _prefill_lines,
-              "quantized": _quantized_lines}
+              "quantized": _quantized_lines, "state_dtype": lambda p: _rows_lines([p])}
     for name, p in sections.items():
         if p["status"] == "skipped":  # the table above says why
             continue
@@ -1314,6 +1332,7 @@ def main(argv=None) -> dict:
     report.section("torch_parity", collect_torch_parity, child, min(TORCH_WAIT_S, budget.left()))
     roofline = report.section("roofline", run_roofline, args.smoke)
     report.section("decode", run_decode, args.smoke, interpret, roofline, budget, clock)
+    report.section("state_dtype", run_state_dtype, args.smoke, interpret, roofline, budget, clock)
     report.section("deviceless", run_deviceless, args.smoke, budget)
     report.section("quantized", run_quantized, args.smoke, interpret, roofline, budget, clock)
     report.section("prefill", run_prefill, args.smoke, interpret, roofline, budget, clock)

@@ -29,6 +29,16 @@ def pow2_divisor(n: int, cap: int) -> int:
     return d
 
 
+STATE_DTYPES = (jnp.float32, jnp.bfloat16, jnp.float16)
+"""The dtypes a wkv state may be held in (``rwkv7_core.state``); the kernels read it into
+float32 registers and round it back when they store it."""
+
+
+def is_state_dtype(dtype) -> bool:
+    """Whether ``dtype`` is one a wkv state may be held in (``STATE_DTYPES``)."""
+    return any(dtype == d for d in STATE_DTYPES)
+
+
 def require(cond: bool, message: str) -> None:
     """Raise ValueError(message) unless cond holds (bad shapes/dtypes at trace time)."""
     if not cond:

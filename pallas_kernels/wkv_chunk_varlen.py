@@ -26,6 +26,10 @@ balance point and L = 32 passes it; 16 is also Triton's smallest dot tile. Regis
 4 warps spill at BV = 32 (56 B) and 64 (904 B); with IEEE float32 products (no tensor cores)
 every variant spills. So BV <= 32, 8 warps, tf32x3 products on the GPU (IEEE in interpret mode).
 
+The state may be held in float32, bfloat16 or float16 (``common.STATE_DTYPES``): each
+program reads its rows into float32, carries them through the whole sequence in registers and
+rounds them back once at the end.
+
 A chunk window that would run past the stream end is moved back to end there; its rows
 outside [chunk start, sequence end) act as identity steps (w = 1, no update) and are not
 stored. Rows past cu_seqlens[-1] (padding) come back zero; an empty sequence keeps its row.
@@ -39,7 +43,7 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu_triton
 
-from .common import require, triton_params
+from .common import is_state_dtype, require, triton_params
 from .wkv_step import wkv_step_reference
 
 CHUNK = 16              # tokens per chunk step (see the module doc)
@@ -53,9 +57,10 @@ _HIGHEST = jax.lax.Precision.HIGHEST
 
 def wkv_varlen_reference(r, w, k, v, kk, a, S, cu_seqlens):
     """Naive per-token reference (jittable). r, w, k, v, kk, a: float32 [T, H, N] (flat tokens);
-    S float32 [P, H, N, N]; cu_seqlens int32 [P + 1], non-decreasing, cu_seqlens[0] = 0.
-    Returns (y [T, H, N] float32, zero on rows past cu_seqlens[-1]; S' [P, H, N, N])."""
-    P = S.shape[0]
+    S [P, H, N, N] in a state dtype (carried in float32); cu_seqlens int32 [P + 1],
+    non-decreasing, cu_seqlens[0] = 0. Returns (y [T, H, N] float32, zero on rows past
+    cu_seqlens[-1]; S' [P, H, N, N] in S's dtype)."""
+    P, dtype = S.shape[0], S.dtype
     owner = jnp.searchsorted(cu_seqlens[1:], jnp.arange(r.shape[0]), side="right")
 
     def step(S, xs):
@@ -65,8 +70,8 @@ def wkv_varlen_reference(r, w, k, v, kk, a, S, cu_seqlens):
         S = S.at[row].set(jnp.where(p < P, s[0], S[row]))
         return S, jnp.where(p < P, y[0], 0.0)
 
-    S, y = jax.lax.scan(step, S, (owner, (r, w, k, v, kk, a)))
-    return y, S
+    S, y = jax.lax.scan(step, S.astype(jnp.float32), (owner, (r, w, k, v, kk, a)))
+    return y, S.astype(dtype)
 
 
 def _dot(x, y, contract: tuple[int, int], precision):
@@ -128,7 +133,8 @@ def _kernel(cu_ref, r_ref, w_ref, k_ref, v_ref, kk_ref, a_ref, s_ref, y0_ref, y_
         plgpu_triton.store(y_ref.at[window, :], y, mask=jnp.broadcast_to(valid[:, None], y.shape))
         return S
 
-    s_out_ref[...] = jax.lax.fori_loop(0, (end - start + CHUNK - 1) // CHUNK, body, s_ref[...])
+    S = jax.lax.fori_loop(0, (end - start + CHUNK - 1) // CHUNK, body, s_ref[...].astype(jnp.float32))
+    s_out_ref[...] = S.astype(s_out_ref.dtype)
 
 
 def value_block(P: int, H: int, N: int) -> int:
@@ -141,7 +147,8 @@ def value_block(P: int, H: int, N: int) -> int:
 
 
 def wkv_chunk_varlen(r, w, k, v, kk, a, S, cu_seqlens, *, layer: int | None = None, interpret: bool = False):
-    """Pallas kernel with the contract of `wkv_varlen_reference` (one launch); S is aliased to S'.
+    """Pallas kernel with the contract of `wkv_varlen_reference` (one launch); S (any state
+    dtype) is aliased to S'.
     N must be a power of two >= 16. With `layer`, S is the whole [P, L, H, N, N] state leaf: its
     layer is read and written in place and the whole leaf comes back (no slice copied out)."""
     T, H, N = r.shape
@@ -153,8 +160,9 @@ def wkv_chunk_varlen(r, w, k, v, kk, a, S, cu_seqlens, *, layer: int | None = No
     for name, t in (("r", r), ("w", w), ("k", k), ("v", v), ("kk", kk), ("a", a)):
         require(t.shape == (T, H, N) and t.dtype == jnp.float32,
                 f"wkv_chunk_varlen: {name} must be float32 [T, H, N]={T, H, N}, got {t.dtype} {t.shape}")
-    require(S.shape == (P, H, N, N) and S.dtype == jnp.float32,
-            f"wkv_chunk_varlen: S must be float32 [P, H, N, N]={P, H, N, N}, got {S.dtype} {S.shape}")
+    require(S.shape == (P, H, N, N) and is_state_dtype(S.dtype),
+            f"wkv_chunk_varlen: S must be float32, bfloat16 or float16 [P, H, N, N]={P, H, N, N}, "
+            f"got {S.dtype} {S.shape}")
     require(cu_seqlens.shape == (P + 1,) and cu_seqlens.dtype == jnp.int32,
             f"wkv_chunk_varlen: cu_seqlens must be int32 [P + 1]={P + 1,}, got {cu_seqlens.dtype} {cu_seqlens.shape}")
     require(N & (N - 1) == 0 and N >= MIN_VALUE_BLOCK,
@@ -174,7 +182,7 @@ def wkv_chunk_varlen(r, w, k, v, kk, a, S, cu_seqlens, *, layer: int | None = No
     cu = pl.BlockSpec((P + 1,), lambda p, h, s: (0,))
     y, S = pl.pallas_call(
         functools.partial(_kernel, T=Tp, precision=_HIGHEST if interpret else GPU_PRECISION),
-        out_shape=(jax.ShapeDtypeStruct((Tp, H, N), jnp.float32), jax.ShapeDtypeStruct(S.shape, jnp.float32)),
+        out_shape=(jax.ShapeDtypeStruct((Tp, H, N), jnp.float32), jax.ShapeDtypeStruct(S.shape, S.dtype)),
         grid=(P, H, N // bv),
         in_specs=[cu, keys, keys, keys, vals, keys, keys, state, vals],
         out_specs=(vals, state),

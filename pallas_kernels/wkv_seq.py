@@ -3,7 +3,8 @@
 Each program keeps its [N, N] float32 state in registers and walks the T steps in chunks of
 CHUNK statically unrolled steps (the loads of a chunk do not depend on the state, so they are
 issued ahead of the serial state updates); a tail of T % CHUNK single steps follows. The state
-comes in and goes out (aliased). Step math as in `wkv_step`.
+comes in and goes out (aliased) in its state dtype, rounded once at the end. Step math as in
+`wkv_step`.
 """
 from __future__ import annotations
 
@@ -19,16 +20,18 @@ CHUNK = 8  # time steps per unrolled chunk
 
 
 def wkv_seq_reference(r, w, k, v, kk, a, S):
-    """Plain-jnp recurrence over T. r, w, k, v, kk, a: [B, T, H, N] float32; S [B, H, N, N].
+    """Plain-jnp recurrence over T. r, w, k, v, kk, a: [B, T, H, N] float32; S [B, H, N, N] in a
+    state dtype, carried in float32 through the T steps.
 
-    Returns (y [B, T, H, N] float32, S_final [B, H, N, N] float32).
+    Returns (y [B, T, H, N] float32, S_final [B, H, N, N] in S's dtype).
     """
     def step(S, xs):
         y, S = wkv_step_reference(*xs, S)
         return S, y
 
-    S, ys = jax.lax.scan(step, S, tuple(jnp.moveaxis(t, 1, 0) for t in (r, w, k, v, kk, a)))
-    return jnp.moveaxis(ys, 0, 1), S
+    dtype = S.dtype
+    S, ys = jax.lax.scan(step, S.astype(jnp.float32), tuple(jnp.moveaxis(t, 1, 0) for t in (r, w, k, v, kk, a)))
+    return jnp.moveaxis(ys, 0, 1), S.astype(dtype)
 
 
 def _seq_kernel(r_ref, w_ref, k_ref, v_ref, kk_ref, a_ref, s_ref, y_ref, s_out_ref, *, T: int):
@@ -47,9 +50,9 @@ def _seq_kernel(r_ref, w_ref, k_ref, v_ref, kk_ref, a_ref, s_ref, y_ref, s_out_r
         return S
 
     n_chunks = T // CHUNK
-    S = jax.lax.fori_loop(0, n_chunks, chunk, s_ref[...])
+    S = jax.lax.fori_loop(0, n_chunks, chunk, s_ref[...].astype(jnp.float32))
     S = jax.lax.fori_loop(n_chunks * CHUNK, T, one_step, S)
-    s_out_ref[...] = S
+    s_out_ref[...] = S.astype(s_out_ref.dtype)
 
 
 def wkv_seq(r, w, k, v, kk, a, S, *, interpret: bool = False):

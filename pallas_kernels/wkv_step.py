@@ -3,6 +3,8 @@
 Per head, with vectors of width N and S [N, N] (rows = value dim i, cols = key dim j):
     S' = S * w[None, :] + (S @ -kk)[:, None] * (kk * a)[None, :] + v[:, None] * k[None, :]
     y  = S' @ r
+The state may be held in float32, bfloat16 or float16 (``common.STATE_DTYPES``): it is read
+into float32, updated in float32 and rounded back to its dtype where it is stored.
 """
 from __future__ import annotations
 
@@ -10,27 +12,29 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
-from .common import require, triton_params
+from .common import is_state_dtype, require, triton_params
 
 _HIGHEST = jax.lax.Precision.HIGHEST
+F32 = jnp.float32
 
 
 def wkv_step_reference(r, w, k, v, kk, a, S):
     """Plain-jnp step (the model's XLA op). r, w, k, v, kk, a: [B, H, N] float32; S: [B, H, N, N]
-    float32. Returns (y [B, H, N] float32, S' [B, H, N, N] float32)."""
+    in a state dtype (read as float32). Returns (y [B, H, N] float32, S' [B, H, N, N] in S's dtype)."""
+    dtype, S = S.dtype, S.astype(F32)
     sa = jnp.einsum("bhij,bhj->bhi", S, -kk, precision=_HIGHEST)
     S = S * w[:, :, None, :] + sa[..., None] * (kk * a)[:, :, None, :] + v[..., None] * k[:, :, None, :]
     y = jnp.einsum("bhij,bhj->bhi", S, r, precision=_HIGHEST)
-    return y, S
+    return y, S.astype(dtype)
 
 
 def _step_kernel(r_ref, w_ref, k_ref, v_ref, kk_ref, a_ref, s_ref, y_ref, s_out_ref):
-    S = s_ref[...]
+    S = s_ref[...].astype(F32)
     kk = kk_ref[...]
     sa = jnp.sum(S * (-kk)[None, :], axis=1)
     S = (S * w_ref[...][None, :] + sa[:, None] * (kk * a_ref[...])[None, :]
          + v_ref[...][:, None] * k_ref[...][None, :])
-    s_out_ref[...] = S
+    s_out_ref[...] = S.astype(s_out_ref.dtype)
     y_ref[...] = jnp.sum(S * r_ref[...][None, :], axis=1)
 
 
@@ -47,19 +51,20 @@ def wkv_step(r, w, k, v, kk, a, S, *, interpret: bool = False):
 def per_head_call(kernel, op: str, layout: str, row_spec: pl.BlockSpec, rows: tuple, S, interpret: bool):
     """Run a wkv ``kernel`` with one program per (batch, head): ``rows`` are r, w, k, v, kk, a
     (float32, all of the shape of r, described by ``layout`` in errors) read through
-    ``row_spec``, S float32 [B, H, N, N] aliased to the new state -> (y of r's shape, S')."""
+    ``row_spec``, S [B, H, N, N] in a state dtype aliased to the new state -> (y float32 of r's
+    shape, S' in S's dtype)."""
     shape = rows[0].shape
     for name, t in zip(("r", "w", "k", "v", "kk", "a"), rows):
         require(t.shape == shape and t.dtype == jnp.float32,
                 f"{op}: {name} must be float32 {layout}={shape}, got {t.dtype} {t.shape}")
     B, H, N = shape[0], shape[-2], shape[-1]
-    require(S.shape == (B, H, N, N) and S.dtype == jnp.float32,
-            f"{op}: S must be float32 [B, H, N, N], got {S.dtype} {S.shape}")
+    require(S.shape == (B, H, N, N) and is_state_dtype(S.dtype),
+            f"{op}: S must be float32, bfloat16 or float16 [B, H, N, N], got {S.dtype} {S.shape}")
     require(N & (N - 1) == 0, f"{op}: head size N={N} must be a power of two")
     mat = pl.BlockSpec((None, None, N, N), lambda b, h: (b, h, 0, 0))
     return pl.pallas_call(
         kernel,
-        out_shape=(jax.ShapeDtypeStruct(shape, jnp.float32), jax.ShapeDtypeStruct((B, H, N, N), jnp.float32)),
+        out_shape=(jax.ShapeDtypeStruct(shape, jnp.float32), jax.ShapeDtypeStruct((B, H, N, N), S.dtype)),
         grid=(B, H),
         in_specs=[row_spec] * 6 + [mat],
         out_specs=(row_spec, mat),

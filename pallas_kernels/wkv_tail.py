@@ -5,7 +5,8 @@ updated in place, GroupNorm, the bonus and the gate. One program per (row, head)
 Reads the receptance/key/value products as ``segment_linear`` partials [splits, Mp, >= 3C]
 (columns [0, C), [C, 2C), [2C, 3C)) and the LoRA outputs ``lora_up`` writes [n, Mp, C] (order
 w, a, [v,] g); the state is either one layer's rows [B, H, N, N] or the whole [B, L, H, N, N]
-with ``layer`` naming the block to update (read and written in place, nothing sliced out).
+with ``layer`` naming the block to update (read and written in place, nothing sliced out), in
+any state dtype (``common.STATE_DTYPES``: read into float32, rounded back where stored).
 Same math as ``wkv_tail_reference``: ``wkv_operands_reference`` -> ``wkv_step_reference`` ->
 ``wkv_output_reference`` (the operand and output pieces from the same ``time_mix`` helpers).
 """
@@ -17,7 +18,7 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
-from .common import require, triton_params
+from .common import is_state_dtype, require, triton_params
 from .segment_linear import sum_splits
 from .time_mix import (
     bonus,
@@ -65,10 +66,10 @@ def _kernel(*refs, first: bool, splits: int, dtype):
         vf_out_ref[...] = v
     else:
         v = value_mix(v, vf_ref[...], vec(2), lora(2))
-    S = s_ref[...]
+    S = s_ref[...].astype(F32)
     sa = jnp.sum(S * (-kk)[None, :], axis=1)
     S = S * w[None, :] + sa[:, None] * (kk * a)[None, :] + v[:, None] * k[None, :]
-    s_out_ref[...] = S
+    s_out_ref[...] = S.astype(s_out_ref.dtype)
     y = jnp.sum(S * r[None, :], axis=1)
     y = head_norm(y) * vec(5) + vec(6)
     y = y + bonus(r, k, rk_ref[...], v)
@@ -91,8 +92,8 @@ def wkv_tail(partials, lora, vecs, r_k, v_first, S, *, layer: int | None = None,
     require(n == (3 if first else 4), f"wkv_tail: {n} LoRA outputs, expected {3 if first else 4}")
     require(C == H * N and vecs.shape == (7, C), f"wkv_tail: vecs must be [7, {C}], r_k [H, N]")
     state_shape = (B, H, N, N) if layer is None else (B, S.shape[1], H, N, N)
-    require(S.shape == state_shape and S.dtype == F32 and M <= Mp,
-            f"wkv_tail: S must be float32 {state_shape}, got {S.dtype} {S.shape}")
+    require(S.shape == state_shape and is_state_dtype(S.dtype) and M <= Mp,
+            f"wkv_tail: S must be float32, bfloat16 or float16 {state_shape}, got {S.dtype} {S.shape}")
     require(N & (N - 1) == 0, f"wkv_tail: head size N={N} must be a power of two")
     product = lambda seg: pl.BlockSpec((splits, None, N), lambda b, h: (0, b, seg * H + h))  # noqa: E731
     row = pl.BlockSpec((None, N), lambda b, h: (b, h))
@@ -108,7 +109,7 @@ def wkv_tail(partials, lora, vecs, r_k, v_first, S, *, layer: int | None = None,
         inputs.append(v_first)
     in_specs.append(state)
     inputs.append(S)
-    out_shape = [jax.ShapeDtypeStruct((M, C), dtype), jax.ShapeDtypeStruct(S.shape, F32)]
+    out_shape = [jax.ShapeDtypeStruct((M, C), dtype), jax.ShapeDtypeStruct(S.shape, S.dtype)]
     out_specs = [row, state]
     if first:
         out_shape.append(jax.ShapeDtypeStruct((M, C), F32))

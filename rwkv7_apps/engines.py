@@ -71,24 +71,27 @@ def kernel_choices(backend: str) -> list[str]:
 
 
 def load_engine(backend: str, path: str | os.PathLike, dtype: str = "float32", kernels: str = "auto",
-                device=None, quantization: str = "none", group_size: int | None = None):
+                device=None, quantization: str = "none", group_size: int | None = None,
+                state_dtype: str = "float32"):
     """The backend's engine for a checkpoint; ValueError for a bad backend, dtype, kernels or
     quantization (each backend's ``load`` checks its own kernels and resolves ``auto``). device:
     jax, an index into ``jax.local_devices()``; torch, a device string ("cuda:1", "cpu"); None =
     the backend's default. quantization: none | int8 | fp8 (``rwkv7_core.quantization``);
-    group_size: int8 input channels per scale (None: the default, or a quantized checkpoint's)."""
-    return load_engines(backend, path, dtype, kernels, [device], quantization, group_size)[0]
+    group_size: int8 input channels per scale (None: the default, or a quantized checkpoint's);
+    state_dtype: the wkv state's dtype (``rwkv7_core.state``)."""
+    return load_engines(backend, path, dtype, kernels, [device], quantization, group_size, state_dtype)[0]
 
 
 def load_node_engine(backend: str, model_path: str | None, random_model: str | None, dtype: str, kernels: str,
-                     quantization: str = "none", group_size: int | None = None):
+                     quantization: str = "none", group_size: int | None = None, state_dtype: str = "float32"):
     """``load_engine`` of ``model_path``, or of the seeded random model ``random_model``
     (written on this machine if missing): what a Ray actor runs on its own node."""
     path = random_model_path(random_model) if random_model else model_path
-    return load_engine(backend, path, dtype, kernels, quantization=quantization, group_size=group_size)
+    return load_engine(backend, path, dtype, kernels, quantization=quantization, group_size=group_size,
+                       state_dtype=state_dtype)
 
 def load_engines(backend: str, path: str | os.PathLike, dtype: str, kernels: str, devices: list,
-                 quantization: str = "none", group_size: int | None = None) -> list:
+                 quantization: str = "none", group_size: int | None = None, state_dtype: str = "float32") -> list:
     """One engine per entry of ``devices`` (see ``load_engine``; ``replica_devices`` gives
     them). JAX reads the checkpoint once and puts a copy of the weights on each device."""
     if backend == "jax":
@@ -97,16 +100,17 @@ def load_engines(backend: str, path: str | os.PathLike, dtype: str, kernels: str
 
         rwkv_jax.enable_compilation_cache(compile_cache_dir())  # reruns and resumed runs skip compiling
         first = rwkv_jax.load(path, dtype=dtype, kernels=kernels, device=devices[0], quantization=quantization,
-                               group_size=group_size)
+                               group_size=group_size, state_dtype=state_dtype)
         models = [first] + [rwkv_jax.Model(first.params, first.config, first.dtype, first.kernels,
-                                           rwkv_jax.local_device(d)) for d in devices[1:]]
+                                           rwkv_jax.local_device(d), first.state_dtype) for d in devices[1:]]
         return [JaxEngine(m) for m in models]
     if backend == "torch":
         try:
             import rwkv_torch_ref
             from rwkv_torch_ref.engine import TorchEngine
             return [TorchEngine(rwkv_torch_ref.load(path, dtype=dtype, kernels=kernels, device=d,
-                                                    quantization=quantization, group_size=group_size))
+                                                    quantization=quantization, group_size=group_size,
+                                                    state_dtype=state_dtype))
                     for d in devices]
         except ModuleNotFoundError as e:
             raise ValueError(f"--backend torch needs {e.name}: pip install 'rwkv7-engine[torch]'") from None

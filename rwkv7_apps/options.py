@@ -9,6 +9,7 @@ from typing import Any
 
 from rwkv7_core.quantization import DEFAULT_GROUP_SIZE, SCHEMES
 from rwkv7_core.sampling import MAX_TOKENS_LIMIT, SCALAR_FIELDS, SamplingParams
+from rwkv7_core.state import DEFAULT_STATE_DTYPE, STATE_DTYPES
 from scheduler import SchedulerConfig
 
 from .engines import BACKENDS, kernel_choices, random_model_names
@@ -56,6 +57,9 @@ def add_engine_options(p: argparse.ArgumentParser) -> None:
                    help="a value of the backend's Kernels (jax: rwkv_jax.Kernels, torch: rwkv_torch_ref.Kernels; "
                         "auto = the fastest available on this machine; checked by the backend)")
     p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
+    p.add_argument("--state-dtype", default=DEFAULT_STATE_DTYPE, choices=STATE_DTYPES,
+                   help="dtype the wkv state is held in between steps (bfloat16/float16: half the bytes per "
+                        "step, cached state and state file; see docs/models.md)")
     add_quantization_options(p)
     p.add_argument("--max-batch", type=int, default=None,
                    help="most sequences decoded together (default 256, or the largest of --buckets)")

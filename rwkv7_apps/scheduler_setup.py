@@ -32,7 +32,8 @@ def build_scheduler(parser: argparse.ArgumentParser, args, model_path: Path,
 
     if getattr(args, "ray", None):
         load = functools.partial(load_node_engine, args.backend, None if args.random_model else str(model_path),
-                                 args.random_model, args.dtype, args.kernels, args.quantization, args.group_size)
+                                 args.random_model, args.dtype, args.kernels, args.quantization, args.group_size,
+                                 args.state_dtype)
         try:
             return ray_replica_set(args.ray, args.data_parallel, load, scheduler_config(args))
         except (OSError, ValueError) as e:
@@ -43,10 +44,10 @@ def build_scheduler(parser: argparse.ArgumentParser, args, model_path: Path,
         parser.error(str(e))
     try:
         engines = ([load_engine(args.backend, model_path, args.dtype, args.kernels, quantization=args.quantization,
-                                group_size=args.group_size)]
+                                group_size=args.group_size, state_dtype=args.state_dtype)]
                    if len(devices) == 1 else
                    load_engines(args.backend, model_path, args.dtype, args.kernels, devices, args.quantization,
-                                args.group_size))
+                                args.group_size, args.state_dtype))
         tokenizer = tokenizer_for(engines[0].vocab_size, model_path)
     except (OSError, ValueError) as e:
         fail(f"cannot load model {model_path}: {e}")

@@ -33,16 +33,18 @@ def state_option(text: str) -> tuple[str, str]:
     return name, path
 
 
-def register_states(specs: list[tuple[str, str]], config: ModelConfig) -> dict[str, NamedState]:
-    """{name: NamedState} of the ``--state`` options; StateFileError (naming the file) for an
-    unusable file, ValueError for a name given twice."""
+def register_states(specs: list[tuple[str, str]], config: ModelConfig,
+                    state_dtype: str = "float32") -> dict[str, NamedState]:
+    """{name: NamedState} of the ``--state`` options for a model holding its state in
+    ``state_dtype``; StateFileError (naming the file) for an unusable file or one of another
+    state dtype, ValueError for a name given twice."""
     from scheduler.request import InitialState
 
     states: dict[str, NamedState] = {}
     for name, path in specs:
         if name in states:
             raise ValueError(f"--state {name}= is given twice")
-        state = load_state(path, config)
+        state = load_state(path, config, state_dtype)
         states[name] = NamedState(InitialState.of(to_host_row(state)), state.tokens)
     return states
 
@@ -70,10 +72,12 @@ def save_final_state(directory: str | os.PathLike, request_id: str | int, host_r
 
 # ----------------------------------------------------------------------------- fingerprint
 def model_fingerprint(model_path: str | os.PathLike, backend: str, engine, dtype: str, cache_dir: Path,
-                      quantization: str = "none", group_size: int | None = None) -> str:
+                      quantization: str = "none", group_size: int | None = None,
+                      state_dtype: str = "float32") -> str:
     """Names what produced the cached rows: the checkpoint's SHA-256 (memoized in
     ``cache_dir`` per file identity, so reruns do not rehash), the dtype, the weight
-    quantization (and int8 group size when one was asked for), the backend, its resolved
+    quantization (and int8 group size when one was asked for), the state dtype (when not
+    float32: a cache entry of another state dtype is never found), the backend, its resolved
     kernels and device."""
     if backend == "jax":
         import jax
@@ -82,7 +86,9 @@ def model_fingerprint(model_path: str | os.PathLike, backend: str, engine, dtype
         device = engine.device
     return json.dumps({"checkpoint_sha256": checkpoint_digest(model_path, cache_dir), "dtype": dtype,
                        **({"quantization": quantization} if quantization != "none" else {}),
-                       **({"quantization_group_size": group_size} if group_size is not None else {}), "backend": backend, "kernels": engine.kernels, "device": device})
+                       **({"quantization_group_size": group_size} if group_size is not None else {}),
+                       **({"state_dtype": state_dtype} if state_dtype != "float32" else {}),
+                       "backend": backend, "kernels": engine.kernels, "device": device})
 
 
 def checkpoint_digest(path: str | os.PathLike, cache_dir: Path) -> str:

@@ -1,9 +1,16 @@
 """The recurrent state's layout, and the input checks both backends share (numpy only).
 
 Per sequence and layer: ``att_shift`` [C] (the previous token's LN1 output), ``wkv``
-[H, N, N] float32 (rows = value dim i, cols = key dim j), ``ffn_shift`` [C] (the previous
+[H, N, N] (rows = value dim i, cols = key dim j), ``ffn_shift`` [C] (the previous
 token's LN2 output). Batched, every leaf gets a leading batch axis and a layer axis:
 att_shift [B, L, C], wkv [B, L, H, N, N], ffn_shift [B, L, C]. A fresh sequence is zeros.
+
+The shifts are held in the model's activation dtype (they are LayerNorm outputs already
+rounded to it, so that is exact). The wkv leaf is held in the **state dtype**
+(``STATE_DTYPES``; float32 by default, bfloat16 or float16 to halve the bytes a decode step
+reads and writes and every stored state): inside a call the recurrence always runs in
+float32 (or the torch reference's float64), the state is rounded to the state dtype only
+where a call stores it (after every token of a decode step, at the end of a prefill call).
 """
 from __future__ import annotations
 
@@ -12,6 +19,29 @@ import numpy as np
 from .config import ModelConfig
 
 STATE_LEAVES = ("att_shift", "wkv", "ffn_shift")
+STATE_DTYPES = ("float32", "bfloat16", "float16")
+DEFAULT_STATE_DTYPE = "float32"
+
+
+class StateDtypeError(ValueError):
+    """A stored state (a host row, a state file, a cache entry) whose wkv leaf is not in the
+    model's state dtype: states are never converted silently between state dtypes."""
+
+
+def check_wkv_dtype(wkv_dtype, state_dtype: str, source: str = "state") -> None:
+    """StateDtypeError naming ``source`` unless a wkv leaf's dtype (numpy, or its name) is
+    ``state_dtype``."""
+    got = np.dtype(wkv_dtype).name
+    if got != state_dtype:
+        raise StateDtypeError(f"{source}: its wkv state is {got} but this model holds its state in {state_dtype} "
+                              f"(load the model with state_dtype={got!r} / --state-dtype {got})")
+
+
+def check_state_dtype(state_dtype: str) -> str:
+    """``state_dtype`` if it is one of ``STATE_DTYPES``, else a ValueError naming the choices."""
+    if state_dtype not in STATE_DTYPES:
+        raise ValueError(f"state_dtype {state_dtype!r} not supported; choose one of {list(STATE_DTYPES)}")
+    return state_dtype
 
 
 def state_shapes(config: ModelConfig, batch_size: int) -> dict[str, tuple[int, ...]]:

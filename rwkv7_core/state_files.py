@@ -6,10 +6,18 @@ axis:
 
 - ``att_shift`` [L, C] and ``ffn_shift`` [L, C]: the model's activation dtype (float32,
   bfloat16 or float16), the previous token's LN1 / LN2 outputs per layer;
-- ``wkv`` [L, H, N, N] float32, rows = value dim, cols = key dim;
+- ``wkv`` [L, H, N, N] in the model's state dtype (float32, bfloat16 or float16:
+  ``rwkv7_core.state``), rows = value dim, cols = key dim;
 - metadata: ``format`` = ``rwkv7-state/1``, ``model_shape`` (the model's ``ModelConfig`` as
-  JSON: a state loads only into a model of the same shape), ``dtype`` (of the shifts) and
-  ``tokens`` (how many tokens the state has consumed since the zero state).
+  JSON: a state loads only into a model of the same shape), ``dtype`` (of the shifts),
+  ``state_dtype`` (of ``wkv``; files without it are float32, the only state dtype there was)
+  and ``tokens`` (how many tokens the state has consumed since the zero state).
+
+A state file loads only into a model holding its state in the file's state dtype
+(``StateFileDtypeError`` names the file and both dtypes otherwise): a state is never
+rounded to 16 bits, or widened from them, without being asked. ``convert_state`` is the
+explicit conversion. Tuned-state files carry no state dtype of
+ours: they are converted to the model's state dtype on load.
 
 **Tuned-state file** (as published by RWKV state-tuning): ``.pth`` or ``.safetensors`` with
 one key ``blocks.{i}.att.time_state`` [H, N, N] per layer and nothing else; the same
@@ -34,7 +42,7 @@ import numpy as np
 
 from .checkpoint import SUPPORTED_DTYPES, CheckpointError, Tensors, read_safetensors, read_tensors, write_safetensors
 from .config import ModelConfig
-from .state import STATE_LEAVES, state_shapes
+from .state import DEFAULT_STATE_DTYPE, STATE_DTYPES, STATE_LEAVES, StateDtypeError, check_wkv_dtype, state_shapes
 
 FORMAT = "rwkv7-state/1"
 SHIFT_DTYPES = ("float32", "bfloat16", "float16")
@@ -45,9 +53,13 @@ class StateFileError(CheckpointError):
     """A state file that cannot be used: unreadable, another model's, or malformed."""
 
 
+class StateFileDtypeError(StateFileError, StateDtypeError):
+    """A state file whose wkv state is in another state dtype than the model's."""
+
+
 class SequenceState(NamedTuple):
-    """One sequence's state: att_shift [L, C], wkv [L, H, N, N] float32 (rows = value dim),
-    ffn_shift [L, C] (both shifts of one float dtype), and the tokens it has consumed."""
+    """One sequence's state: att_shift [L, C], wkv [L, H, N, N] in a state dtype (rows = value
+    dim), ffn_shift [L, C] (both shifts of one float dtype), and the tokens it has consumed."""
     att_shift: np.ndarray
     wkv: np.ndarray
     ffn_shift: np.ndarray
@@ -61,11 +73,11 @@ def describe_shape(config: ModelConfig) -> str:
             f"(Dw{c.d_decay} Da{c.d_aaa} Dv{c.d_mv} Dg{c.d_gate})")
 
 
-def zero_state(config: ModelConfig, dtype: str = "float32") -> SequenceState:
-    """The state of a fresh sequence."""
+def zero_state(config: ModelConfig, dtype: str = "float32", state_dtype: str = DEFAULT_STATE_DTYPE) -> SequenceState:
+    """The state of a fresh sequence (shifts in ``dtype``, wkv in ``state_dtype``)."""
     shapes = state_shapes(config, 1)
     shift = np.zeros(shapes["att_shift"][1:], SUPPORTED_DTYPES[dtype])
-    return SequenceState(shift, np.zeros(shapes["wkv"][1:], np.float32), shift.copy(), 0)
+    return SequenceState(shift, np.zeros(shapes["wkv"][1:], SUPPORTED_DTYPES[state_dtype]), shift.copy(), 0)
 
 
 def check_state(state: SequenceState, config: ModelConfig, source: str = "state") -> SequenceState:
@@ -77,8 +89,8 @@ def check_state(state: SequenceState, config: ModelConfig, source: str = "state"
         if tuple(leaf.shape) != shapes[name][1:]:
             raise StateFileError(f"{source}: {name} has shape {tuple(leaf.shape)}, expected "
                                  f"{shapes[name][1:]} for model shape {describe_shape(config)}")
-    if state.wkv.dtype != np.float32:
-        raise StateFileError(f"{source}: wkv has dtype {state.wkv.dtype}, expected float32")
+    if _dtype_name(state.wkv.dtype) is None:
+        raise StateFileError(f"{source}: wkv has dtype {state.wkv.dtype}, expected one of {STATE_DTYPES}")
     if state.att_shift.dtype != state.ffn_shift.dtype or _dtype_name(state.att_shift.dtype) is None:
         raise StateFileError(f"{source}: att_shift / ffn_shift have dtypes {state.att_shift.dtype} / "
                              f"{state.ffn_shift.dtype}; expected one of {SHIFT_DTYPES} for both")
@@ -119,17 +131,20 @@ def save_state(path: str | os.PathLike, state: SequenceState, config: ModelConfi
     """Write ``state`` (validated against ``config``) as a state file, atomically."""
     check_state(state, config, str(path))
     metadata = {"format": FORMAT, "model_shape": json.dumps(config._asdict()),
-                "dtype": _dtype_name(state.att_shift.dtype), "tokens": str(state.tokens)}
+                "dtype": _dtype_name(state.att_shift.dtype), "state_dtype": _dtype_name(state.wkv.dtype),
+                "tokens": str(state.tokens)}
     write_atomic(path, {name: np.ascontiguousarray(getattr(state, name)) for name in STATE_LEAVES}, metadata)
 
 
 # ----------------------------------------------------------------------------- reading
-def load_state(path: str | os.PathLike, config: ModelConfig) -> SequenceState:
-    """Read a state file or a tuned-state file for a model of shape ``config``.
+def load_state(path: str | os.PathLike, config: ModelConfig, state_dtype: str = DEFAULT_STATE_DTYPE) -> SequenceState:
+    """Read a state file or a tuned-state file for a model of shape ``config`` holding its state
+    in ``state_dtype``.
 
     StateFileError (one line, naming the file) when the file is unreadable, truncated,
-    carries code, is neither kind, or was made for another model shape (both shapes named).
-    Arrays are copies (writable, independent of the file)."""
+    carries code, is neither kind, or was made for another model shape (both shapes named);
+    StateFileDtypeError when a state file's state dtype is not ``state_dtype`` (a tuned-state
+    file is converted to it). Arrays are copies (writable, independent of the file)."""
     source = str(path)
     if source.endswith(".safetensors"):
         if not Path(path).is_file():
@@ -138,9 +153,14 @@ def load_state(path: str | os.PathLike, config: ModelConfig) -> SequenceState:
     else:
         tensors, metadata = _reading(source, read_tensors, path, "state file"), {}
     if metadata.get("format") == FORMAT:
-        return _our_state(tensors, metadata, config, source)
+        state = _our_state(tensors, metadata, config, source)
+        try:
+            check_wkv_dtype(state.wkv.dtype, state_dtype, f"state file {source!r}")
+        except StateDtypeError as e:
+            raise StateFileDtypeError(f"{e}, or convert the file: rwkv7_core.state_files.convert_state") from None
+        return state
     if tensors and all(_TUNED_KEY.fullmatch(k) for k in tensors):
-        return _tuned_state(tensors, config, source)
+        return _tuned_state(tensors, config, source, state_dtype)
     keys = sorted(tensors)[:4]
     raise StateFileError(f"{source!r} is neither a state file (format {FORMAT!r} metadata with keys "
                          f"{', '.join(STATE_LEAVES)}) nor a tuned-state file (keys blocks.{{i}}.att.time_state); "
@@ -168,10 +188,14 @@ def _our_state(tensors: Tensors, metadata: dict, config: ModelConfig, source: st
     if sorted(tensors) != sorted(STATE_LEAVES):
         raise StateFileError(f"{source!r}: expected the keys {list(STATE_LEAVES)}, got {sorted(tensors)}")
     state = SequenceState(*(np.array(tensors[name]) for name in STATE_LEAVES), tokens)
-    return check_state(state, config, repr(source))
+    check_state(state, config, repr(source))
+    recorded = metadata.get("state_dtype", DEFAULT_STATE_DTYPE)
+    if recorded != _dtype_name(state.wkv.dtype):
+        raise StateFileError(f"{source!r}: metadata says state_dtype {recorded} but its wkv is {state.wkv.dtype}")
+    return state
 
 
-def _tuned_state(tensors: Tensors, config: ModelConfig, source: str) -> SequenceState:
+def _tuned_state(tensors: Tensors, config: ModelConfig, source: str, state_dtype: str) -> SequenceState:
     c = config
     want = (c.n_head, c.head_size, c.head_size)
     layers = sorted(int(_TUNED_KEY.fullmatch(k).group(1)) for k in tensors)
@@ -191,22 +215,29 @@ def _tuned_state(tensors: Tensors, config: ModelConfig, source: str) -> Sequence
         if t.dtype not in [np.dtype(d) for d in SUPPORTED_DTYPES.values()]:
             raise StateFileError(f"{source!r}, key {key!r}: unsupported dtype {t.dtype}")
         wkv[i] = t  # rows = value dim, as ours: no transpose
-    zero = zero_state(c)
-    return check_state(zero._replace(wkv=wkv), c, repr(source))
+    zero = zero_state(c, state_dtype=state_dtype)
+    return check_state(zero._replace(wkv=wkv.astype(zero.wkv.dtype)), c, repr(source))
 
 
 # ----------------------------------------------------------------------------- host rows
 def to_host_row(state: SequenceState) -> tuple:
     """The model engines' host row of a state (B = 1, no logits). bfloat16 shifts widen to
-    float32 (numpy-portable, exact); ``Engine.from_host`` casts to the model's dtypes."""
+    float32 (numpy-portable, exact); ``Engine.from_host`` casts them to the model's dtype. The
+    wkv keeps its state dtype (``Engine.from_host`` refuses another than the model's)."""
     def shift(a):
         return (a.astype(np.float32) if a.dtype == ml_dtypes.bfloat16 else a)[None]
-    return shift(state.att_shift), state.wkv[None].astype(np.float32), shift(state.ffn_shift), None
+    return shift(state.att_shift), state.wkv[None], shift(state.ffn_shift), None
 
 
 def from_host_row(host_row: tuple, tokens: int, dtype: str) -> SequenceState:
     """A model engine's host row (B = 1) as a state whose shifts have ``dtype`` (exact for
-    the model's own dtype)."""
+    the model's own dtype); the wkv keeps the row's state dtype."""
     att, wkv, ffn = (np.asarray(a)[0] for a in host_row[:3])
     shift = SUPPORTED_DTYPES[dtype]
-    return SequenceState(att.astype(shift), wkv.astype(np.float32), ffn.astype(shift), int(tokens))
+    return SequenceState(att.astype(shift), wkv.copy(), ffn.astype(shift), int(tokens))
+
+
+def convert_state(state: SequenceState, state_dtype: str) -> SequenceState:
+    """``state`` with its wkv rounded (or widened) to ``state_dtype``: the explicit conversion
+    between state dtypes that ``load_state`` never does on its own."""
+    return state._replace(wkv=state.wkv.astype(SUPPORTED_DTYPES[state_dtype]))

@@ -36,6 +36,7 @@ import numpy as np
 from rwkv7_core.engine import Capability, Slots
 from rwkv7_core.engine_checks import check_prompt, check_resize, check_slot
 from rwkv7_core.sampling import SamplingParams, TokenLogprobs, banned_mask, sampling_rows
+from rwkv7_core.state import check_wkv_dtype
 from rwkv7_core.token_mask import Masks, masks_now
 
 from .compilation import ExecutableCache, compiler_options, platform_of
@@ -54,7 +55,7 @@ class JaxEngine:
     host rows are the numpy copies of the same leaves. ``executables`` is the one cache of
     compiled executables, keyed (kind, shape) (the kinds: ``rwkv_jax.executables.EXECUTABLES``);
     ``lower(key)`` gives a key's jax.stages.Lowered. The contract's ``config``, ``dtype``, ``kernels``
-    and ``device`` are the model's.
+    and ``device`` are the model's, and so is ``state_dtype`` (the wkv state's dtype name).
     """
 
     capabilities = frozenset(Capability)
@@ -65,6 +66,7 @@ class JaxEngine:
         self.model = model
         self.config, self.vocab_size = model.config, model.config.vocab_size
         self.dtype, self.kernels = jnp.dtype(model.dtype).name, model.kernels.value
+        self.state_dtype = jnp.dtype(model.state_dtype).name
         self.device = None if model.device is None else str(model.device)
         self.prefill_pieces = tuple(sorted(set(int(p) for p in prefill_pieces), reverse=True))
         self.bucket = 0
@@ -229,10 +231,12 @@ class JaxEngine:
         return tuple(jax.device_get(row[0])) + (None if row[1] is None else np.asarray(row[1]),)
 
     def from_host(self, host_row):
-        """Inverse of ``to_host``; the state leaves are cast to the model's state dtypes (so a
-        row whose bfloat16 shifts were widened to float32 loads too)."""
+        """Inverse of ``to_host``; the shifts are cast to the model's dtype (so a row whose
+        bfloat16 shifts were widened to float32 loads too); a wkv leaf in another state dtype
+        is refused (``StateDtypeError``)."""
         *state, logits = host_row
-        dtypes = (self.model.dtype, jnp.float32, self.model.dtype)
+        check_wkv_dtype(np.asarray(state[1]).dtype, self.state_dtype, "host row")
+        dtypes = (self.model.dtype, self.model.state_dtype, self.model.dtype)
         with self.model.on_device():  # cast on the host: device_put compiles nothing (jnp.asarray would)
             return (State(*(jax.device_put(np.asarray(a, dt)) for a, dt in zip(state, dtypes))),
                     None if logits is None else jax.device_put(np.asarray(logits, np.float32)))

@@ -45,7 +45,7 @@ def _i32(*shape):
 
 def _state(model, batch: int):
     """The model's State of ``batch`` rows as ShapeDtypeStructs (shape and dtype only)."""
-    shapes = jax.eval_shape(functools.partial(init_state, model.config, batch, model.dtype))
+    shapes = jax.eval_shape(functools.partial(init_state, model.config, batch, model.dtype, model.state_dtype))
     return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), shapes)
 
 
@@ -144,14 +144,16 @@ EXECUTABLES: dict[str, Executable] = {
     "sample_masked": Executable(jax.jit(slot_fns.sample_one), _masked(_sample_args, lambda _: 1), with_params=False),
     "row_logprobs": Executable(jax.jit(slot_fns.row_logprobs), lambda model, _: (_logits(model), _i32(1)),
                                with_params=False),
-    "fresh_row": Executable(jax.jit(init_state, static_argnames=("config", "batch_size", "dtype")),
+    "fresh_row": Executable(jax.jit(init_state, static_argnames=("config", "batch_size", "dtype", "state_dtype")),
                             lambda model, _: (),
-                            lambda model, _: dict(config=model.config, batch_size=1, dtype=model.dtype),
+                            lambda model, _: dict(config=model.config, batch_size=1, dtype=model.dtype,
+                                                  state_dtype=model.state_dtype),
                             with_params=False),
     "copy_row": Executable(jax.jit(slot_fns.copy_row), lambda model, _: (_state(model, 1),), with_params=False),
     # shape = bucket: the slot operations; shape = (old bucket, new bucket): a resize's gather
-    "empty": Executable(jax.jit(slot_fns.empty_slots, static_argnames=("config", "dtype", "bucket")),
-                        lambda model, b: (), lambda model, b: dict(config=model.config, dtype=model.dtype, bucket=b),
+    "empty": Executable(jax.jit(slot_fns.empty_slots, static_argnames=("config", "dtype", "state_dtype", "bucket")),
+                        lambda model, b: (), lambda model, b: dict(config=model.config, dtype=model.dtype,
+                                                                   state_dtype=model.state_dtype, bucket=b),
                         with_params=False),
     "insert": Executable(jax.jit(slot_fns.insert, donate_argnames="slots"), _insert_args, with_params=False),
     "extract": Executable(jax.jit(slot_fns.extract), lambda model, b: (_state(model, b), _i32()), with_params=False),

@@ -12,7 +12,7 @@ from flax import nnx
 from rwkv7_core.checkpoint import read_checkpoint
 from rwkv7_core.config import ModelConfig
 from rwkv7_core.quantization import resolve_spec, stored_spec
-from rwkv7_core.state import check_tokens
+from rwkv7_core.state import DEFAULT_STATE_DTYPE, check_state_dtype, check_tokens
 
 from .compilation import compiler_options, platform_of
 from .forward import forward_fn
@@ -28,7 +28,8 @@ DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float
 class Model:
     """A loaded RWKV-7 model. `forward` consumes (donates) the state passed to it.
 
-    Attributes: config (ModelConfig), dtype, kernels (a resolved Kernels), device (the
+    Attributes: config (ModelConfig), dtype, state_dtype (the wkv state's, see
+    rwkv7_core.state), kernels (a resolved Kernels), device (the
     jax.Device the weights live on and every executable runs on; None = JAX's default),
     params (pure dict of per-layer weights), last_path (Path of the last forward), path_counts (Counter of
     Path -> calls). ``forward`` is jitted (one trace per (B, T, full_output)); the engine's
@@ -36,10 +37,10 @@ class Model:
     """
 
     def __init__(self, params: dict, config: ModelConfig, dtype, kernels: str | Kernels,
-                 device: jax.Device | None = None):
+                 device: jax.Device | None = None, state_dtype=jnp.float32):
         self.device = device
         self.params = params if device is None else jax.device_put(params, device)
-        self.config, self.dtype = config, dtype
+        self.config, self.dtype, self.state_dtype = config, dtype, state_dtype
         self.kernels = resolve(kernels, self_check=functools.partial(cached_check, self.params, config, dtype,
                                                                      device=device))
         self.last_path: Path | None = None
@@ -54,14 +55,14 @@ class Model:
     def init_state(self, batch_size: int) -> State:
         """Fresh zero State for `batch_size` sequences on ``device`` (see rwkv_jax.state.State)."""
         with self.on_device():
-            return init_state(self.config, batch_size, self.dtype)
+            return init_state(self.config, batch_size, self.dtype, self.state_dtype)
 
     def forward(self, tokens, state: State, full_output: bool = False):
         """tokens int [B, T] (numpy or jax); state State of batch B (consumed)
         -> (logits float32 [B, V], or [B, T, V] with full_output; new State)."""
         tokens = check_tokens(tokens, self.config.vocab_size)
         B, T = tokens.shape
-        state = check_state(state, self.config, B, self.dtype)
+        state = check_state(state, self.config, B, self.dtype, self.state_dtype)
         path = select_path(B, T)
         with self.on_device():
             logits, state = self._forward(self.params, jnp.asarray(tokens, jnp.int32), state, config=self.config,
@@ -73,12 +74,12 @@ class Model:
 
 def load(path: str | os.PathLike, dtype: str = "float32", kernels: str | Kernels = "xla",
          device: jax.Device | int | None = None, quantization: str = "none",
-         group_size: int | None = None) -> Model:
+         group_size: int | None = None, state_dtype: str = DEFAULT_STATE_DTYPE) -> Model:
     """Load a .pth or .safetensors RWKV-7 checkpoint, or a Hugging Face RWKV7ForCausalLM model
     directory (.safetensors and directories need no torch).
 
-    dtype: float32 | bfloat16 | float16 weights and activations (wkv state, decay, kk and
-    relu^2 stay float32). kernels: xla | pallas | pallas-fused | pallas-interpret |
+    dtype: float32 | bfloat16 | float16 weights and activations (the wkv recurrence, decay, kk
+    and relu^2 stay float32). kernels: xla | pallas | pallas-fused | pallas-interpret |
     pallas-fused-interpret | auto (on a GPU pallas-fused once its self-check passes, else pallas;
     xla elsewhere; resolved by Model). device: where the weights are put once and every
     executable runs: a jax.Device, an index into ``jax.local_devices()``, or None (JAX's
@@ -86,16 +87,19 @@ def load(path: str | os.PathLike, dtype: str = "float32", kernels: str | Kernels
     projections (``rwkv7_core.quantization``; group_size: int8 input channels per scale,
     default ``DEFAULT_GROUP_SIZE``); a checkpoint saved quantized loads only with its own
     scheme. Every kernel choice takes quantized weights (the Pallas ones dequantize in
-    registers: ``pallas_kernels.quantized_linear``).
+    registers: ``pallas_kernels.quantized_linear``). state_dtype: float32 | bfloat16 | float16,
+    the dtype the wkv state is held in between calls (``rwkv7_core.state``; every kernel choice
+    reads and writes it, the recurrence runs in float32).
     """
     if dtype not in DTYPES:
         raise ValueError(f"dtype {dtype!r} not supported; choose one of {sorted(DTYPES)}")
+    check_state_dtype(state_dtype)
     device = local_device(device)
     ops_for(Path.B1T1, kernels)  # fail now, not at the first call, if the kernels are missing
     tensors, config = read_checkpoint(path)
     quant = resolve_spec(quantization, group_size, stored_spec(tensors.metadata), str(path))
     _, params = nnx.split(RWKV7(config, tensors, DTYPES[dtype], quant))
-    return Model(nnx.to_pure_dict(params), config, DTYPES[dtype], kernels, device)
+    return Model(nnx.to_pure_dict(params), config, DTYPES[dtype], kernels, device, DTYPES[state_dtype])
 
 
 def local_device(device: jax.Device | int | None) -> jax.Device | None:

@@ -2,6 +2,7 @@
 (``varlen_engine.py`` holds those of the varlen prefill and the mixed step).
 
 Slots are ``rwkv7_core.engine.Slots`` with a leading [bucket] axis; a row is a State with B=1.
+Rows and slots hold the wkv leaf in the model's state dtype (``rwkv7_core.state``).
 """
 from __future__ import annotations
 
@@ -67,11 +68,12 @@ def row_logprobs(logits, token):
     return token_logprobs(logits[None], token)
 
 
-def empty_slots(*, config, dtype, bucket: int) -> Slots:
-    """Slots of ``bucket`` zero rows (zero states, counts, sampling rows; nothing banned)."""
+def empty_slots(*, config, dtype, state_dtype, bucket: int) -> Slots:
+    """Slots of ``bucket`` zero rows (zero states: shifts in ``dtype``, wkv in ``state_dtype``;
+    zero counts and sampling rows; nothing banned)."""
     V = config.vocab_size
     rows = SamplingRows(*(jnp.zeros((bucket,), a.dtype) for a in sampling_rows([])))
-    return Slots(init_state(config, bucket, dtype), jnp.zeros((bucket, V), jnp.float32),
+    return Slots(init_state(config, bucket, dtype, state_dtype), jnp.zeros((bucket, V), jnp.float32),
                  jnp.zeros((bucket, V), jnp.bool_), rows)
 
 

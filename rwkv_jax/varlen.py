@@ -71,14 +71,16 @@ def wkv_varlen(r, w, k, v, kk, a, state0: jax.Array, segs: Segments, *,
     """Segmented wkv recurrence over a flat token stream.
 
     r, w, k, v, kk, a: float32 [T, H, N] (the `Ops.wkv_step` operands per flat token);
-    state0 float32 [P, H, N, N], one row per sequence; `wkv_step` an `Ops.wkv_step`.
+    state0 [P, H, N, N] in a state dtype (carried in float32, rounded back at the end), one
+    row per sequence; `wkv_step` an `Ops.wkv_step`.
     The first `n_single` sequences must have length <= 1 (decode rows in a mixed step):
     they take one batched step. The others run one token per loop step through the
     flat stream (sum of their lengths steps, one state row wide — the cost profile of a
     single-sequence scan), the state reset from the sequence's own row at its first
     token and written to its row at its last. Returns y float32 [T, H, N] (zero on
-    padding) and the final states [P, H, N, N].
+    padding) and the final states [P, H, N, N] in state0's dtype.
     """
+    dtype, state0 = state0.dtype, state0.astype(jnp.float32)
     n_tokens = r.shape[0]
     operands = (r, w, k, v, kk, a)
     y = jnp.zeros_like(r)
@@ -108,7 +110,7 @@ def wkv_varlen(r, w, k, v, kk, a, state0: jax.Array, segs: Segments, *,
         finals = jnp.concatenate([s_multi, jnp.zeros_like(s_multi[:1])], axis=0)  # + a discard row
         _, finals, y = jax.lax.fori_loop(starts[0], jnp.max(ends), body, (s_multi[0], finals, y))
         s_multi = finals[:n_multi]
-    return y, jnp.concatenate([s_single, s_multi], axis=0)
+    return y, jnp.concatenate([s_single, s_multi], axis=0).astype(dtype)
 
 
 def wkv_varlen_reference(r, w, k, v, kk, a, state0, lengths, *, wkv_step: WkvStep

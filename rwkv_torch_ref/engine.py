@@ -12,12 +12,14 @@ from __future__ import annotations
 
 from typing import Sequence
 
+import ml_dtypes
 import numpy as np
 import torch
 
 from rwkv7_core.engine import Capability, Slots
 from rwkv7_core.engine_checks import check_prompt, check_resize, check_slot
 from rwkv7_core.sampling import SamplingParams, SamplingRows, TokenLogprobs, banned_mask, sampling_rows
+from rwkv7_core.state import check_wkv_dtype
 from rwkv7_core.token_mask import Masks, masks_now
 
 from .sampling import disallowed, sample_rows, token_logprobs, update_counts
@@ -28,8 +30,9 @@ class TorchEngine:
     """Engine protocol implementation for a loaded ``rwkv_torch_ref`` model.
 
     Rows are ``(State with B=1, logits float32 [V] | None)``; host rows are numpy copies. The
-    contract's ``config``, ``dtype``, ``kernels`` and ``device`` are the model's; a prompt is
-    prefilled in one call (``prefill_pieces`` is empty).
+    contract's ``config``, ``dtype``, ``kernels`` and ``device`` are the model's, and so is
+    ``state_dtype`` (the wkv state's dtype name); a prompt is prefilled in one call
+    (``prefill_pieces`` is empty).
     """
     capabilities = frozenset({Capability.LOGPROBS, Capability.TOKEN_MASK})
 
@@ -37,6 +40,7 @@ class TorchEngine:
         self.model = model
         self.config, self.vocab_size = model.config, model.config.vocab_size
         self.dtype, self.kernels = str(model.dtype).removeprefix("torch."), model.kernels.value
+        self.state_dtype = str(model.state_dtype).removeprefix("torch.")
         self.device = str(model.device)
         self.prefill_pieces = ()
         self.bucket = 0
@@ -44,8 +48,11 @@ class TorchEngine:
         self.slots: Slots | None = None
 
     def _tensor(self, a: np.ndarray) -> torch.Tensor:
-        a = a.astype(np.int64) if a.dtype == np.uint32 else a
-        return torch.from_numpy(np.ascontiguousarray(a)).to(self.device)
+        """A numpy array on the device (uint32 as int64; ml_dtypes bfloat16 as torch.bfloat16)."""
+        a = np.ascontiguousarray(a.astype(np.int64) if a.dtype == np.uint32 else a)
+        if a.dtype == ml_dtypes.bfloat16:
+            return torch.from_numpy(a.view(np.int16)).view(torch.bfloat16).to(self.device)
+        return torch.from_numpy(a).to(self.device)
 
     def _masks(self, allowed: Masks, rows: int) -> torch.Tensor | None:
         """Packed allowed-token masks (or their function, called now: after the forward) as an
@@ -142,14 +149,20 @@ class TorchEngine:
         return token_logprobs(logits[0, :-1], torch.from_numpy(tokens[1:]).to(self.device))
 
     def to_host(self, row):
-        """numpy copies; bfloat16 leaves (numpy has none) widen to float32, losslessly."""
-        state, logits = row
+        """numpy copies; bfloat16 shifts (numpy has none) widen to float32, losslessly; a bfloat16
+        wkv leaf stays bfloat16 (``ml_dtypes``: half the bytes of a kept state, as in JaxEngine)."""
+        (att, wkv, ffn), logits = row
         def host(t):
             return (t.float() if t.dtype == torch.bfloat16 else t).cpu().numpy()
-        return tuple(host(leaf) for leaf in state) + (None if logits is None else host(logits),)
+        wkv = (wkv.cpu().view(torch.int16).numpy().view(ml_dtypes.bfloat16) if wkv.dtype == torch.bfloat16
+               else host(wkv))
+        return (host(att), wkv, host(ffn)) + (None if logits is None else host(logits),)
 
     def from_host(self, host_row):
+        """Inverse of ``to_host`` (bfloat16 shifts widened to float32 load too); a wkv leaf in
+        another state dtype is refused (``StateDtypeError``)."""
         *state, logits = host_row
+        check_wkv_dtype(np.asarray(state[1]).dtype, self.state_dtype, "host row")
         dtypes = [leaf.dtype for leaf in self.model.init_state(1)]
         state = State(*(self._tensor(a).to(dt) for a, dt in zip(state, dtypes)))
         return state, (None if logits is None else self._tensor(logits))

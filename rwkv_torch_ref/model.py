@@ -7,7 +7,8 @@
 
 Weights and the residual stream are in the model dtype; LayerNorm/GroupNorm statistics,
 the decay, kk normalisation, relu**2 and the wkv recurrence run in the accumulation
-dtype (float32, or float64 for a float64 model). See docs/MODEL.md for the math.
+dtype (float32, or float64 for a float64 model); the wkv state is held between calls in the
+state dtype (``load(..., state_dtype=)``, rwkv7_core.state). See docs/MODEL.md for the math.
 """
 from __future__ import annotations
 
@@ -33,7 +34,7 @@ from rwkv7_core.quantization import (
     spec_for,
     stored_spec,
 )
-from rwkv7_core.state import check_tokens
+from rwkv7_core.state import check_state_dtype, check_tokens
 
 from .state import State, check_state, wkv_dtype, zeros_state
 from .wkv import CoreParams, time_mix_core
@@ -88,12 +89,15 @@ def _shifted(x: torch.Tensor, prev: torch.Tensor) -> torch.Tensor:
 
 
 class RWKV7:
-    """A loaded model. ``config`` (ModelConfig), ``dtype`` (torch dtype), ``kernels``."""
+    """A loaded model. ``config`` (ModelConfig), ``dtype`` (torch dtype), ``state_dtype`` (the
+    wkv state's torch dtype), ``kernels``."""
 
     def __init__(self, tensors: dict[str, np.ndarray], config: ModelConfig, dtype: torch.dtype,
-                 kernels: Kernels, device: torch.device, quant: QuantSpec | None = None):
+                 kernels: Kernels, device: torch.device, quant: QuantSpec | None = None,
+                 state_dtype: torch.dtype | None = None):
         self.config, self.dtype, self.kernels, self.device = config, dtype, kernels, device
         self.acc_dtype, self.quant = wkv_dtype(dtype), quant
+        self.state_dtype = state_dtype or self.acc_dtype
 
         def t(key: str, acc: bool = False) -> torch.Tensor:
             a = weight(tensors, key, quant)
@@ -137,8 +141,8 @@ class RWKV7:
 
     # ------------------------------------------------------------------ public API
     def init_state(self, batch_size: int) -> State:
-        """Zeros: att_shift/ffn_shift [B, L, C] model dtype, wkv [B, L, H, N, N] float32/64."""
-        return zeros_state(self.config, batch_size, self.dtype, self.device)
+        """Zeros: att_shift/ffn_shift [B, L, C] model dtype, wkv [B, L, H, N, N] state dtype."""
+        return zeros_state(self.config, batch_size, self.dtype, self.device, self.state_dtype)
 
     @torch.no_grad()
     def forward(self, tokens, state: State, full_output: bool = False):
@@ -150,7 +154,7 @@ class RWKV7:
         """
         tokens = self._check_tokens(tokens)
         B, T = tokens.shape
-        state = check_state(state, self.config, B, self.dtype)
+        state = check_state(state, self.config, B, self.dtype, self.state_dtype)
         h = _layer_norm(self.emb[tokens], self.ln0)
         att_shift, wkv, ffn_shift = [], [], []
         v_first = None
@@ -218,7 +222,7 @@ def weight(tensors, key: str, quant: QuantSpec | None) -> np.ndarray:
 
 def load(path: str | os.PathLike, dtype: str = "float32", kernels: str | Kernels = "torch",
          device: str | torch.device | None = None, quantization: str = "none",
-         group_size: int | None = None) -> RWKV7:
+         group_size: int | None = None, state_dtype: str | None = None) -> RWKV7:
     """Load a checkpoint (.pth, .safetensors or a Hugging Face model directory) as an RWKV7 model.
 
     dtype: float64 | float32 | bfloat16 | float16. kernels: torch | triton | auto (Triton on
@@ -227,10 +231,14 @@ def load(path: str | os.PathLike, dtype: str = "float32", kernels: str | Kernels
     CPU-only run). device defaults to CUDA when available for Triton and auto, else CPU.
     quantization: none | int8 | fp8 (group_size: int8 input channels per scale), as in
     ``rwkv_jax.load``: the quantized projections hold their dequantized values (the same
-    numbers the JAX model multiplies by).
+    numbers the JAX model multiplies by). state_dtype: float32 | bfloat16 | float16, the dtype
+    the wkv state is held in between calls (None: the accumulation dtype, float32, or float64
+    for a float64 model), as in ``rwkv_jax.load``.
     """
     if dtype not in DTYPES:
         raise ValueError(f"dtype {dtype!r} not in {list(DTYPES)}")
+    if state_dtype is not None:
+        check_state_dtype(state_dtype)
     spec_for(quantization, group_size)
     try:
         kind = Kernels(kernels)
@@ -249,4 +257,5 @@ def load(path: str | os.PathLike, dtype: str = "float32", kernels: str | Kernels
             os.environ.setdefault("TRITON_INTERPRET", "1")
     tensors, config = read_checkpoint(path)
     quant = resolve_spec(quantization, group_size, stored_spec(tensors.metadata), str(path))
-    return RWKV7(tensors, config, DTYPES[dtype], kind, device, quant)
+    return RWKV7(tensors, config, DTYPES[dtype], kind, device, quant,
+                 None if state_dtype is None else DTYPES[state_dtype])

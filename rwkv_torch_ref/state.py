@@ -3,8 +3,9 @@
 Layout (identical in the JAX model)::
 
     att_shift  [B, L, C]        model dtype  previous token's LN1 output, per layer
-    wkv        [B, L, H, N, N]  float32      (float64 for a float64 model); rows = value
-                                             dim i, cols = key dim j
+    wkv        [B, L, H, N, N]  state dtype  float32 by default (float64 for a float64 model),
+                                             or bfloat16 / float16 (rwkv7_core.state);
+                                             rows = value dim i, cols = key dim j
     ffn_shift  [B, L, C]        model dtype  previous token's LN2 output, per layer
 
 A fresh sequence is all zeros. Row b of every leaf belongs to sequence b, so the
@@ -36,18 +37,20 @@ def wkv_dtype(dtype: torch.dtype) -> torch.dtype:
 
 
 def zeros_state(config: ModelConfig, batch_size: int, dtype: torch.dtype,
-                device: torch.device | str = "cpu") -> State:
-    """A fresh (all-zero) state for ``batch_size`` sequences."""
+                device: torch.device | str = "cpu", state_dtype: torch.dtype | None = None) -> State:
+    """A fresh (all-zero) state for ``batch_size`` sequences (wkv in ``state_dtype``, None:
+    ``wkv_dtype(dtype)``)."""
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-    dtypes = leaf_dtypes(dtype)
+    dtypes = leaf_dtypes(dtype, state_dtype)
     return State(*(torch.zeros(shape, dtype=dtypes[name], device=device)
                    for name, shape in state_shapes(config, batch_size).items()))
 
 
-def leaf_dtypes(dtype: torch.dtype) -> dict:
-    """{leaf name: torch dtype} of the state of a ``dtype`` model."""
-    return {"att_shift": dtype, "wkv": wkv_dtype(dtype), "ffn_shift": dtype}
+def leaf_dtypes(dtype: torch.dtype, state_dtype: torch.dtype | None = None) -> dict:
+    """{leaf name: torch dtype} of the state of a ``dtype`` model holding its wkv state in
+    ``state_dtype`` (None: ``wkv_dtype(dtype)``)."""
+    return {"att_shift": dtype, "wkv": state_dtype or wkv_dtype(dtype), "ffn_shift": dtype}
 
 
 def select_rows(state: State, rows: Sequence[int] | torch.Tensor) -> State:
@@ -73,9 +76,10 @@ def replace_rows(state: State, rows: Sequence[int] | torch.Tensor, new: State) -
                    for leaf, part in zip(state, new)))
 
 
-def check_state(state: object, config: ModelConfig, batch_size: int, dtype: torch.dtype) -> State:
+def check_state(state: object, config: ModelConfig, batch_size: int, dtype: torch.dtype,
+                state_dtype: torch.dtype | None = None) -> State:
     """Validate a state against the model and a token batch; ValueError names the problem."""
-    leaves = check_state_leaves(state, config, batch_size, leaf_dtypes(dtype))
+    leaves = check_state_leaves(state, config, batch_size, leaf_dtypes(dtype, state_dtype))
     for name, leaf in zip(State._fields, leaves):
         if not isinstance(leaf, torch.Tensor):
             raise ValueError(f"state.{name} must be a torch.Tensor, got {type(leaf).__name__}")

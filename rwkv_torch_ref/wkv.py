@@ -3,7 +3,9 @@ recurrence, and the read-out (GroupNorm + bonus). These are the references the T
 kernels in ``triton_kernels/`` are tested against, and the ``kernels="torch"`` path.
 
 Shapes: B batch, T time, H heads, N head size, C = H*N. Everything here runs in the
-accumulation dtype (float32, or float64 for a float64 model).
+accumulation dtype (float32, or float64 for a float64 model); the state S comes in and goes
+out in its state dtype (rwkv7_core.state: possibly bfloat16 / float16), carried in the
+accumulation dtype through the T steps and rounded once at the end.
 """
 from __future__ import annotations
 
@@ -41,17 +43,18 @@ def prepare(k: torch.Tensor, w_raw: torch.Tensor, a: torch.Tensor, p: CoreParams
 def wkv7_seq(r, w, k, v, kk, a, S):
     """The wkv recurrence over T steps.
 
-    r, w, k, v, kk, a: [B, T, H, N]; S: [B, H, N, N] (rows = value i, cols = key j).
-    Per step: S = S*w[None,:] + (S @ -kk)[:,None] * (kk*a)[None,:] + v[:,None]*k[None,:];
-    y = S @ r. Returns (y [B, T, H, N], S_new [B, H, N, N]).
+    r, w, k, v, kk, a: [B, T, H, N]; S: [B, H, N, N] (rows = value i, cols = key j) in a
+    state dtype. Per step: S = S*w[None,:] + (S @ -kk)[:,None] * (kk*a)[None,:] + v[:,None]*k[None,:];
+    y = S @ r. Returns (y [B, T, H, N], S_new [B, H, N, N] in S's dtype).
     """
+    dtype, S = S.dtype, S.to(r.dtype)
     ys = []
     for t in range(r.shape[1]):
         sa = torch.einsum("bhij,bhj->bhi", S, -kk[:, t])
         S = (S * w[:, t, :, None, :] + sa[..., None] * (kk[:, t] * a[:, t])[:, :, None, :]
              + v[:, t, :, :, None] * k[:, t, :, None, :])
         ys.append(torch.einsum("bhij,bhj->bhi", S, r[:, t]))
-    return torch.stack(ys, dim=1), S
+    return torch.stack(ys, dim=1), S.to(dtype)
 
 
 def read_out(y, r, k, v, p: CoreParams) -> torch.Tensor:

@@ -265,7 +265,8 @@ def _run_states(args, engine) -> RunStates:
     if not args.state and args.save_states is None:
         return RunStates({}, None, None, args.dtype)
     config = engine.config
-    return RunStates(register_states(args.state or [], config), args.save_states, config, args.dtype)
+    return RunStates(register_states(args.state or [], config, args.state_dtype), args.save_states, config,
+                     args.dtype)
 
 
 def _prefix_store(args, model_path: Path, engine):
@@ -275,7 +276,7 @@ def _prefix_store(args, model_path: Path, engine):
     from scheduler.prefix_disk import DiskPrefixStore
 
     fingerprint = model_fingerprint(model_path, args.backend, engine, args.dtype, cache_dir(), args.quantization,
-                                    args.group_size)
+                                    args.group_size, args.state_dtype)
     return DiskPrefixStore(args.prefix_cache_dir, int(args.prefix_cache_disk_mb * 2**20), fingerprint)
 
 
@@ -325,7 +326,8 @@ def _report(args, sched: SchedulerInterface, run, t0: float) -> None:
 
     replicas = replica_reports(sched)
     metrics = build_metrics(sched.stats, run.counts, time.perf_counter() - t0, t0, run.skipped, replicas,
-                            {"kernels": sched.engine.kernels, "dtype": sched.engine.dtype})
+                            {"kernels": sched.engine.kernels, "dtype": sched.engine.dtype,
+                             "state_dtype": args.state_dtype})
     print(summary_table(metrics), flush=True)
     if args.metrics:
         Path(args.metrics).write_text(json.dumps(metrics, indent=1) + "\n")

@@ -82,9 +82,9 @@ def timeline_series(stats: Stats, t0: float) -> TimelineSeries:
 def build_metrics(stats: Stats, counts: RunCounts, wall_time: float, t0: float,
                   skipped: int = 0, replicas: Sequence[dict[str, Any]] = (),
                   engine: dict[str, str] | None = None) -> dict[str, Any]:
-    """The ``--metrics`` JSON. engine: what ran ({"kernels", "dtype"}: the engine's resolved
-    kernel set, e.g. "pallas-fused" or the "pallas" a failed self-check fell back to, and its
-    weights' dtype); stats: the scheduler's ``Stats`` (a replica set's merged);
+    """The ``--metrics`` JSON. engine: what ran ({"kernels", "dtype", "state_dtype"}: the engine's
+    resolved kernel set, e.g. "pallas-fused" or the "pallas" a failed self-check fell back to, its
+    weights' dtype and its wkv state's dtype); stats: the scheduler's ``Stats`` (a replica set's merged);
     counts: this run's output records; t0: the run's start (perf_counter); skipped: input
     lines already present in the output file from an earlier run; replicas:
     ``scheduler.replicas.replica_set.replica_reports`` (device, requests, generated_tokens, failed,

@@ -153,7 +153,8 @@ def _add_status_routes(app: FastAPI, ctx: Context, metrics: ServerMetrics, ready
     async def models():
         return {"object": "list", "data": [{"id": ctx.model_name, "object": "model", "created": started,
                                             "owned_by": "rwkv7-engine",
-                                            "max_tokens_limit": ctx.limits.max_tokens_limit}]}
+                                            "max_tokens_limit": ctx.limits.max_tokens_limit,
+                                            "state_dtype": ctx.state_dtype}]}
 
 
 def _add_tokenizer_routes(app: FastAPI, ctx: Context, metrics: ServerMetrics, key) -> None:

@@ -112,11 +112,12 @@ def check_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
 
 def build_app(sched, model_name: str, defaults: dict, limits, ready, seed: int | None = None,
               api_key: str | None = None, max_body_bytes: int = 4 << 20, states: dict | None = None,
-              responses=None, metrics_open: bool = False):
+              responses=None, metrics_open: bool = False, state_dtype: str = "float32"):
     """The ASGI app and its (not yet started) Service for ``sched`` (a
     ``scheduler.interface.SchedulerInterface``); ``ready()`` gates /health and the generation
     routes; ``states``: the named initial states ({name: NamedState}); ``responses``: the
-    Responses API's ResponseStore (None: default bounds); ``metrics_open``: /metrics without the key."""
+    Responses API's ResponseStore (None: default bounds); ``metrics_open``: /metrics without the key;
+    ``state_dtype``: the engine's wkv state dtype (reported by /v1/models)."""
     import numpy as np
 
     from scheduler.replicas.replica_set import ReplicaSet
@@ -132,7 +133,7 @@ def build_app(sched, model_name: str, defaults: dict, limits, ready, seed: int |
         metrics.registry.register(ReplicaCollector(sched))
     service = Service(sched, observer=metrics)
     ctx = Context(service, model_name, sched.tokenizer, sched.engine.vocab_size, defaults, limits,
-                  np.random.default_rng(seed), dict(states or {}))
+                  np.random.default_rng(seed), dict(states or {}), state_dtype=state_dtype)
     return create_app(ctx, metrics, ready, api_key=api_key, max_body_bytes=max_body_bytes,
                       responses=responses, metrics_open=metrics_open), service
 
@@ -158,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
     if sched.tokenizer is not None:
         sched.tokenizer.decode_bytes([0])  # builds the lazy id -> bytes table before threads share it
     try:
-        states = register_states(args.state or [], sched.engine.config) if args.state else {}
+        states = register_states(args.state or [], sched.engine.config, args.state_dtype) if args.state else {}
     except ValueError as e:  # an unreadable state file, or one of another model shape
         parser.exit(EXIT_BAD_ARGS, f"rwkv7-serve: error: {e}\n")
     name = args.served_model_name or (os.path.splitext(os.path.basename(os.path.normpath(args.model)))[0] if args.model
@@ -168,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
     app, service = build_app(sched, name, sampling_defaults(args), limits, ready.is_set, seed=args.seed,
                              api_key=args.api_key, max_body_bytes=args.max_body_bytes, states=states,
                              responses=ResponseStore(args.response_store_count, int(args.response_store_mb * 2**20)),
-                             metrics_open=args.metrics_open)
+                             metrics_open=args.metrics_open, state_dtype=args.state_dtype)
 
     server = DrainingServer(uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
                                            timeout_graceful_shutdown=5, timeout_keep_alive=args.keep_alive_timeout,

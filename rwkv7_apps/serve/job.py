@@ -43,6 +43,7 @@ class Context:
     seeds: np.random.Generator  # draws the seeds of requests that give none
     states: dict = field(default_factory=dict)  # named initial states: {name: rwkv7_apps.states.NamedState}
     replies: chat.ReplyTokens = field(default_factory=chat.ReplyTokens)  # generated ids of chat replies
+    state_dtype: str = "float32"  # the engine's wkv state dtype (reported by /v1/models)
 
 
 @dataclass

@@ -3,7 +3,10 @@
 ``wkv7_step.py``: the fused T=1 step; ``wkv7_seq.py``: the [B, T] recurrence. Each
 module exposes its plain-torch ``reference``. On CPU they run only under
 TRITON_INTERPRET=1, which must be set before these modules are imported (the
-``@triton.jit`` decorator reads it).
+``@triton.jit`` decorator reads it). Both read and write the wkv state in its state dtype; a
+bfloat16 state is stored rounded to nearest when compiled, but the interpreter (triton 3.x)
+truncates float32 -> bfloat16, so interpreted runs of a bfloat16 state drift a little more
+than the torch ops (float16 rounds to nearest in both).
 """
 from __future__ import annotations
 

@@ -2,8 +2,8 @@
 sections (and prefill) run their real item lists and budget checks with every compile taking its recorded
 deviceless time (RECORDED_COMPILE_S) on a simulated clock; the run must end within 8 minutes
 and keep the priorities: all of pallas-fused / pallas decode, xla at B=1 and 8, then the
-slow XLA compiles only if they fit, then the quantized 1.5b B=1 rows; prefill and models get
-what is left."""
+slow XLA compiles only if they fit, the bfloat16-state B=256 row, then the quantized 1.5b
+int8 B=1 row; prefill and models get what is left."""
 from __future__ import annotations
 
 import types
@@ -30,7 +30,7 @@ def test_cold_run_at_the_recorded_compile_speed_ends_within_8_minutes(monkeypatc
         return {"engine_step_greedy_ms": 1.0, "engine_step_sampled_ms": 1.0}
 
     monkeypatch.setattr(g, "time", types.SimpleNamespace(perf_counter=lambda: now[0]))
-    monkeypatch.setattr(g, "model_for", lambda config, dtype, kernels, device=None: (config, kernels))
+    monkeypatch.setattr(g, "model_for", lambda config, dtype, kernels, device=None, **_: (config, kernels))
     monkeypatch.setattr(g, "measure_model", measure_model)
     monkeypatch.setattr(g, "measure_engine_step", measure_engine_step)
 
@@ -46,6 +46,7 @@ def test_cold_run_at_the_recorded_compile_speed_ends_within_8_minutes(monkeypatc
                         measure_model((config, f"{kernels} {scheme}"), B, 1, smoke, roofline))
     budget, clock = g.Budget(g.TOTAL_BUDGET_S, start=0.0), g.CompileClock()
     *_, decode = g.run_decode(False, False, ROOFLINE, budget, clock)
+    state_dtype = g.run_state_dtype(False, False, ROOFLINE, budget, clock)
     now[0] += g.DEVICELESS_S
     *_, quantized = g.run_quantized(False, False, ROOFLINE, budget, clock)
     *_, prefill = g.run_prefill(False, False, ROOFLINE, budget, clock)
@@ -54,12 +55,13 @@ def test_cold_run_at_the_recorded_compile_speed_ends_within_8_minutes(monkeypatc
     ran = {(r["kernels"], r["B"]) for r in decode["rows"] if "tok_s" in r}
     assert ran == {(k, B) for k in ("pallas-fused", "pallas") for B in g.DECODE_BATCHES} | {("xla", 1), ("xla", 8)}
     assert all("engine_step_sampled_ms" in r for r in decode["engine"])
+    assert "tok_s" in state_dtype and state_dtype["state_dtype"] == "bfloat16"
     assert all(r["skipped"].startswith("time budget")
                for r in decode["rows"] + quantized["rows"] + prefill["rows"] + models["rows"] if "tok_s" not in r)
-    # the quantized 1.5b B=1 rows fit; at the recorded compile speed the prefill and models
-    # sections then start nothing (a rerun with --cache-dir reaches them)
+    # after the bfloat16-state row the quantized 1.5b int8 B=1 row fits; at the recorded compile
+    # speed the prefill and models sections then start nothing (a rerun with --cache-dir reaches them)
     assert {(r["model"], r["quantization"], r["B"]) for r in quantized["rows"] if "tok_s" in r} == {
-        ("1.5b", "int8", 1), ("1.5b", "fp8", 1)}
+        ("1.5b", "int8", 1)}
     assert not [r for r in prefill["rows"] + models["rows"] if "tok_s" in r]
 
 

@@ -13,7 +13,9 @@ from rwkv7_core.checkpoint import read_safetensors, write_safetensors
 from rwkv7_core.state_files import (
     FORMAT,
     SequenceState,
+    StateFileDtypeError,
     StateFileError,
+    convert_state,
     from_host_row,
     load_state,
     save_state,
@@ -114,7 +116,10 @@ def test_tampered_state_files_are_refused(tmp_path):
     with pytest.raises(StateFileError, match="wkv holds non-finite values"):
         load_state(path, TINY)
     write_safetensors(path, {**tensors, "wkv": state.wkv.astype(np.float16)}, meta)
-    with pytest.raises(StateFileError, match="wkv has dtype float16, expected float32"):
+    with pytest.raises(StateFileError, match="metadata says state_dtype float32 but its wkv is float16"):
+        load_state(path, TINY)
+    write_safetensors(path, {**tensors, "wkv": state.wkv.astype(np.float64)}, {**meta, "state_dtype": "float64"})
+    with pytest.raises(StateFileError, match=r"wkv has dtype float64, expected one of \('float32'"):
         load_state(path, TINY)
     write_safetensors(path, {"att_shift": state.att_shift, "wkv": state.wkv}, meta)
     with pytest.raises(StateFileError, match="expected the keys"):
@@ -203,3 +208,49 @@ def test_truncated_tuned_pth_is_refused(tmp_path):
     (tmp_path / "t.pth").write_bytes(data[:len(data) // 2])
     with pytest.raises(StateFileError, match="not a readable torch checkpoint"):
         load_state(tmp_path / "t.pth", TINY)
+
+
+@pytest.mark.parametrize("state_dtype", ["bfloat16", "float16"])
+def test_a_16_bit_state_round_trips_in_its_dtype_and_loads_only_as_that(tmp_path, state_dtype):
+    rng = np.random.default_rng()
+    state = random_state(TINY, rng)
+    state = state._replace(wkv=state.wkv.astype(DTYPES[state_dtype]))
+    path = tmp_path / "s.safetensors"
+    save_state(path, state, TINY)
+    assert read_safetensors(path)[1]["state_dtype"] == state_dtype
+    assert os.path.getsize(path) < 0.55 * (state.wkv.size * 4)
+    back = load_state(path, TINY, state_dtype)
+    assert back.wkv.dtype == DTYPES[state_dtype] and np.array_equal(back.wkv, state.wkv)
+    with pytest.raises(StateFileDtypeError) as e:
+        load_state(path, TINY)  # a float32-state model
+    message = str(e.value)
+    assert "\n" not in message and str(path) in message
+    assert f"its wkv state is {state_dtype} but this model holds its state in float32" in message
+    widened = convert_state(back, "float32")
+    assert widened.wkv.dtype == np.float32 and np.array_equal(widened.wkv, state.wkv.astype(np.float32))
+    save_state(tmp_path / "f32.safetensors", widened, TINY)
+    with pytest.raises(StateFileDtypeError, match="its wkv state is float32 but this model holds its state in"):
+        load_state(tmp_path / "f32.safetensors", TINY, state_dtype)
+
+
+def test_a_tuned_state_converts_to_the_model_state_dtype(tmp_path):
+    rng = np.random.default_rng()
+    tuned = random_time_state(TINY, rng)
+    write_checkpoint(tmp_path / "tuned.pth", tuned)
+    state = load_state(tmp_path / "tuned.pth", TINY, "bfloat16")
+    assert state.wkv.dtype == ml_dtypes.bfloat16
+    want = np.stack([tuned[f"blocks.{i}.att.time_state"] for i in range(TINY.n_layer)]).astype(ml_dtypes.bfloat16)
+    assert np.array_equal(state.wkv, want)
+    host = to_host_row(state)
+    assert host[1].dtype == ml_dtypes.bfloat16
+    assert from_host_row(host, 3, "float32").wkv.dtype == ml_dtypes.bfloat16
+
+
+def test_a_state_dtype_the_metadata_contradicts_is_refused(tmp_path):
+    state = random_state(TINY, np.random.default_rng())
+    path = tmp_path / "s.safetensors"
+    save_state(path, state, TINY)
+    tensors, meta = read_safetensors(path)
+    write_safetensors(path, {k: np.array(v) for k, v in tensors.items()}, {**meta, "state_dtype": "bfloat16"})
+    with pytest.raises(StateFileError, match="metadata says state_dtype bfloat16 but its wkv is float32"):
+        load_state(path, TINY, "bfloat16")
