@@ -51,7 +51,7 @@ def test_group_size_option_reaches_the_model_and_bad_sizes_fail_at_load(tiny_ckp
     for model, extra, message in [
             (ckpt, ["--quantization", "int8", "--group-size", "48"],
              "quantization group size 48 does not divide its width 128"),
-            (ckpt, ["--quantization", "fp8", "--group-size", "32"], "group size 32 applies to int8 only"),
+            (ckpt, ["--quantization", "fp8", "--group-size", "32"], "group size 32 applies to int8 and int4 only"),
             (quantized, ["--quantization", "int8", "--group-size", "64"],
              "holds int8 (groups of 32) weights but quantization int8 (groups of 64) was requested")]:
         with pytest.raises(SystemExit) as exit_info:
