@@ -18,7 +18,15 @@ The int4 packing: within each group of G input channels, byte j (0 <= j < G / 2)
 group's G / 2 bytes holds channel j in its low nibble and channel j + G / 2 in its high
 nibble, each a 4-bit two's-complement value. So a contiguous run of bytes inside a group
 unpacks to two contiguous runs of channels (a kernel tile multiplies each by a contiguous
-slice of the input), and the group size is implied by the shapes (2 * bytes / scales). Quantized: the time-mix receptance/key/value/output, the channel-mix key/value and the
+slice of the input), and the group size is implied by the shapes (2 * bytes / scales).
+
+Scale search (int8 / int4, optional): given each input channel's importance (its mean square
+on a calibration text, ``rwkv_torch_ref.calibration``), a group's scale is the candidate
+among ``SEARCH_RATIOS`` x max|w| / qmax with the least importance-weighted squared error
+(activation-aware clipping, as AWQ's clip search). It changes only the scale values: the
+stored layout and the products are the same.
+
+Quantized: the time-mix receptance/key/value/output, the channel-mix key/value and the
 head (``quantized_key``); the embedding (a gather of B rows per step), the LoRA matrices,
 LayerNorm and mixing vectors stay as they are. A quantized checkpoint stores q under the
 weight's key, its scale under ``scale_key(key)``, and the scheme and group size in the
@@ -42,6 +50,8 @@ STORAGE_DTYPES = {"int8": np.dtype(np.int8), "int4": np.dtype(np.uint8), "fp8": 
 QMAX = {"int8": 127.0, "int4": 7.0, "fp8": float(ml_dtypes.finfo(ml_dtypes.float8_e4m3fn).max)}  # 448
 METADATA_SCHEME, METADATA_GROUP = "rwkv7_quantization", "rwkv7_quantization_group_size"
 SCALE_SUFFIX = "_scale"
+SEARCH_RATIOS = tuple(1.0 - 0.04 * i for i in range(13))  # scale candidates x the RTN scale (1 .. 0.52)
+SEARCH_ROWS = 4096  # rows per slice of the scale search
 _QUANTIZED = re.compile(r"head\.weight|blocks\.\d+\.(att\.(receptance|key|value|output)|ffn\.(key|value))\.weight")
 
 
@@ -129,15 +139,24 @@ def check_width(spec: QuantSpec, key: str, shape: tuple[int, ...]) -> None:
                                 f"its width {shape[1]} (shape {tuple(shape)})")
 
 
-def quantize(w: np.ndarray, spec: QuantSpec, key: str = "weight") -> tuple[np.ndarray, np.ndarray]:
+def quantize(w: np.ndarray, spec: QuantSpec, key: str = "weight",
+             importance: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """w [out, in] (any float dtype) -> (q [out, in] int8 | float8_e4m3fn, or uint8 [out, in / 2]
-    packed int4; scale float32 [out, in / G])."""
+    packed int4; scale float32 [out, in / G]). With `importance` (float [in] >= 0, e.g. each
+    input channel's mean square on a calibration text; int8 / int4 only) each group's scale is
+    searched (``search_scales``) instead of max|w| / qmax."""
     check_width(spec, key, w.shape)
     out, width = w.shape
     g = spec.group(width)
     groups = np.asarray(w, np.float32).reshape(out, width // g, g)
     absmax = np.abs(groups).max(axis=-1)
     scale = np.where(absmax > 0, absmax / QMAX[spec.scheme], 1.0).astype(np.float32)
+    if importance is not None:
+        if spec.scheme not in GROUPED or np.shape(importance) != (width,):
+            raise QuantizationError(f"key {key!r}: a scale search needs int8 / int4 and importance of shape "
+                                    f"({width},), got {spec.scheme} and {np.shape(importance)}")
+        scale = search_scales(groups, scale, np.asarray(importance, np.float64).reshape(width // g, g),
+                              QMAX[spec.scheme])
     scaled = groups / scale[..., None]
     if spec.scheme in GROUPED:
         qmax = QMAX[spec.scheme]
@@ -147,6 +166,25 @@ def quantize(w: np.ndarray, spec: QuantSpec, key: str = "weight") -> tuple[np.nd
     else:
         q = np.clip(scaled, -QMAX["fp8"], QMAX["fp8"]).astype(ml_dtypes.float8_e4m3fn)
     return q.reshape(out, width), scale
+
+
+def search_scales(groups: np.ndarray, scale: np.ndarray, importance: np.ndarray, qmax: float) -> np.ndarray:
+    """The activation-aware scale search: groups float32 [out, n, G], their round-to-nearest
+    scales [out, n] (max|w| / qmax), importance [n, G] -> scales [out, n]: for each group the
+    scale among ``SEARCH_RATIOS`` x the RTN one (clipping the largest weights) with the least
+    importance-weighted squared error sum_j importance_j (w_j - q_j * scale)^2 (RTN's ratio 1
+    is a candidate, so no group does worse on that measure). Rows go in slices (memory)."""
+    best = scale.copy()
+    for start in range(0, groups.shape[0], SEARCH_ROWS):
+        part, base = groups[start:start + SEARCH_ROWS], scale[start:start + SEARCH_ROWS]
+        least = np.full(base.shape, np.inf)
+        for ratio in SEARCH_RATIOS:
+            s = (base * np.float32(ratio))[..., None]
+            err = ((np.clip(np.rint(part / s), -qmax, qmax) * s - part) ** 2 * importance).sum(-1)
+            better = err < least
+            least = np.where(better, err, least)
+            best[start:start + SEARCH_ROWS] = np.where(better, base * np.float32(ratio), best[start:start + SEARCH_ROWS])
+    return best
 
 
 def dequantize(q: np.ndarray, scale: np.ndarray) -> np.ndarray:
@@ -212,13 +250,17 @@ def check_quantized(tensors, spec: QuantSpec, key: str, shape: tuple[int, int], 
                                 f"{tensors.dtype(skey)} {tuple(tensors.shape(skey))}")
 
 
-def quantize_tensors(tensors: Mapping[str, np.ndarray], spec: QuantSpec) -> dict[str, np.ndarray]:
+def quantize_tensors(tensors: Mapping[str, np.ndarray], spec: QuantSpec,
+                     importance: Mapping[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
     """A whole checkpoint with its quantized projections as q and scales (the layout of a
-    quantized checkpoint); other tensors unchanged."""
+    quantized checkpoint); other tensors unchanged. importance: per projection key its
+    input channels' importance for the scale search (``quantize``; e.g.
+    ``rwkv_torch_ref.calibration.input_power``), None for round-to-nearest."""
     out = {}
     for key in tensors:
         if quantized_key(key):
-            out[key], out[scale_key(key)] = quantize(tensors[key], spec, key)
+            out[key], out[scale_key(key)] = quantize(tensors[key], spec, key,
+                                                     None if importance is None else importance[key])
         else:
             out[key] = tensors[key]
     return out
