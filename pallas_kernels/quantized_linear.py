@@ -101,7 +101,8 @@ def int4_columns(start, bk: int, group: int):
     starts on a group: (low, high) runs of bk / 2 channels (pl.ds), start a multiple of bk,
     bk dividing the group (``rwkv7_core.quantization``'s layout)."""
     half = bk // 2
-    low = start - start % group + (start % group) // 2
+    within = jax.lax.rem(start, jnp.int32(group))  # start >= 0 (jnp's % does not lower to Triton)
+    low = start - within + within // 2
     return pl.ds(pl.multiple_of(low, half), half), pl.ds(pl.multiple_of(low + group // 2, half), half)
 
 
