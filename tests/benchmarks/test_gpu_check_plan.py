@@ -56,10 +56,10 @@ def test_cold_run_at_the_recorded_compile_speed_ends_within_8_minutes(monkeypatc
     assert all("engine_step_sampled_ms" in r for r in decode["engine"])
     assert all(r["skipped"].startswith("time budget")
                for r in decode["rows"] + quantized["rows"] + prefill["rows"] + models["rows"] if "tok_s" not in r)
-    # the quantized 1.5b B=1 rows fit; at the recorded compile speed the prefill and models
-    # sections then start nothing (a rerun with --cache-dir reaches them)
+    # the quantized 1.5b B=1 int8 and int4 rows fit; at the recorded compile speed the prefill and
+    # models sections then start nothing (a rerun with --cache-dir reaches them and fp8)
     assert {(r["model"], r["quantization"], r["B"]) for r in quantized["rows"] if "tok_s" in r} == {
-        ("1.5b", "int8", 1), ("1.5b", "fp8", 1)}
+        ("1.5b", "int8", 1), ("1.5b", "int4", 1)}
     assert not [r for r in prefill["rows"] + models["rows"] if "tok_s" in r]
 
 
