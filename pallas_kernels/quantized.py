@@ -117,7 +117,7 @@ def quantized_matmul_f32(x, w: QuantizedWeight):
         return jnp.matmul(x.astype(dtype), w.dequantize(dtype, widen).T, preferred_element_type=jnp.float32)
 
     def cpu(x):
-        if x.shape[0] <= CPU_ROW_PRODUCTS and not w.packed:  # int4 unpacks slowly inside a product
+        if x.shape[0] <= CPU_ROW_PRODUCTS:
             x = computed_once(x.astype(jnp.float32))
             return jnp.concatenate([dot(x[i:i + 1], jnp.float32, cpu_float32) for i in range(x.shape[0])])
         (n, k), x = w.shape, x.astype(jnp.float32)
