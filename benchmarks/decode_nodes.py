@@ -241,9 +241,9 @@ def main(argv=None) -> None:
     ap.add_argument("--batch", default="1", help="comma list of batch sizes (T = 1)")
     ap.add_argument("--target", default=DEFAULT_TARGET,
                     help="bundled GPU target (rwkv_jax/gpu_targets) or a GpuTargetConfig .txtpb file")
-    ap.add_argument("--quantization", default="none", choices=("none", "int8", "fp8"),
+    ap.add_argument("--quantization", default="none", choices=("none", "int8", "int4", "fp8"),
                     help="quantized weights (every kernels option takes them)")
-    ap.add_argument("--group-size", type=int, default=None, help="int8 group size (default: the library's)")
+    ap.add_argument("--group-size", type=int, default=None, help="int8 / int4 group size (default: the library's)")
     ap.add_argument("--state-dtype", default="float32", choices=sorted(DTYPES), help="the wkv state's dtype")
     ap.add_argument("--ptxas", action="store_true", help="ptxas -v every Pallas entry (regs, spills)")
     ap.add_argument("--keep-dumps", help="keep the XLA dumps under this folder")

@@ -41,10 +41,10 @@ seconds, times the slowest measured/recorded ratio so far, fit what is left of T
    compiles measured so far were that much faster.
 5. deviceless, ~15 s: a tiny forward compiled for the H200 description (no device), loaded on
    this GPU and run: it must equal the same forward compiled here.
-5b. quantized, <= QUANTIZED_BUDGET_S: decode with int8 (groups of 128) and fp8 weights on the
+5b. quantized, <= QUANTIZED_BUDGET_S: decode with int4, int8 (library groups) and fp8 weights on the
    Pallas kernels that dequantize in registers (``run_quantized``): 1.5b and 2.9b, B = 1..256,
    tok/s and the fraction of the HBM roofline of the quantized step's bytes; at the recorded
-   compile speed the 1.5b B=1 rows fit, the rest start only if compiles ran faster.
+   compile speed the 1.5b B=1 int4 row fits, the rest start only if compiles ran faster.
 6. prefill, what fits of the rest (issue 24): whole-model 1.5b bf16 prefill with the kernels
    "auto" runs for prefill on a GPU ("pallas": chunked wkv, fused shift-mix rows) at the
    Albatross shapes, cheapest compile first: B=1 x T=1024 dense (~45 s), a varlen batch of 64
@@ -62,10 +62,10 @@ seconds, times the slowest measured/recorded ratio so far, fit what is left of T
 4b. state_dtype, ~17 s: the decode row of 1.5b pallas-fused at B = 256 with a bfloat16 wkv
    state (``run_state_dtype``), beside the float32-state row of section 4.
 
-Start-up (~10 s) + 64 + 5 + 300 + 17 + 15 = ~411 s; then the quantized section's 1.5b int8
-B=1 row (~17 s; the fp8 one when compiles ran faster); the prefill and models sections start
-what still fits and list the rest as skipped, with the reason (a rerun with --cache-dir
-compiles nothing and reaches them); 30 s of margin remain under 8 minutes.
+Start-up (~10 s) + 64 + 5 + 300 + 17 + 15 = ~411 s; then the quantized section's 1.5b B=1 int4
+row (~17 s; int8 and fp8 after it, reached by a rerun); the prefill and models sections start what
+still fits and list the rest as skipped, with the reason (a rerun with --cache-dir compiles nothing
+and reaches them); the margin under 8 minutes is what is left.
 
 --smoke runs every section on the CPU with tiny shapes and interpret-mode kernels and no time
 budget (a CI test); the deviceless section then compiles and serializes but cannot load.
@@ -830,14 +830,16 @@ def _prefill_lines(p: dict) -> list:
 
 # ----------------------------------------------------------------------------- quantized decode
 QUANTIZED_BUDGET_S = 60       # quantized rows stop starting after this long
-QUANTIZED_SCHEMES = ("int8", "fp8")
-Q_STD = {"int8": 40.0, "fp8": 64.0}  # spread of the drawn quantized values (int8 within +-127)
+QUANTIZED_SCHEMES = ("int4", "int8", "fp8")  # in this order: a cold run reaches 1.5b B=1 int4
+Q_STD = {"int8": 40.0, "fp8": 64.0, "int4": 4.6}  # spread of the drawn values (int8 within +-127; int4:
+# uniform random bytes, each nibble uniform in -8..7)
 # Compile seconds of the quantized 1.5b decode step (kernels named "<kernels> <scheme>"): the
 # bf16 step's recorded ones plus ~20 % (deviceless, at load ~10: int8 102 s, fp8 127 s against
 # 110 s for bf16 with pallas-fused; benchmarks/quant_decode_kernels.py).
 QUANTIZED_RECORDED_COMPILE_S = {
     ("1.5b", "pallas-fused int8", 1, 1): 16.0, ("1.5b", "pallas-fused fp8", 1, 1): 16.0,
     ("1.5b", "pallas int8", 1, 1): 16.0, ("1.5b", "pallas fp8", 1, 1): 16.0,
+    ("1.5b", "pallas-fused int4", 1, 1): 16.0, ("1.5b", "pallas int4", 1, 1): 16.0,
 }
 RECORDED_COMPILE_S.update(QUANTIZED_RECORDED_COMPILE_S)
 
@@ -860,9 +862,11 @@ def _draw_quantized(struct: dict, plain, key):
     ones) and every other leaf taken from the plain random params."""
     if isinstance(struct, dict) and set(struct) == {"q", "scale"}:
         q, width = struct["q"], struct["q"].shape[1]
-        scheme = "int8" if q.dtype == jnp.int8 else "fp8"
+        scheme = {jnp.dtype(jnp.int8): "int8", jnp.dtype(jnp.uint8): "int4"}.get(q.dtype, "fp8")
         values = Q_STD[scheme] * jax.random.normal(key, q.shape)
         values = jnp.clip(jnp.round(values), -127, 127) if scheme == "int8" else values
+        if scheme == "int4":  # packed: two values a byte, twice the width
+            values, width = jax.random.randint(key, q.shape, 0, 256), 2 * width
         return {"q": values.astype(q.dtype),
                 "scale": jnp.full(struct["scale"].shape, 1 / (Q_STD[scheme] * math.sqrt(width)), jnp.float32)}
     if isinstance(struct, dict):
@@ -921,7 +925,9 @@ def quantized_parity(interpret: bool, smoke: bool) -> list:
     if not smoke:
         cases += [("quantized_linear fp8 M=8", linear, reference, (x(2, 8, C), quantized_weight(2, F, C, "fp8"))),
                   ("quantized_linear int8 M=16 skip", p(linear, skip=True), reference,
-                   (jnp.maximum(x(3, 16, F), 0), quantized_weight(3, C, F, "int8")))]
+                   (jnp.maximum(x(3, 16, F), 0), quantized_weight(3, C, F, "int8"))),
+                  ("quantized_linear int4 M=1 skip", p(linear, skip=True), reference,
+                   (jnp.maximum(x(6, 1, F), 0), quantized_weight(6, C, F, "int4")))]
         for scheme, M in (("int8", 1), ("fp8", 4)):
             args = (x(4, M, C), quantized_weight(4, F, C, scheme), quantized_weight(5, C, F, scheme))
             cases += [(f"quantized_channel_mix {scheme} M={M}", mix,

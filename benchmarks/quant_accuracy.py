@@ -1,6 +1,7 @@
 """Accuracy of quantized weights against the float32 model on the same checkpoint (CPU, JAX xla).
 
-For each checkpoint kind and quantization (int8 with groups of 64 and 128, fp8 per row):
+For each checkpoint kind and quantization (int8 and int4 with groups of 64 and 128, fp8 per row;
+``--variants`` picks some):
 
 - next-token KL(float32 || quantized), mean and p99 over the positions of real English text
   (the repo's README and docs/*.md through the World tokenizer, --positions of them), the
@@ -10,6 +11,11 @@ For each checkpoint kind and quantization (int8 with groups of 64 and 128, fp8 p
   the float32 continuation, picks the same token; "identical prefix" runs the quantized model
   greedily on its own and counts the tokens equal to float32's before the first difference
   (it stops there: after one different token the two texts are unrelated).
+
+The ``-search`` variants quantize with the activation-aware scale search
+(``rwkv7_core.quantization``): importance = each projection input's mean square over
+CALIBRATION tokens of the same docs after the measured positions (disjoint text), from the
+float32 torch reference (``rwkv_torch_ref.calibration``).
 
 Checkpoint kinds (0.1b shape by default, float32, seeded; --config for another shape):
 - ``plain``: ``rwkv7_core.random_weights`` (Gaussian projections);
@@ -38,15 +44,20 @@ from pathlib import Path
 import numpy as np
 
 import rwkv_jax
-from rwkv7_core.checkpoint import write_checkpoint
+import rwkv_torch_ref
+from rwkv7_core.checkpoint import read_checkpoint, write_checkpoint
 from rwkv7_core.config import named_config
-from rwkv7_core.quantization import dequantize, quantize, quantized_key, spec_for
+from rwkv7_core.quantization import dequantize, metadata, quantize, quantize_tensors, quantized_key, spec_for
 from rwkv7_core.random_weights import random_tensors
 from rwkv7_core.tokenizer import WorldTokenizer
+from rwkv_torch_ref.calibration import input_power
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
-VARIANTS = {"int8-g64": ("int8", 64), "int8-g128": ("int8", 128), "fp8": ("fp8", None)}
+VARIANTS = {"int8-g64": ("int8", 64), "int8-g128": ("int8", 128), "fp8": ("fp8", None),
+            "int4-g64": ("int4", 64), "int4-g128": ("int4", 128)}
+SEARCHED = {"int4-g64-search": ("int4", 64), "int4-g128-search": ("int4", 128)}  # scale search (module doc)
+CALIBRATION = 4096  # calibration tokens, the docs' text after the measured positions
 EMBEDDING_VARIANTS = {"emb-int8-g128": ("none", None), "int8-g128 + emb-int8-g128": ("int8", 128)}
 CHUNK = 256
 PROMPT = 64
@@ -107,9 +118,20 @@ def greedy(model, prompt: np.ndarray, n: int, follow: np.ndarray | None = None) 
     return np.asarray(out, np.int32)
 
 
-def measure(path: Path, tokens: np.ndarray, n_gen: int, variants: dict = VARIANTS, variant_path: Path | None = None) -> dict:
+def searched_checkpoint(path: Path, out: Path, scheme: str, group: int, calibration: np.ndarray) -> Path:
+    """`path`'s checkpoint quantized with the activation-aware scale search (the float32 torch
+    model's input power on `calibration` tokens), written to `out`."""
+    tensors, _ = read_checkpoint(path)
+    importance = input_power(rwkv_torch_ref.load(path), calibration)
+    spec = spec_for(scheme, group)
+    write_checkpoint(out, quantize_tensors({k: tensors[k] for k in tensors}, spec, importance), metadata(spec))
+    return out
+
+
+def measure(path: Path, tokens: np.ndarray, n_gen: int, variants: dict = VARIANTS, variant_path: Path | None = None,
+            variant_paths: dict | None = None) -> dict:
     """The float32 model at `path` against each of `variants` (loaded from `variant_path`,
-    default `path`)."""
+    default `path`, or from variant_paths[name])."""
     base = rwkv_jax.load(path)
     ref_chunks = list(full_logits(base, tokens))
     prompt = tokens[:PROMPT]
@@ -121,7 +143,9 @@ def measure(path: Path, tokens: np.ndarray, n_gen: int, variants: dict = VARIANT
     rows = {}
     for name, (scheme, group) in variants.items():
         t0 = time.perf_counter()
-        model = rwkv_jax.load(variant_path or path, quantization=scheme, group_size=group)
+        stored = variant_paths is not None and name in variant_paths  # a quantized file: its own group
+        model = rwkv_jax.load(variant_paths[name] if stored else variant_path or path, quantization=scheme,
+                              group_size=None if stored else group)
         kl, max_err, top1 = [], 0.0, []
         for ref, got in zip(ref_chunks, full_logits(model, tokens)):
             lp, lq = log_softmax(ref.astype(np.float64)), log_softmax(got.astype(np.float64))
@@ -168,16 +192,26 @@ def main(argv=None) -> None:
     ap.add_argument("--generate", type=int, default=1000)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--kind", choices=("both", "plain", "trained-like"), default="both")
+    ap.add_argument("--variants", default=",".join([*VARIANTS, *SEARCHED]),
+                    help=f"comma-separated subset of {', '.join([*VARIANTS, *SEARCHED])} (default all)")
+    ap.add_argument("--tag", default="", help="results name suffix (default none)")
     ap.add_argument("--embedding", action="store_true", help="measure an int8 embedding instead (see module doc)")
     ap.add_argument("--output", type=Path, default=None,
                     help="default benchmarks/results/quant_accuracy[_embedding][_KIND].json")
     args = ap.parse_args(argv)
     if args.output is None:
         stem = "quant_accuracy_embedding" if args.embedding else "quant_accuracy"
+        stem += f"_{args.tag}" if args.tag else ""
         args.output = RESULTS / (f"{stem}.json" if args.kind == "both" else f"{stem}_{args.kind}.json")
+    unknown = set(args.variants.split(",")) - set(VARIANTS) - set(SEARCHED)
+    if unknown:
+        ap.error(f"--variants: unknown {', '.join(sorted(unknown))}")
+    variants = {name: {**VARIANTS, **SEARCHED}[name] for name in args.variants.split(",")}
     config = named_config(args.config)
-    tokens = text_tokens(args.positions, config.vocab_size)
-    out = {"config": args.config, "positions": args.positions, "generated": args.generate, "checkpoints": {}}
+    text = text_tokens(args.positions + CALIBRATION, config.vocab_size)
+    tokens, calibration = text[:args.positions], text[args.positions:]
+    out = {"config": args.config, "positions": args.positions, "generated": args.generate,
+           "calibration_tokens": CALIBRATION, "checkpoints": {}}
     plain = random_tensors(config, args.seed)
     with tempfile.TemporaryDirectory() as tmp:
         for kind, tensors in (("plain", plain), ("trained-like", trained_like(plain, args.seed + 1))):
@@ -191,7 +225,9 @@ def main(argv=None) -> None:
                 out["checkpoints"][kind] = measure(path, tokens, args.generate, EMBEDDING_VARIANTS,
                                                    Path(tmp) / f"{kind}-emb.safetensors")
             else:
-                out["checkpoints"][kind] = measure(path, tokens, args.generate)
+                searched = {name: searched_checkpoint(path, Path(tmp) / f"{kind}-{name}.safetensors", *SEARCHED[name],
+                                                      calibration) for name in variants if name in SEARCHED}
+                out["checkpoints"][kind] = measure(path, tokens, args.generate, variants, variant_paths=searched)
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text(json.dumps(out, indent=1) + "\n")
     args.output.with_suffix(".md").write_text(markdown(out))

@@ -1,6 +1,6 @@
 """Quantized weights on the Pallas decode paths, compiled for an H200 without a GPU: per kernels
-option the step's kernel bytes against the bf16 step's (goal <= 0.55), nodes per layer (goal: not
-above the bf16 step's) and every Pallas kernel's registers and spills from ptxas (goal: none).
+option the step's kernel bytes against the bf16 step's (goal <= 0.55 for int8 / fp8, <= 0.32 for
+int4), nodes per layer (goal: not above the bf16 step's) and every Pallas kernel's registers and spills from ptxas (goal: none).
 
 Runs ``benchmarks/decode_nodes.py --ptxas`` once per (kernels, weights) into a raw JSON, then
 writes the table (``--render`` only re-renders a raw JSON). Needs jax's CUDA plugin, as
@@ -23,7 +23,7 @@ if __package__ in (None, ""):
 
 from benchmarks import decode_nodes  # noqa: E402
 
-SCHEMES = ("none", "int8", "fp8")
+SCHEMES = ("none", "int8", "fp8")  # the default run; --schemes picks others (int4)
 
 
 def kernel_resources(ptxas: dict) -> dict:
@@ -74,12 +74,17 @@ def main(argv=None) -> None:
     ap.add_argument("--out", default="benchmarks/results/quant_decode_kernels_h200",
                     help="writes OUT.raw.json (decode_nodes rows), OUT.json and OUT.md")
     ap.add_argument("--render", action="store_true", help="only re-render OUT.json / OUT.md from OUT.raw.json")
+    ap.add_argument("--schemes", default=",".join(SCHEMES),
+                    help="comma list of quantizations to compile (rows append to OUT.raw.json; the table "
+                         "compares each with the bf16 row there)")
+    ap.add_argument("--group-size", default=None, help="int8 / int4 group size (default: the library's)")
     a = ap.parse_args(argv)
     raw_path = a.out + ".raw.json"
     if not a.render:
-        for scheme in SCHEMES:
+        for scheme in a.schemes.split(","):
+            group = ["--group-size", a.group_size] if a.group_size and scheme in ("int8", "int4") else []
             decode_nodes.main(["--config", a.config, "--batch", a.batch, "--kernels", a.kernels, "--ptxas",
-                               "--quantization", scheme, "--json", raw_path])
+                               "--quantization", scheme, *group, "--json", raw_path])
     rows = condensed(json.load(open(raw_path)))
     json.dump(rows, open(a.out + ".json", "w"), indent=1)
     command = f"python benchmarks/quant_decode_kernels.py --config {a.config} --batch {a.batch} --kernels {a.kernels}"

@@ -1,9 +1,10 @@
 """CPU decode speed of quantized weights vs float32, interleaved in one run (JAX xla, 0.1b shape).
 
 One random 0.1b checkpoint loaded as float32, int8 (default groups) and fp8 (float32
-activations). Each round times the compiled decode step (state donated and carried) of every
-model at B = 1, 8, 32, the models' order rotating per round so machine load hits them alike;
-the median tok/s per (model, B) over the rounds is reported, with the bytes of weights a step
+activations; --schemes picks others, e.g. int4). Each round times the compiled decode step
+(state donated and carried) of every model at B = 1, 8, 32 (--batches), the models' order
+rotating per round so machine load hits them alike; the median tok/s per (model, B) over the
+rounds is reported, with the bytes of weights a step
 reads (all parameters but the embedding, a gather of B rows) and the int8 / float32 ratio (the
 issue's goal: >= 2x at B = 1). Writes benchmarks/results/quant_speed_cpu.json and .md.
 
@@ -61,53 +62,59 @@ def main(argv=None) -> None:
     ap.add_argument("--seconds", type=float, default=3.0, help="per (model, B) per round")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--output", type=Path, default=RESULTS)
+    ap.add_argument("--schemes", default=",".join(SCHEMES), help="comma-separated, the first none (float32)")
+    ap.add_argument("--batches", default=",".join(map(str, BATCHES)), help="comma-separated batch sizes")
     args = ap.parse_args(argv)
+    schemes, batches = tuple(args.schemes.split(",")), tuple(int(b) for b in args.batches.split(","))
+    if schemes[0] != "none":
+        ap.error("--schemes must start with none (the float32 baseline)")
     config = named_config(args.config)
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "m.safetensors"
         write_random_checkpoint(path, config, seed=0)
-        engines = {s: JaxEngine(rwkv_jax.load(path, quantization=s)) for s in SCHEMES}
+        engines = {s: JaxEngine(rwkv_jax.load(path, quantization=s)) for s in schemes}
     for engine in engines.values():
-        for B in BATCHES:
+        for B in batches:
             engine.executables.get(("forward", (B, 1, False)))
-    runs = {s: {B: [] for B in BATCHES} for s in SCHEMES}
-    cpu_runs = {s: {B: [] for B in BATCHES} for s in SCHEMES}
+    runs = {s: {B: [] for B in batches} for s in schemes}
+    cpu_runs = {s: {B: [] for B in batches} for s in schemes}
     for r in range(args.rounds):
-        order = SCHEMES[r % len(SCHEMES):] + SCHEMES[:r % len(SCHEMES)]
-        for B in BATCHES:
+        order = schemes[r % len(schemes):] + schemes[:r % len(schemes)]
+        for B in batches:
             for s in order:
                 tok_s, cpu_s = decode_tok_s(engines[s], B, args.seconds)
                 runs[s][B].append(tok_s)
                 cpu_runs[s][B].append(cpu_s)
-        print(f"round {r + 1}: " + ", ".join(f"{s} B{B} {runs[s][B][-1]:.1f}" for s in SCHEMES for B in BATCHES),
+        print(f"round {r + 1}: " + ", ".join(f"{s} B{B} {runs[s][B][-1]:.1f}" for s in schemes for B in batches),
               flush=True)
-    med = {s: {B: statistics.median(v) for B, v in runs[s].items()} for s in SCHEMES}
-    cpu = {s: {B: statistics.median(v) for B, v in cpu_runs[s].items()} for s in SCHEMES}
+    med = {s: {B: statistics.median(v) for B, v in runs[s].items()} for s in schemes}
+    cpu = {s: {B: statistics.median(v) for B, v in cpu_runs[s].items()} for s in schemes}
     out = {"config": args.config, "cpus": os.cpu_count(), "jax": jax.__version__, "rounds": args.rounds,
            "seconds_per_measurement": args.seconds, "load_average_at_end": os.getloadavg(),
            "step_weight_bytes": {s: step_bytes(e.model.params) for s, e in engines.items()},
            "decode_tok_s_median": med, "decode_tok_s_runs": runs, "cpu_ms_per_step_median": {
-               s: {B: 1e3 * v for B, v in cpu[s].items()} for s in SCHEMES},
-           "ratio_vs_float32": {s: {B: med[s][B] / med["none"][B] for B in BATCHES} for s in SCHEMES if s != "none"}}
-    out["goal_int8_b1_vs_float32 (>=2)"] = out["ratio_vs_float32"]["int8"][1]
+               s: {B: 1e3 * v for B, v in cpu[s].items()} for s in schemes},
+           "ratio_vs_float32": {s: {B: med[s][B] / med["none"][B] for B in batches} for s in schemes if s != "none"}}
+    if "int8" in schemes and 1 in batches:
+        out["goal_int8_b1_vs_float32 (>=2)"] = out["ratio_vs_float32"]["int8"][1]
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text(json.dumps(out, indent=1) + "\n")
     lines = [f"Decode tok/s, {args.config} shape, JAX xla on {os.cpu_count()} CPUs, median of {args.rounds} "
              f"interleaved rounds (float32 activations); load average at the end "
              f"{', '.join(f'{x:.1f}' for x in os.getloadavg())}. CPU ms/step: process CPU time per step (all "
              f"threads, waiting for a core excluded).", "",
-             "| weights | step weight bytes | " + " | ".join(f"B={B} tok/s (x float32)" for B in BATCHES) + " |",
-             "|---|---|" + "---|" * len(BATCHES)]
-    for s in SCHEMES:
+             "| weights | step weight bytes | " + " | ".join(f"B={B} tok/s (x float32)" for B in batches) + " |",
+             "|---|---|" + "---|" * len(batches)]
+    for s in schemes:
         cells = [f"{med[s][B]:.1f}" + ("" if s == "none" else f" ({out['ratio_vs_float32'][s][B]:.2f}x)")
-                 for B in BATCHES]
+                 for B in batches]
         lines.append(f"| {'float32' if s == 'none' else s} | {out['step_weight_bytes'][s] / 1e6:.0f} MB | "
                      + " | ".join(cells) + " |")
-    lines += ["", "| weights | " + " | ".join(f"B={B} CPU ms/step (x float32)" for B in BATCHES) + " |",
-              "|---|" + "---|" * len(BATCHES)]
-    for s in SCHEMES:
+    lines += ["", "| weights | " + " | ".join(f"B={B} CPU ms/step (x float32)" for B in batches) + " |",
+              "|---|" + "---|" * len(batches)]
+    for s in schemes:
         cells = [f"{1e3 * cpu[s][B]:.0f}" + ("" if s == "none" else f" ({cpu['none'][B] / cpu[s][B]:.2f}x)")
-                 for B in BATCHES]
+                 for B in batches]
         lines.append(f"| {'float32' if s == 'none' else s} | " + " | ".join(cells) + " |")
     text = "\n".join(lines) + "\n"
     args.output.with_suffix(".md").write_text(text)

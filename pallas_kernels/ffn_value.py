@@ -14,11 +14,12 @@ masked rows load as zeros and meet zero activations, so the sums are bit-identic
 dense ones (tested).
 
 The value weight may be a ``QuantizedWeight`` in its [out, in] = [C, F] layout (q int8 |
-float8_e4m3fn, float32 scales [C, F / G]): each tile q [C block, F tile] (F tile a power of two
-dividing G: one scale per row) is converted to the hidden dtype in registers and its product
-multiplied by the scale column (``quantized_linear.dequantized_product``). In that layout a
-hidden unit is a column, one byte per row: ``skip`` masks the columns of zero units, which
-saves traffic only where a whole 32-byte sector (32 consecutive units) is zero.
+float8_e4m3fn | packed int4, float32 scales [C, F / G]): each tile q [C block, F tile] (F tile
+a power of two dividing G: one scale per row) is converted to the hidden dtype in registers
+and its product multiplied by the scale column (``quantized_linear.tile_product``; int4 tiles
+unpacked there, F splits holding whole groups). In that layout a hidden unit is a column, one
+byte per row (int4: half a byte, a byte holding two units G / 2 apart): ``skip`` masks the
+columns of zero units, which saves traffic only where a whole 32-byte sector is zero.
 """
 from __future__ import annotations
 
@@ -32,7 +33,7 @@ from jax.experimental.pallas import triton as plgpu_triton
 from .common import pow2_divisor, require, triton_params
 from .quantized import QuantizedWeight
 from .quantized_linear import MAX_BLOCK_K as MAX_QUANTIZED_TILE
-from .quantized_linear import dequantized_product, group_size, load_live_columns
+from .quantized_linear import group_size, split_units, tile_product
 from .segment_linear import choose_splits, row_block, sum_splits
 from .sparse_channel_mix import channel_mix_reference, relu_square
 
@@ -44,11 +45,11 @@ TARGET_PROGRAMS = 528
 ffn_value_reference = channel_mix_reference  # the value product is the channel-mix's second half
 
 
-def supports(F: int, C: int, group: int | None = None) -> bool:
+def supports(F: int, C: int, group: int | None = None, packed: bool = False) -> bool:
     """Whether the kernel serves F units and C outputs (a quantized value weight: with scale
-    groups of `group` units)."""
+    groups of `group` units; packed int4 tiles need two halves of >= 16)."""
     return (pow2_divisor(F, MAX_BLOCK_F) >= 16 and pow2_divisor(C, MAX_BLOCK_C) >= 16
-            and (group is None or pow2_divisor(group, MAX_BLOCK_F) >= 16))
+            and (group is None or pow2_divisor(group, MAX_BLOCK_F) >= (32 if packed else 16)))
 
 
 def _kernel(p_ref, *refs, splits_in, tiles, bf, dtype, skip, group):
@@ -80,16 +81,13 @@ def _quantized_body(p_ref, q_ref, s_ref, o_ref, *, splits_in, tiles, bf, dtype, 
     """The F loop over a quantized value weight q [C block, F range] (see module doc)."""
     first = pl.program_id(2) * (tiles * bf)  # the split's first unit
 
+    def hidden(cols):
+        return relu_square(sum_splits(lambda s: p_ref[s, :, cols], splits_in), dtype)
+
     def body(t, acc):
         start = pl.multiple_of(t * bf, bf)
-        cols = pl.ds(start, bf)
-        h = relu_square(sum_splits(lambda s: p_ref[s, :, cols], splits_in), dtype)
-        if skip:
-            live = jnp.max(h.astype(jnp.float32), axis=0) > 0
-            q = load_live_columns(q_ref.at[:, cols], live, (q_ref.shape[0], bf), h.dtype)
-        else:
-            q = q_ref[:, cols]
-        return acc + dequantized_product(h, q, s_ref[:, (first + start) // group], vector=o_ref.shape[0] == 1)
+        return acc + tile_product(hidden, q_ref, s_ref[:, (first + start) // group], start, bf, group,
+                                  vector=o_ref.shape[0] == 1, skip=skip)
 
     o_ref[...] = jax.lax.fori_loop(0, tiles, body, jnp.zeros(o_ref.shape, jnp.float32))
 
@@ -105,7 +103,8 @@ def ffn_value(pre_partials, w_val_t, *, M: int, dtype, splits: int | None = None
     C, Fw = w_val_t.shape if quantized else w_val_t.shape[::-1]
     group = group_size(w_val_t) if quantized else 0
     require(Fw == F, f"ffn_value: the value weight must be [F={F}, C] (quantized: [C, F]), got {w_val_t.shape}")
-    require(supports(F, C, group or None), f"ffn_value: unsupported F={F}, C={C}, group {group}")
+    packed = quantized and w_val_t.packed
+    require(supports(F, C, group or None, packed), f"ffn_value: unsupported F={F}, C={C}, group {group}")
     bm = row_block(M)
     require(Mp % bm == 0, f"ffn_value: partials rows {Mp} must be a multiple of {bm}")
     # the dot path holds splits_in partial tiles [bm, bf] in registers: narrow F tiles keep it
@@ -114,9 +113,9 @@ def ffn_value(pre_partials, w_val_t, *, M: int, dtype, splits: int | None = None
     if quantized:  # skip and not the same tiles (bit-identical sums); see quantized_linear.MAX_BLOCK_K
         bf = min(bf, MAX_QUANTIZED_TILE)
     bc = pow2_divisor(C, MAX_BLOCK_C)
-    tiles = F // bf
-    splits = splits or choose_splits((Mp // bm) * (C // bc), tiles, TARGET_PROGRAMS)
-    require(tiles % splits == 0, f"ffn_value: splits={splits} must divide {tiles}")
+    units = split_units(F, bf, group, packed)
+    splits = splits or choose_splits((Mp // bm) * (C // bc), units, TARGET_PROGRAMS)
+    require(units % splits == 0, f"ffn_value: splits={splits} must divide {units}")
     f_chunk = F // splits
     return pl.pallas_call(
         functools.partial(_kernel, splits_in=splits_in, tiles=f_chunk // bf, bf=bf, dtype=jnp.dtype(dtype),
@@ -124,7 +123,7 @@ def ffn_value(pre_partials, w_val_t, *, M: int, dtype, splits: int | None = None
         out_shape=jax.ShapeDtypeStruct((splits, Mp, C), jnp.float32),
         grid=(Mp // bm, C // bc, splits),
         in_specs=[pl.BlockSpec((splits_in, bm, f_chunk), lambda m, c, s: (0, m, s))]
-                 + ([pl.BlockSpec((bc, f_chunk), lambda m, c, s: (c, s)),
+                 + ([pl.BlockSpec((bc, f_chunk // 2 if packed else f_chunk), lambda m, c, s: (c, s)),
                      pl.BlockSpec((bc, F // group), lambda m, c, s: (c, 0))] if quantized
                     else [pl.BlockSpec((f_chunk, bc), lambda m, c, s: (s, c))]),
         out_specs=pl.BlockSpec((None, bm, bc), lambda m, c, s: (s, m, c)),

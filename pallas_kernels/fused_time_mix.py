@@ -21,8 +21,10 @@ def supports(M: int, wts: TimeMixWeights) -> bool:
     downs, _ = wts.down(first=False)
     C = wts.receptance.shape[1]
     ups = wts.ups(first=False)
-    return (segment_kernel.supports(M, [w.shape[0] for w in downs], C, segment_kernel.groups(downs))
-            and segment_kernel.supports(M, [C], C, segment_kernel.groups([wts.output]))
+    return (segment_kernel.supports(M, [w.shape[0] for w in downs], C, segment_kernel.groups(downs),
+                                    segment_kernel.packed(downs))
+            and segment_kernel.supports(M, [C], C, segment_kernel.groups([wts.output]),
+                                        segment_kernel.packed([wts.output]))
             and lora_up_kernel.supports(C, [u.shape[1] for u in ups]))
 
 
@@ -50,8 +52,9 @@ def channel_mix_supported(M: int, w_key, w_val_t) -> bool:
     """Whether the two launches serve M rows (w_val_t [F, C], or a QuantizedWeight [C, F])."""
     F, C = w_key.shape
     value_groups = segment_kernel.groups([w_val_t])
-    return (segment_kernel.supports(M, [F], C, segment_kernel.groups([w_key]))
-            and ffn_value_kernel.supports(F, C, value_groups[0] if value_groups else None))
+    return (segment_kernel.supports(M, [F], C, segment_kernel.groups([w_key]), segment_kernel.packed([w_key]))
+            and ffn_value_kernel.supports(F, C, value_groups[0] if value_groups else None,
+                                          segment_kernel.packed([w_val_t])))
 
 
 def fused_channel_mix(xk, w_key, w_val_t, *, skip: bool = False, interpret: bool = False) -> SplitSum:

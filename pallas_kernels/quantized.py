@@ -1,10 +1,13 @@
 """Quantized weights in JAX: the pytree the ops take in place of a weight array, and its
 plain-jnp product (the XLA path; the math is ``rwkv7_core.quantization``'s).
 
-``QuantizedWeight(q, scale)``: q int8 | float8_e4m3fn ``[N, K]`` and scale float32
-``[N, K / G]``, always in the checkpoint's [out, in] layout, the channel-mix value included
-(the Pallas kernels read it so too: ``quantized_linear``, ``quantized_channel_mix``), so a
-product ignores the dense weight's ``w_in_axis``.
+``QuantizedWeight(q, scale)``: q int8 | float8_e4m3fn ``[N, K]``, or int4 packed two a byte
+as uint8 ``[N, K / 2]`` (``rwkv7_core.quantization``'s layout: in each group of G input
+channels, byte j holds channel j in its low nibble and channel j + G / 2 in its high one;
+``unpack_int4`` is the one jnp unpacking, used by ``dequantize`` and the kernels), and scale
+float32 ``[N, K / G]``, always in the checkpoint's [out, in] layout, the channel-mix value
+included (the Pallas kernels read it so too: ``quantized_linear``, ``quantized_channel_mix``),
+so a product ignores the dense weight's ``w_in_axis``. ``shape`` is the logical [N, K].
 
 The product dequantizes inside the jitted step, so XLA can fuse convert * scale into the
 product instead of keeping a dequantized copy of the weight (checked in the optimised HLO by
@@ -49,6 +52,13 @@ CPU_SCRATCH_ELEMENTS = 1 << 19  # most weight elements dequantized at once for a
 GPU_REDUCE_ROWS = 8    # rows up to which the GPU product is a multiply + row reduction (see module doc)
 
 
+def unpack_int4(packed):
+    """Packed int4 bytes uint8 [..., J] -> (low, high) int32 [..., J]: each byte's two 4-bit
+    two's-complement values (integer ops only, so a Pallas kernel unpacks a tile the same way)."""
+    b = packed.astype(jnp.int32)
+    return ((b & 0xF) ^ 8) - 8, ((b >> 4) ^ 8) - 8
+
+
 class QuantizedWeight(NamedTuple):
     """A quantized matrix (see module doc); a pytree of two arrays."""
 
@@ -56,13 +66,25 @@ class QuantizedWeight(NamedTuple):
     scale: jax.Array
 
     @property
-    def shape(self):
-        return self.q.shape
+    def packed(self) -> bool:
+        """Whether q holds int4 values two a byte."""
+        return self.q.dtype == jnp.uint8
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        """The logical [N, K]."""
+        n, k = self.q.shape
+        return (n, 2 * k) if self.packed else (n, k)
 
     def dequantize(self, dtype, widen=None) -> jax.Array:
-        """The weight q * scale [N, K] in `dtype`; widen(q) gives q as float32 (default: a convert)."""
-        (n, k), groups = self.q.shape, self.scale.shape[1]
-        q = self.q.astype(jnp.float32) if widen is None else widen(self.q)
+        """The weight q * scale [N, K] in `dtype`; widen(q) gives q (int8, int4 unpacked to
+        int8, or float8) as float32 (default: a convert)."""
+        (n, k), groups = self.shape, self.scale.shape[1]
+        q = self.q
+        if self.packed:  # [N, groups, 2, G / 2] -> [N, K]: low nibbles then high ones per group
+            low, high = unpack_int4(q.reshape(n, groups, 1, k // groups // 2))
+            q = jnp.concatenate([low, high], axis=2).astype(jnp.int8).reshape(n, k)
+        q = q.astype(jnp.float32) if widen is None else widen(q)
         w = q.reshape(n, groups, k // groups) * self.scale[:, :, None]
         return w.reshape(n, k).astype(dtype)
 
@@ -98,7 +120,7 @@ def quantized_matmul_f32(x, w: QuantizedWeight):
         if x.shape[0] <= CPU_ROW_PRODUCTS:
             x = computed_once(x.astype(jnp.float32))
             return jnp.concatenate([dot(x[i:i + 1], jnp.float32, cpu_float32) for i in range(x.shape[0])])
-        (n, k), x = w.q.shape, x.astype(jnp.float32)
+        (n, k), x = w.shape, x.astype(jnp.float32)
         rows, parts, last = max(1, CPU_SCRATCH_ELEMENTS // k), [], x
         for start in range(0, n, rows):
             zero = (last[0, 0] > 0).astype(jnp.float32) * 0.0  # exactly 0: orders this copy after `last`

@@ -14,7 +14,10 @@ A weight may be a ``QuantizedWeight`` (q int8 | float8_e4m3fn [N_i, K], float32 
 [N_i, K / G]): its tiles are converted to the input dtype in registers and the tile's product
 is multiplied by the tile's scale column (K tiles are a power of two dividing G, so one scale
 per row and tile; ``pallas_kernels.quantized_linear``); plain and quantized segments share a
-launch (the quantized r/k/v beside the LoRA downs).
+launch (the quantized r/k/v beside the LoRA downs). With packed int4 segments (all of one
+group G; no int8 / fp8 beside them) every tile is taken as two runs of input channels G / 2
+apart (``quantized_linear.int4_columns``): an int4 segment unpacks its tile's bytes into them
+(``quantized.unpack_int4``), a plain one reads those columns, and K splits hold whole groups.
 """
 from __future__ import annotations
 
@@ -26,8 +29,8 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu_triton
 
 from .common import next_pow2, pow2_divisor, require, triton_params
-from .quantized import QuantizedWeight
-from .quantized_linear import dequantized_product, group_size
+from .quantized import QuantizedWeight, unpack_int4
+from .quantized_linear import dequantized_product, group_size, int4_columns, split_units
 from .small_m_linear import matmul_f32
 
 MAX_M = 256            # decode rows served (the batched-decode limit)
@@ -85,12 +88,20 @@ def groups(weights) -> list[int]:
     return [group_size(w) for w in weights if isinstance(w, QuantizedWeight)]
 
 
-def supports(M: int, Ns, K: int, quant_groups=()) -> bool:
+def packed(weights) -> bool:
+    """Whether any weight is packed int4."""
+    return any(isinstance(w, QuantizedWeight) and w.packed for w in weights)
+
+
+def supports(M: int, Ns, K: int, quant_groups=(), packed: bool = False) -> bool:
     """Whether the kernel serves M rows, segment widths Ns and depth K, with quantized
-    segments of these scale groups (``groups``), else use the reference."""
-    return (1 <= M <= MAX_M and pow2_divisor(K, MAX_BLOCK_K) >= MIN_BLOCK
+    segments of these scale groups (``groups``; `packed`: int4 ones, one group, whose tiles'
+    halves are dot operands), else use the reference."""
+    narrowest = 2 * MIN_BLOCK if packed else MIN_BLOCK
+    return (1 <= M <= MAX_M and pow2_divisor(K, MAX_BLOCK_K) >= narrowest
             and min(pow2_divisor(n, MAX_BLOCK_N) for n in Ns) >= MIN_BLOCK
-            and all(pow2_divisor(g, MAX_BLOCK_K) >= MIN_BLOCK for g in quant_groups))
+            and all(pow2_divisor(g, MAX_BLOCK_K) >= narrowest for g in quant_groups)
+            and (not packed or len(set(quant_groups)) == 1))
 
 
 def _blocks(M, Ns, K, dtype, quant_groups=()):
@@ -120,6 +131,9 @@ def _kernel(*refs, starts, inputs, groups, M, tiles, bk, vector):
     bm = o_ref.shape[0]
     row_ok = (pl.program_id(0) * bm + jnp.arange(bm)) < M
 
+    if any(w.dtype == jnp.uint8 for w in w_refs):
+        return _int4_body(x_ref, w_refs, o_ref, seg=seg, mix=mix, row_ok=row_ok, groups=groups,
+                          tiles=tiles, bk=bk, vector=vector)
     if any(groups):
         return _quantized_body(x_ref, w_refs, o_ref, seg=seg, mix=mix, row_ok=row_ok, groups=groups,
                                tiles=tiles, bk=bk, vector=vector)
@@ -172,6 +186,44 @@ def _quantized_body(x_ref, w_refs, o_ref, *, seg, mix, row_ok, groups, tiles, bk
     o_ref[...] = jax.lax.fori_loop(0, tiles, body, jnp.zeros(o_ref.shape, jnp.float32))
 
 
+def _int4_body(x_ref, w_refs, o_ref, *, seg, mix, row_ok, groups, tiles, bk, vector):
+    """The loop with packed int4 segments (one group G): each segment's tile comes as (low
+    half, high half in the input dtype, scale column float32 [bn]), the halves the columns
+    ``int4_columns`` names; a plain segment reads those columns, its scale one."""
+    group = max(groups)
+    first = pl.program_id(2) * (tiles * bk)
+    dtype = x_ref.dtype
+    refs, at = [], 0
+    for g in groups:
+        refs.append((w_refs[at], w_refs[at + 1] if g else None))
+        at += 2 if g else 1
+
+    def body(t, acc):
+        start = pl.multiple_of(t * bk, bk)
+        low_cols, high_cols = int4_columns(start, bk, group)
+
+        def tile(i):
+            w_ref, s_ref = refs[i]
+            if s_ref is None:
+                return (w_ref[:, low_cols].astype(dtype), w_ref[:, high_cols].astype(dtype),
+                        jnp.ones((w_ref.shape[0],), jnp.float32))
+            low, high = unpack_int4(w_ref[:, pl.ds(pl.multiple_of(start // 2, bk // 2), bk // 2)])
+            return low.astype(dtype), high.astype(dtype), s_ref[:, (first + start) // group]
+
+        w_low, w_high, scale = jax.lax.switch(seg, [functools.partial(tile, i) for i in range(len(refs))]) \
+            if len(refs) > 1 else tile(0)
+
+        def x_at(cols):
+            if vector:
+                return x_ref[mix, :, cols]
+            return plgpu_triton.load(x_ref.at[mix, :, cols], mask=row_ok[:, None], other=0)
+
+        return acc + (dequantized_product(x_at(low_cols), w_low, scale, vector=vector)
+                      + dequantized_product(x_at(high_cols), w_high, scale, vector=vector))
+
+    o_ref[...] = jax.lax.fori_loop(0, tiles, body, jnp.zeros(o_ref.shape, jnp.float32))
+
+
 def segment_linear(xs, weights, inputs, *, splits: int | None = None, target: int = TARGET_PROGRAMS,
                    interpret: bool = False):
     """Pallas: xs [n_in, M, K], weights [w_i [N_i, K]], inputs [index into xs per segment]
@@ -186,21 +238,26 @@ def segment_linear(xs, weights, inputs, *, splits: int | None = None, target: in
                 for w, n in zip(weights, Ns)),
             f"segment_linear: weights must be [N_i, K={K}] in {xs.dtype} (or quantized)")
     seg_groups = tuple(group_size(w) if isinstance(w, QuantizedWeight) else 0 for w in weights)
-    require(supports(M, Ns, K, groups(weights)), f"segment_linear: unsupported M={M}, N={Ns}, K={K}, "
-                                                 f"groups {groups(weights)}")
+    int4 = packed(weights)
+    require(not int4 or all(not isinstance(w, QuantizedWeight) or w.packed for w in weights),
+            "segment_linear: packed int4 segments cannot share a launch with int8 / fp8 ones")
+    require(supports(M, Ns, K, groups(weights), int4), f"segment_linear: unsupported M={M}, N={Ns}, K={K}, "
+                                                       f"groups {groups(weights)}")
     bm, bn, bk = _blocks(M, Ns, K, xs.dtype, groups(weights))
     Mp = padded_rows(M)
     nblocks = [n // bn for n in Ns]
     starts = [sum(nblocks[:i]) for i in range(len(Ns))]
     tiles = K // bk
-    splits = splits or choose_splits((Mp // bm) * sum(nblocks), tiles, target)
-    require(tiles % splits == 0, f"segment_linear: splits={splits} must divide {tiles}")
+    units = split_units(K, bk, max(seg_groups), True) if int4 else tiles
+    splits = splits or choose_splits((Mp // bm) * sum(nblocks), units, target)
+    require(units % splits == 0, f"segment_linear: splits={splits} must divide {units}")
     k_chunk = K // splits
 
     def weight_specs(i):
         """The weight's block (and its scales' block: the rows' whole scale rows)."""
         first, count = starts[i], nblocks[i]
-        specs = [pl.BlockSpec((bn, k_chunk), lambda m, n, s: (jnp.clip(n - first, 0, count - 1), s))]
+        width = k_chunk // 2 if isinstance(weights[i], QuantizedWeight) and weights[i].packed else k_chunk
+        specs = [pl.BlockSpec((bn, width), lambda m, n, s: (jnp.clip(n - first, 0, count - 1), s))]
         if seg_groups[i]:
             specs.append(pl.BlockSpec((bn, K // seg_groups[i]),
                                       lambda m, n, s: (jnp.clip(n - first, 0, count - 1), 0)))

@@ -76,8 +76,8 @@ def load_engine(backend: str, path: str | os.PathLike, dtype: str = "float32", k
     """The backend's engine for a checkpoint; ValueError for a bad backend, dtype, kernels or
     quantization (each backend's ``load`` checks its own kernels and resolves ``auto``). device:
     jax, an index into ``jax.local_devices()``; torch, a device string ("cuda:1", "cpu"); None =
-    the backend's default. quantization: none | int8 | fp8 (``rwkv7_core.quantization``);
-    group_size: int8 input channels per scale (None: the default, or a quantized checkpoint's);
+    the backend's default. quantization: none | int8 | int4 | fp8 (``rwkv7_core.quantization``);
+    group_size: int8 / int4 input channels per scale (None: the default, or a quantized checkpoint's);
     state_dtype: the wkv state's dtype (``rwkv7_core.state``)."""
     return load_engines(backend, path, dtype, kernels, [device], quantization, group_size, state_dtype)[0]
 

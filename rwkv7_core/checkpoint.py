@@ -89,10 +89,10 @@ def validate(tensors: Tensors) -> ModelConfig:
     if unexpected:
         raise CheckpointError(f"unexpected key {unexpected[0]!r} with shape {lazy.shape(unexpected[0])}")
     for key, shape in want.items():
-        if lazy.shape(key) != shape:
-            raise CheckpointError(f"key {key!r}: expected shape {shape}, got {lazy.shape(key)}")
-        if spec and quantized_key(key):
+        if spec and quantized_key(key):  # checks the stored (int4: packed) shape too
             check_quantized(lazy, spec, key, shape, lazy.source)
+        elif lazy.shape(key) != shape:
+            raise CheckpointError(f"key {key!r}: expected shape {shape}, got {lazy.shape(key)}")
         elif lazy.dtype(key) not in FLOATS:
             raise CheckpointError(f"key {key!r}: unsupported dtype {lazy.dtype(key)} "
                                   f"(expected one of {', '.join(SUPPORTED_DTYPES)})")

@@ -83,9 +83,9 @@ def load(path: str | os.PathLike, dtype: str = "float32", kernels: str | Kernels
     pallas-fused-interpret | auto (on a GPU pallas-fused once its self-check passes, else pallas;
     xla elsewhere; resolved by Model). device: where the weights are put once and every
     executable runs: a jax.Device, an index into ``jax.local_devices()``, or None (JAX's
-    default device). quantization: none | int8 | fp8 weight-only quantization of the large
-    projections (``rwkv7_core.quantization``; group_size: int8 input channels per scale,
-    default ``DEFAULT_GROUP_SIZE``); a checkpoint saved quantized loads only with its own
+    default device). quantization: none | int8 | int4 | fp8 weight-only quantization of the
+    large projections (``rwkv7_core.quantization``; group_size: int8 / int4 input channels per
+    scale, default ``DEFAULT_GROUP_SIZES``); a checkpoint saved quantized loads only with its own
     scheme. Every kernel choice takes quantized weights (the Pallas ones dequantize in
     registers: ``pallas_kernels.quantized_linear``). state_dtype: float32 | bfloat16 | float16,
     the dtype the wkv state is held in between calls (``rwkv7_core.state``; every kernel choice

@@ -8,7 +8,8 @@ row per hidden unit, for the sparse channel-mix, see ``Ops.channel_mix``); per-c
 vectors that feed float32 math (LayerNorm, decay, ``a``, ``kk``, GroupNorm) are kept
 float32. Each layer owns its own arrays (see ``forward.py`` on unrolled layers). With a
 quantization spec (``rwkv7_core.quantization``) the large projections are ``QuantizedParam``s
-(q and float32 scales, all [out, in], the channel-mix value too: ``pallas_kernels.quantized``),
+(q and float32 scales, all [out, in] (int4 q packed [out, in / 2]), the channel-mix value too:
+``pallas_kernels.quantized``),
 which ``[...]`` reads as a ``QuantizedWeight``.
 
 The layer code runs on flat rows [M, C]; a ``rwkv_jax.layouts`` layout says how the rows
@@ -24,7 +25,8 @@ from pallas_kernels.quantized import QuantizedWeight
 from pallas_kernels.shift_mix import layer_norm
 from pallas_kernels.time_mix import TimeMixWeights
 from rwkv7_core.config import ModelConfig
-from rwkv7_core.quantization import STORAGE_DTYPES, QuantSpec, quantize, quantized_key, scale_key, scale_shape
+from rwkv7_core.quantization import (GROUPED, STORAGE_DTYPES, QuantSpec, quantize, quantized_key, scale_key,
+                                     scale_shape, stored_shape)
 
 from .layouts import Layout
 from .ops import Ops
@@ -34,7 +36,7 @@ TIME_MIX_VECS = ("w0", "a0", "v0", "k_k", "k_a", "ln_x.weight", "ln_x.bias")
 
 
 class QuantizedParam(nnx.Module):
-    """A quantized matrix: q (int8 | float8_e4m3fn) and its float32 scales (see
+    """A quantized matrix: q (int8 | float8_e4m3fn | packed int4 uint8) and its float32 scales (see
     ``pallas_kernels.quantized``); ``[...]`` gives the ``QuantizedWeight``."""
 
     def __init__(self, q, scale):
@@ -60,7 +62,7 @@ class Tensors:
             return self.get(key, shape, transpose=transpose)
         source = shape[::-1] if transpose else shape
         if self.tensors is None:
-            q = np.zeros(source, STORAGE_DTYPES[self.quant.scheme])
+            q = np.zeros(stored_shape(self.quant, source), STORAGE_DTYPES[self.quant.scheme])
             scale = np.zeros(scale_shape(self.quant, source), np.float32)
         elif scale_key(key) in self.tensors:
             q, scale = self.tensors[key], self.tensors[scale_key(key)]
@@ -183,5 +185,5 @@ def quant_spec_of(params: dict) -> QuantSpec | None:
     if not isinstance(head, dict):
         return None
     scheme = next(name for name, dtype in STORAGE_DTYPES.items() if head["q"].dtype == dtype)
-    width = head["q"].shape[1]
-    return QuantSpec(scheme, width // head["scale"].shape[1] if scheme == "int8" else 0)
+    width = head["q"].shape[1] * (2 if scheme == "int4" else 1)
+    return QuantSpec(scheme, width // head["scale"].shape[1] if scheme in GROUPED else 0)

@@ -229,7 +229,7 @@ def load(path: str | os.PathLike, dtype: str = "float32", kernels: str | Kernels
     CUDA, torch on the CPU; Triton needs float32/bfloat16/float16 and runs on CUDA, or on
     CPU under TRITON_INTERPRET=1, which is set here when the kernels are first imported on a
     CPU-only run). device defaults to CUDA when available for Triton and auto, else CPU.
-    quantization: none | int8 | fp8 (group_size: int8 input channels per scale), as in
+    quantization: none | int8 | int4 | fp8 (group_size: int8 / int4 input channels per scale), as in
     ``rwkv_jax.load``: the quantized projections hold their dequantized values (the same
     numbers the JAX model multiplies by). state_dtype: float32 | bfloat16 | float16, the dtype
     the wkv state is held in between calls (None: the accumulation dtype, float32, or float64

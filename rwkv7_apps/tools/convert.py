@@ -4,7 +4,7 @@ The source is anything ``--model`` takes (``.pth``, our ``.safetensors``, a Hugg
 directory); ``--to hf`` writes an HF ``RWKV7ForCausalLM`` directory (fla's layout, with the
 World vocabulary file for 65536-token models), ``--to safetensors`` / ``--to pth`` a file in
 the official layout. Tensors keep their dtype unless ``--dtype`` casts them.
-``--quantization int8|fp8`` (``--to safetensors`` only) writes a quantized checkpoint: the large
+``--quantization int8|int4|fp8`` (``--to safetensors`` only) writes a quantized checkpoint: the large
 projections as q plus float32 scales, the scheme in the file's metadata (``rwkv7_core.quantization``);
 load it with the same ``--quantization``.
 """

@@ -58,10 +58,11 @@ def test_cold_run_at_the_recorded_compile_speed_ends_within_8_minutes(monkeypatc
     assert "tok_s" in state_dtype and state_dtype["state_dtype"] == "bfloat16"
     assert all(r["skipped"].startswith("time budget")
                for r in decode["rows"] + quantized["rows"] + prefill["rows"] + models["rows"] if "tok_s" not in r)
-    # after the bfloat16-state row the quantized 1.5b int8 B=1 row fits; at the recorded compile
-    # speed the prefill and models sections then start nothing (a rerun with --cache-dir reaches them)
+    # after the bfloat16-state row the quantized 1.5b int4 B=1 row fits; at the recorded compile
+    # speed the prefill and models sections then start nothing (a rerun with --cache-dir reaches
+    # them, int8 and fp8)
     assert {(r["model"], r["quantization"], r["B"]) for r in quantized["rows"] if "tok_s" in r} == {
-        ("1.5b", "int8", 1)}
+        ("1.5b", "int4", 1)}
     assert not [r for r in prefill["rows"] + models["rows"] if "tok_s" in r]
 
 

@@ -237,17 +237,20 @@ def test_fused_decode_kernels_compile(dtype):
 
 
 def _quantized(shape, dtype, group=None):
-    """A QuantizedWeight struct [out, in] (group: input channels per scale, default the whole row)."""
-    return QuantizedWeight(SD(shape, dtype), SD((shape[0], shape[1] // (group or shape[1])), jnp.float32))
+    """A QuantizedWeight struct [out, in] (group: input channels per scale, default the whole row;
+    dtype uint8: packed int4, q [out, in / 2])."""
+    q_shape = (shape[0], shape[1] // 2) if dtype == jnp.uint8 else shape
+    return QuantizedWeight(SD(q_shape, dtype), SD((shape[0], shape[1] // (group or shape[1])), jnp.float32))
 
 
 def test_quantized_decode_kernels_compile():
-    """The quantized kernels (int8 groups of 128, fp8) at the 2.9b shape: a fused decode layer
-    (int8 B = 1, fp8 B = 32) and the unfused channel-mix (int8 M = 16, fp8 M = 1), the masked
+    """The quantized kernels (int8 groups of 128, fp8, int4 groups of 64) at the 2.9b shape: a
+    fused decode layer (int8 B = 1, fp8 B = 32, int4 B = 1) and the unfused channel-mix (int8
+    M = 16, fp8 M = 1, int4 M = 8), the masked
     (skipping) loads included: no spills (the 1.5b step's in benchmarks/quant_decode_kernels.py)."""
     L, f32, bf16 = 32, jnp.float32, jnp.bfloat16
     cases = []
-    for dtype, group, B, M in ((jnp.int8, 128, 1, 16), (jnp.float8_e4m3fn, None, 32, 1)):
+    for dtype, group, B, M in ((jnp.int8, 128, 1, 16), (jnp.float8_e4m3fn, None, 32, 1), (jnp.uint8, 64, 1, 8)):
         wts = TimeMixWeights(*[_quantized((C, C), dtype, group)] * 4,
                              *[s for d in (96, 96, 64, 320) for s in (SD((d, C), bf16), SD((C, d), bf16))],
                              SD((7, C), f32), SD((H, N), f32))
@@ -257,7 +260,7 @@ def test_quantized_decode_kernels_compile():
                                   SD((1, C), bf16), SD((6, C), bf16), w_key, w_val]),
                   (quantized_channel_mix.quantized_channel_mix, [SD((M, C), bf16), w_key, w_val])]
     report = compile_cases(cases)
-    assert report.launch_counts("rwkv7")["rwkv7_quantized_linear"] == 4
+    assert report.launch_counts("rwkv7")["rwkv7_quantized_linear"] == 6
 
 
 def test_whole_model_compiles_with_fused_kernels():

@@ -51,7 +51,7 @@ def test_group_size_option_reaches_the_model_and_bad_sizes_fail_at_load(tiny_ckp
     for model, extra, message in [
             (ckpt, ["--quantization", "int8", "--group-size", "48"],
              "quantization group size 48 does not divide its width 128"),
-            (ckpt, ["--quantization", "fp8", "--group-size", "32"], "group size 32 applies to int8 only"),
+            (ckpt, ["--quantization", "fp8", "--group-size", "32"], "group size 32 applies to int8 and int4 only"),
             (quantized, ["--quantization", "int8", "--group-size", "64"],
              "holds int8 (groups of 32) weights but quantization int8 (groups of 64) was requested")]:
         with pytest.raises(SystemExit) as exit_info:
@@ -59,3 +59,26 @@ def test_group_size_option_reaches_the_model_and_bad_sizes_fail_at_load(tiny_ckp
         err = capsys.readouterr().err
         assert exit_info.value.code == 2 and message in err, err[-2000:]
         assert len(err.strip().splitlines()) == 1, err[-2000:]
+
+
+def test_convert_and_generate_int4(tiny_ckpt, tmp_path):
+    """rwkv7-convert --quantization int4 writes packed q (uint8 [out, in / 2]) and its group;
+    rwkv7-generate on it gives the int4-quantized torch reference's greedy tokens."""
+    from rwkv7_core.checkpoint import read_checkpoint
+
+    ckpt = tiny_ckpt.with_suffix(".safetensors")
+    quantized = tmp_path / "int4.safetensors"
+    assert convert([str(ckpt), "--to", "safetensors", "--out", str(quantized), "--quantization", "int4",
+                    "--group-size", "64"]) == 0
+    tensors, config = read_checkpoint(quantized)
+    assert tensors.dtype("head.weight") == np.uint8
+    assert tensors.shape("head.weight") == (config.vocab_size, config.n_embd // 2)
+    reqs = random_token_requests(np.random.default_rng(13), 2, 512, lengths=(4,), max_tokens=(5,))
+    ref = rwkv_torch_ref.load(ckpt, quantization="int4", group_size=64)
+    want = {r["id"]: greedy_reference(ref, r["tokens"], r["max_tokens"], as_torch=True) for r in reqs}
+    inp = write_jsonl(tmp_path / "in.jsonl", reqs)
+    out = tmp_path / "out.jsonl"
+    proc = run_cli(["--model", quantized, "--quantization", "int4", "--input", inp, "--output", out,
+                    "--max-batch", 2, "--buckets", "2"], tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert {r["id"]: r["tokens"] for r in read_results(out)} == want

@@ -7,10 +7,14 @@ from rwkv7_core.quantization import (
     QuantizationError,
     QuantSpec,
     dequantize,
+    metadata,
+    pack_int4,
     quantize,
     quantized_key,
     resolve_spec,
     spec_for,
+    stored_spec,
+    unpack_int4,
 )
 
 
@@ -59,8 +63,10 @@ def test_which_keys_are_quantized():
 
 
 def test_bad_requests_name_the_problem():
-    with pytest.raises(QuantizationError, match="unknown quantization 'int4'"):
-        spec_for("int4")
+    with pytest.raises(QuantizationError, match="unknown quantization 'int3'"):
+        spec_for("int3")
+    with pytest.raises(QuantizationError, match="applies to int8 and int4 only"):
+        spec_for("fp8", 64)
     with pytest.raises(QuantizationError, match="group size 24"):
         spec_for("int8", 24)
     with pytest.raises(QuantizationError, match=r"key 'head.weight': quantization group size 96 does not divide its width 128"):
@@ -73,3 +79,48 @@ def test_bad_requests_name_the_problem():
     with pytest.raises(QuantizationError, match="groups of 128"):
         resolve_spec("int8", 128, stored, "m.safetensors")
     assert resolve_spec("int8", None, stored) == stored and resolve_spec("none", None, None) is None
+
+
+@pytest.mark.parametrize("group", [16, 64, 128])
+def test_int4_error_within_half_a_step_of_its_group(group):
+    rng = np.random.default_rng(100 + group)
+    w = _weight(rng, (37, 3 * group))  # odd rows, several groups
+    q, scale = quantize(w, spec_for("int4", group))
+    assert q.dtype == np.uint8 and q.shape == (37, 3 * group // 2) and scale.shape == (37, 3)
+    values = unpack_int4(q, group)
+    assert values.min() >= -7 and values.max() <= 7  # symmetric: -8 never used
+    step = np.repeat(scale, group, axis=1)
+    assert (np.abs(dequantize(q, scale) - w) <= step / 2 * (1 + 1e-6)).all()
+    groups = np.abs(w).reshape(37, -1, group).max(-1)
+    np.testing.assert_allclose(scale * 7, groups, rtol=1e-6)
+    np.testing.assert_array_equal(np.abs(values).reshape(37, -1, group).max(-1), 7)
+
+
+@pytest.mark.parametrize("group", [16, 64])
+def test_int4_packing_layout_and_round_trip(group):
+    """Every 4-bit value in every position survives pack/unpack, and byte j of a group holds
+    channel j (low nibble) and channel j + G / 2 (high nibble)."""
+    rng = np.random.default_rng(group)
+    q = rng.integers(-8, 8, size=(5, 4 * group), dtype=np.int8)
+    packed = pack_int4(q, group)
+    assert packed.dtype == np.uint8 and packed.shape == (5, 2 * group)
+    np.testing.assert_array_equal(unpack_int4(packed, group), q)
+    j, g = rng.integers(group // 2), rng.integers(4)
+    byte = packed[:, g * group // 2 + j].astype(np.int16)
+    low, high = q[:, g * group + j], q[:, g * group + group // 2 + j]
+    np.testing.assert_array_equal(byte & 0xF, low.astype(np.int16) & 0xF)
+    np.testing.assert_array_equal(byte >> 4, high.astype(np.int16) & 0xF)
+
+
+def test_int4_spec_checks_and_metadata():
+    spec = spec_for("int4")
+    assert spec.scheme == "int4" and spec.group_size > 0 and spec.describe() == f"int4 (groups of {spec.group_size})"
+    assert stored_spec(metadata(spec_for("int4", 128))) == QuantSpec("int4", 128)
+    with pytest.raises(QuantizationError, match=r"key 'blocks.0.ffn.key.weight': quantization group size 128 "
+                                                r"does not divide its width 192"):
+        quantize(np.ones((8, 192), np.float32), spec_for("int4", 128), "blocks.0.ffn.key.weight")
+    with pytest.raises(QuantizationError, match="holds int4 \\(groups of 64\\) weights but quantization int8"):
+        resolve_spec("int8", None, QuantSpec("int4", 64), "m.safetensors")
+    w = np.zeros((16, 64), np.float32)
+    q, scale = quantize(w, spec_for("int4", 32))
+    assert np.isfinite(scale).all() and (dequantize(q, scale) == 0).all()
