@@ -50,7 +50,8 @@ def add_engine_options(p: argparse.ArgumentParser) -> None:
     """Backend, kernels, dtype and the scheduler options."""
     p.add_argument("--backend", default="jax", choices=BACKENDS)
     p.add_argument("--kernels", default="auto",
-                   help="jax: auto|xla|pallas|pallas-fused|pallas-interpret|pallas-fused-interpret; torch: auto|torch|triton "
+                   help="jax: auto|xla|pallas|pallas-fused|pallas-interpret|pallas-fused-interpret|mosaic|mosaic-interpret "
+                        "(mosaic: jax >= 0.11); torch: auto|torch|triton "
                         "(auto = the fastest available on this machine; checked by the backend)")
     p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
     add_quantization_options(p)

@@ -10,15 +10,15 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from pallas_kernels.wkv_tail import wkv_tail_reference
 from rwkv_jax.kernels import MOSAIC_MIN_JAX, jax_version
 
 pytestmark = pytest.mark.skipif(jax_version() < MOSAIC_MIN_JAX,
                                 reason="Mosaic GPU interpret mode needs jax >= 0.11")
 
-if jax_version() >= MOSAIC_MIN_JAX:
+if jax_version() >= MOSAIC_MIN_JAX:  # GPU interpret mode's modules exist from jax 0.11
     from pallas_kernels.mosaic import common as mosaic_common
     from pallas_kernels.mosaic import wkv_tail as mosaic_wkv_tail
-from pallas_kernels.wkv_tail import wkv_tail_reference
 
 N = 64
 EXTRA = 40  # LoRA down columns after r, k, v in the partials (not read by the tail)

@@ -24,7 +24,7 @@ def test_mosaic_kernels_need_jax_0_11(tiny_ckpt, kernels):
 
 @needs_mosaic
 def test_mosaic_interpret_greedy_decode_matches_xla(tiny_ckpt):
-    from pallas_kernels.mosaic import common as mosaic_common
+    from pallas_kernels.mosaic import common as mosaic_common  # jax >= 0.11 only
     mosaic_common.reset_interpreter()
     xla = rwkv_jax.load(tiny_ckpt, dtype="float32", kernels="xla")
     mosaic = rwkv_jax.load(tiny_ckpt, dtype="float32", kernels="mosaic-interpret")
@@ -44,7 +44,7 @@ def test_mosaic_interpret_greedy_decode_matches_xla(tiny_ckpt):
 
 @needs_mosaic
 def test_mosaic_interpret_batched_decode_matches_xla(tiny_ckpt):
-    from pallas_kernels.mosaic import common as mosaic_common
+    from pallas_kernels.mosaic import common as mosaic_common  # jax >= 0.11 only
     mosaic_common.reset_interpreter()
     B = 3
     xla = rwkv_jax.load(tiny_ckpt, dtype="float32", kernels="xla")
