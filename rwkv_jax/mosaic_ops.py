@@ -5,8 +5,8 @@ They are the ``pallas-fused`` decode Ops (``rwkv_jax.pallas_ops.fused_ops``) wit
 has a Mosaic GPU kernel (``pallas_kernels/mosaic/``) swapped in; every other op runs what
 ``pallas-fused`` runs (its Triton-lowered Pallas kernel, or XLA where that kernel does not
 serve the shape). ``MOSAIC_TABLE`` declares, per op, which lowering runs it compiled for a
-GPU and in GPU interpret mode, and why; an op whose Mosaic kernel runs in interpret mode but
-does not lower for the GPU yet runs its Triton kernel there (declared, not probed); the
+GPU and in GPU interpret mode, and why (an op whose Mosaic kernel ran in interpret mode but
+did not lower for the GPU would run its Triton kernel there: declared, not probed); the
 compile report (``rwkv7-gpu-compile --kernels mosaic``) and docs/kernels-and-gpu-free-compile.md
 list it. The prefill (DENSE) path is ``pallas-fused``'s.
 """
@@ -47,12 +47,11 @@ class OpChoice(NamedTuple):
 
 MOSAIC_TABLE: tuple[OpChoice, ...] = (
     OpChoice("wkv tail (operands, wkv step on the whole state in place, GroupNorm, bonus, gate)",
-             Lowering.TRITON, Lowering.MOSAIC,
-             "pallas_kernels/mosaic/wkv_tail.py (one warpgroup per (row, head), TMA copies of the head's "
-             "slices into shared memory, the [N, N] state block written back in place) is race-checked in "
-             "interpret mode but does not lower for the GPU on jax 0.11.2: the head's 64-wide vectors are "
-             "half a 128-lane warpgroup vector (Lane semantics rejects them; Warpgroup semantics' layout "
-             "inference did not finish in minutes); the WGMMA row/column layout form is still to write"),
+             Lowering.MOSAIC, Lowering.MOSAIC,
+             "pallas_kernels/mosaic/wkv_tail.py: one warpgroup per (row, head); TMA copies of the head's "
+             "slices into shared memory; the 64 x 64 state is one WGMMA-layout tile, the key-side vectors in "
+             "its column layout and the value side in its row layout (a 64-wide head vector is half a "
+             "128-lane strided vector, which Lane semantics rejects); the state block written back in place"),
     OpChoice("residual + LayerNorm + token-shift mixes (shift_mix)", Lowering.TRITON, Lowering.TRITON,
              "not ported: a row of C = 192 (the tiny shapes) does not fill 128-lane warpgroup vectors; "
              "the padded form is still to write"),

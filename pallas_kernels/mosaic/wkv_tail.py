@@ -20,10 +20,12 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from ..common import require
 from ..segment_linear import sum_splits
-from ..time_mix import bonus, head_norm, in_context_rate, key_mix, log_decay, normalized_key, value_mix
+from ..time_mix import head_norm, in_context_rate, key_mix, log_decay, normalized_key, value_mix
 from .common import interpret_params
 
 F32 = jnp.float32
+ROW = plgpu.Layout.WGMMA.reduce(1)  # a vector indexed by the state's rows (value side)
+COL = plgpu.Layout.WGMMA.reduce(0)  # a vector indexed by the state's columns (key side)
 
 
 def _body(*refs, first: bool, splits: int, H: int, layer: int | None, dtype):
@@ -49,23 +51,31 @@ def _body(*refs, first: bool, splits: int, H: int, layer: int | None, dtype):
     plgpu.copy_gmem_to_smem(state, s_sm, bar)
     plgpu.barrier_wait(bar)
 
-    r, k, v = (sum_splits(lambda s, seg=seg: p_sm[seg, s], splits, dtype) for seg in range(3))
-    lora = lambda i: l_sm[i].astype(F32)  # noqa: E731
-    w = jnp.exp(log_decay(vec_sm[0], lora(0)))
-    a = in_context_rate(vec_sm[1], lora(1))
-    g = lora(3 - first)
-    kk = normalized_key(k, vec_sm[3])
-    k = key_mix(k, a, vec_sm[4])
+    # The [N, N] state in the WGMMA register layout (N = 64 rows: one warpgroup tile); a vector
+    # over its columns (key side: r, w, k, kk, a) in that layout reduced over rows, a vector over
+    # its rows (value side: v, the output) reduced over columns. Broadcasts go straight to
+    # [N, N] (no [1, N] intermediate, which has no warpgroup layout).
+    col = lambda ref: plgpu.load(ref, layout=COL, optimized=False)  # noqa: E731
+    row_ = lambda ref: plgpu.load(ref, layout=ROW, optimized=False)  # noqa: E731
+    over_cols = lambda x: jax.lax.broadcast_in_dim(x, (N, N), (1,))  # noqa: E731
+    over_rows = lambda x: jax.lax.broadcast_in_dim(x, (N, N), (0,))  # noqa: E731
+    r, k = (sum_splits(lambda s, seg=seg: col(p_sm.at[seg, s]), splits, dtype) for seg in range(2))
+    v = sum_splits(lambda s: row_(p_sm.at[2, s]), splits, dtype)
+    w = jnp.exp(log_decay(col(vec_sm.at[0]), col(l_sm.at[0]).astype(F32)))
+    a = in_context_rate(col(vec_sm.at[1]), col(l_sm.at[1]).astype(F32))
+    g = row_(l_sm.at[3 - first]).astype(F32)
+    kk = normalized_key(k, col(vec_sm.at[3]))
+    k = key_mix(k, a, col(vec_sm.at[4]))
     if first:
         vf_sm[0] = v
     else:
-        v = value_mix(v, vf_sm[0], vec_sm[2], lora(2))
-    S = s_sm[...]
-    sa = jnp.sum(S * (-kk)[None, :], axis=1)
-    S = S * w[None, :] + sa[:, None] * (kk * a)[None, :] + v[:, None] * k[None, :]
+        v = value_mix(v, row_(vf_sm.at[0]), row_(vec_sm.at[2]), row_(l_sm.at[2]).astype(F32))
+    S = plgpu.load(s_sm, layout=plgpu.Layout.WGMMA, optimized=False)
+    sa = jnp.sum(S * over_cols(-kk), axis=1)
+    S = S * over_cols(w) + over_rows(sa) * over_cols(kk * a) + over_rows(v) * over_cols(k)
     s_sm[...] = S
-    y = head_norm(jnp.sum(S * r[None, :], axis=1)) * vec_sm[5] + vec_sm[6]
-    y = y + bonus(r, k, rk_sm[0], v)
+    y = head_norm(jnp.sum(S * over_cols(r), axis=1)) * row_(vec_sm.at[5]) + row_(vec_sm.at[6])
+    y = y + jnp.sum(r * k * col(rk_sm.at[0])) * v
     o_sm[0] = (y * g).astype(o_sm.dtype)
     plgpu.commit_smem()
     plgpu.copy_smem_to_gmem(s_sm, state)
@@ -102,6 +112,7 @@ def wkv_tail(partials, lora, vecs, r_k, v_first, S, *, layer: int | None = None,
     kernel = plgpu.kernel(
         functools.partial(_body, first=first, splits=splits, H=H, layer=layer, dtype=jnp.dtype(dtype)),
         out_type=tuple(out_type), grid=(M, H), grid_names=("b", "h"), scratch_types=scratch,
+        compiler_params=plgpu.CompilerParams(lowering_semantics=plgpu.LoweringSemantics.Lane),
         interpret=interpret_params(interpret), kernel_name="rwkv7_mosaic_wkv_tail")
     state = jax.new_ref(S, memory_space=plgpu.GMEM)
     inputs = (partials, lora, vecs, r_k) + (() if first else (v_first,))
