@@ -102,6 +102,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import rwkv_jax
+from benchmarks.gpu_check_mosaic import run_mosaic
 from pallas_kernels import (
     quantized_channel_mix,
     quantized_linear,
@@ -669,6 +670,11 @@ def model_row(name, kernels, B, T, smoke, roofline, budget, clock) -> dict:
     if "compile_s" in row:
         clock.measured(name, kernels, B, T, row["compile_s"])
     return row
+
+
+def mosaic_decode_row(name, kernels, B, *, smoke, roofline, budget, clock) -> dict:
+    """One decode forward row for the Mosaic section (benchmarks/gpu_check_mosaic.py)."""
+    return model_row(name, kernels, B, 1, smoke, roofline, budget, clock)
 
 
 def decode_items(smoke: bool, fused: str, pallas: str, xla: str) -> list:
@@ -1337,6 +1343,8 @@ def main(argv=None) -> dict:
     report.section("parity", run_parity, args.smoke, interpret, budget)
     report.section("torch_parity", collect_torch_parity, child, min(TORCH_WAIT_S, budget.left()))
     roofline = report.section("roofline", run_roofline, args.smoke)
+    mosaic_row = functools.partial(mosaic_decode_row, smoke=args.smoke, roofline=roofline, budget=budget, clock=clock)
+    report.section("mosaic", run_mosaic, args.smoke, interpret, mosaic_row)
     report.section("decode", run_decode, args.smoke, interpret, roofline, budget, clock)
     report.section("state_dtype", run_state_dtype, args.smoke, interpret, roofline, budget, clock)
     report.section("deviceless", run_deviceless, args.smoke, budget)

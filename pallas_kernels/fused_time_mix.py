@@ -29,10 +29,11 @@ def supports(M: int, wts: TimeMixWeights) -> bool:
 
 
 def fused_time_mix(mixed, wts: TimeMixWeights, S, v_first, *, first: bool, layer: int | None = None,
-                   interpret: bool = False):
+                   interpret: bool = False, tail=wkv_tail):
     """mixed [6, B, C] (model dtype), S float32 [B, H, N, N] (or [B, L, H, N, N] with `layer`,
     updated in place), v_first [B, C] float32 | None -> (out SplitSum [B, C] model dtype, S',
-    v_first): ``time_mix_reference`` with one wkv step per row."""
+    v_first): ``time_mix_reference`` with one wkv step per row. `tail` is the wkv tail kernel
+    (``wkv_tail.wkv_tail``'s contract: the Triton one, or ``pallas_kernels.mosaic.wkv_tail``)."""
     _, M, C = mixed.shape
     downs, inputs = wts.down(first)
     partials = segment_kernel.segment_linear(mixed, downs, inputs, interpret=interpret)
@@ -43,7 +44,7 @@ def fused_time_mix(mixed, wts: TimeMixWeights, S, v_first, *, first: bool, layer
         col += w.shape[0]
     kinds = "wa" + ("" if first else "v") + "g"
     lora = lora_up_kernel.lora_up(partials, ups, offsets, kinds, M=M, dtype=mixed.dtype, interpret=interpret)
-    y, S, v_first = wkv_tail(partials, lora, wts.vecs, wts.r_k, v_first, S, layer=layer, interpret=interpret)
+    y, S, v_first = tail(partials, lora, wts.vecs, wts.r_k, v_first, S, layer=layer, interpret=interpret)
     out = segment_kernel.segment_linear(y[None], [wts.output], [0], interpret=interpret)
     return SplitSum(out, M, mixed.dtype), S, v_first
 

@@ -56,7 +56,8 @@ def add_engine_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--backend", default="jax", choices=BACKENDS)
     p.add_argument("--kernels", default="auto",
                    help="a value of the backend's Kernels (jax: rwkv_jax.Kernels, torch: rwkv_torch_ref.Kernels; "
-                        "auto = the fastest available on this machine; checked by the backend)")
+                        "auto = the fastest available on this machine; mosaic needs jax >= 0.11; "
+                        "checked by the backend)")
     p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
     p.add_argument("--state-dtype", default=DEFAULT_STATE_DTYPE, choices=STATE_DTYPES,
                    help="dtype the wkv state is held in between steps (bfloat16/float16: half the bytes per "

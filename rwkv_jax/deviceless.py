@@ -23,6 +23,7 @@ holds both (default: cuda13 first); ``cuda_plugin()`` says which is loaded. Keep
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import functools
 import importlib
 import os
@@ -46,6 +47,7 @@ from .random_params import params_struct
 
 TARGETS_DIR = FsPath(__file__).resolve().parent / "gpu_targets"
 PLUGIN_DIR_ENV = "RWKV7_CUDA_PLUGIN_DIR"
+MOSAIC_RUNTIME = "libmosaic_gpu_runtime.so"
 KINDS = ("step", "prefill", "forward", "varlen", "mixed")
 
 
@@ -135,8 +137,18 @@ def _register_cuda_plugin(plugin_dir: str | None) -> bool:
         except ImportError:
             continue
         plugin.initialize()  # the plugin's registration entry point (what jax calls at discovery)
+        _load_mosaic_runtime(os.path.join(plugin_dir, f"jax_{name}_plugin"))
         return True
     return False
+
+
+def _load_mosaic_runtime(folder: str) -> None:
+    """Load the plugin's Mosaic GPU runtime (global symbols) where it ships one: a Pallas Mosaic
+    GPU kernel's compile links against its ``mosaic_gpu_launch_kernel`` (without it: "Symbols not
+    found"); jax loads it only on a machine with a GPU."""
+    path = os.path.join(folder, MOSAIC_RUNTIME)
+    if os.path.isfile(path):
+        ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)
 
 
 @functools.lru_cache(maxsize=None)

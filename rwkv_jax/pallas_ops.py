@@ -45,6 +45,7 @@ from pallas_kernels import wkv_operands as operands_kernel
 from pallas_kernels import wkv_output as output_kernel
 from pallas_kernels import wkv_seq as wkv_seq_kernel
 from pallas_kernels import wkv_step as wkv_step_kernel
+from pallas_kernels import wkv_tail as wkv_tail_kernel
 from pallas_kernels.quantized import QuantizedWeight
 from pallas_kernels.time_mix import time_mix_reference, wkv_operands_reference, wkv_output_reference
 
@@ -175,12 +176,14 @@ def in_place_shift_mix(h, delta, shift: LayerSlice, ln_w, ln_b, mix, *, interpre
     return h, mixed, LayerSlice(full, shift.layer)
 
 
-def in_place_time_mix(mixed, wts, S: LayerSlice, v_first, *, first: bool, wkv, linear, interpret: bool):
-    """Contract time_mix on a LayerSlice state: the three fused kernels, or (for shapes they do
-    not serve) the reference on the layer's rows written back."""
+def in_place_time_mix(mixed, wts, S: LayerSlice, v_first, *, first: bool, wkv, linear, interpret: bool,
+                      tail=wkv_tail_kernel.wkv_tail):
+    """Contract time_mix on a LayerSlice state: the four fused launches (`tail`: the wkv tail
+    kernel, see ``fused_time_mix``), or (for shapes they do not serve) the reference on the
+    layer's rows written back."""
     if fused_time_mix_kernel.supports(mixed.shape[1], wts):
         out, full, v_first = fused_time_mix_kernel.fused_time_mix(
-            mixed, wts, S.full, v_first, first=first, layer=S.layer, interpret=interpret)
+            mixed, wts, S.full, v_first, first=first, layer=S.layer, interpret=interpret, tail=tail)
         return out, LayerSlice(full, S.layer), v_first
     out, rows, v_first = time_mix_reference(mixed, wts, S.rows(), v_first, first=first, linear=linear, wkv=wkv)
     return out, S.replace(rows), v_first

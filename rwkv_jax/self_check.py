@@ -2,10 +2,11 @@
 
 ``check_decode`` runs STEPS B=1 decode steps of a model with the candidate kernels and with XLA
 from the same random state and tokens, and returns None when logits and state agree within
-the dtype's tolerance, else the reason; for the fused kernels it also runs the sampler's
-Pallas threshold search (``check_search``) against XLA's on random rows. ``cached_check``
-keeps each verdict in a JSON file beside the persistent compilation cache
-(``jax_compilation_cache_dir``; in memory without one), keyed by device kind, jax version,
+the dtype's tolerance, else the reason; for the kernels whose decode step samples with the
+Pallas threshold search (``pallas-fused``, ``mosaic``: ``kernels.sampler_form``) it also runs
+that search (``check_search``) against XLA's on random rows. ``cached_check`` keeps each verdict
+in a JSON file beside the persistent compilation cache (``jax_compilation_cache_dir``; in
+memory without one), keyed by device kind, jax version,
 model shape, dtype, quantization (scheme and group size) and candidate, so a process pays the
 check (a few compiles and milliseconds) once per combination.
 """
@@ -25,9 +26,10 @@ from rwkv7_core.config import ModelConfig
 from rwkv7_core.quantization import QuantSpec
 
 from .forward import forward_fn
-from .kernels import Kernels
+from .kernels import INTERPRETED, Kernels, sampler_form
 from .modules import quant_spec_of
 from .paths import Path
+from .sampling import SearchForm
 from .state import init_state
 
 STEPS = 3
@@ -46,9 +48,14 @@ def check_decode(params: dict, config: ModelConfig, dtype, candidate: Kernels, *
     passes a wrong kernel through them)."""
     with jax.default_device(device):
         reason = _compare(params, config, dtype, candidate, forward, seed)
-        if reason is None and candidate in (Kernels.PALLAS_FUSED, Kernels.PALLAS_FUSED_INTERPRET):
-            reason = check_search(search, interpret=candidate is Kernels.PALLAS_FUSED_INTERPRET, seed=seed)
+        if reason is None and sampler_form(_compiled(candidate)) is SearchForm.PALLAS:
+            reason = check_search(search, interpret=candidate in INTERPRETED, seed=seed)
         return reason
+
+
+def _compiled(kind: Kernels) -> Kernels:
+    """The compiled family of an interpreted one (whose decode step samples as the compiled one's)."""
+    return {Kernels.PALLAS_FUSED_INTERPRET: Kernels.PALLAS_FUSED, Kernels.MOSAIC_INTERPRET: Kernels.MOSAIC}.get(kind, kind)
 
 
 def check_search(search, interpret: bool, seed: int = 0) -> str | None:

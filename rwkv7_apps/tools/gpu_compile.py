@@ -2,14 +2,15 @@
 GPU) on a machine without one, and report what was built.
 
     rwkv7-gpu-compile (--model PATH | --shape NAME) [--dtype bfloat16|float16|float32]
-        [--kernels pallas,pallas-fused,xla] [--buckets 1x1,2x1,...,256x1,1x256]
+        [--kernels pallas,pallas-fused,mosaic,xla] [--buckets 1x1,2x1,...,256x1,1x256]
         [--target h200|h100|FILE.txtpb] [--json OUT] [--plugin-dir DIR] [--pallas-only-ptxas] [--strict]
 
 Buckets: ``BxT`` with T=1 is the decode step with sampling, B=1 and T>1 a prefill piece,
 otherwise the forward over B x T tokens; ``varlen:T`` and ``mixed:BxT`` the varlen prefill and
 mixed step. Prints one line per bucket (launches and device copies per run, the Pallas
 kernels' worst registers / spills / shared memory) and the Pallas kernels' resources, for
-each kernels option given; exits 0 only if every bucket compiled (1 otherwise, 2 for bad
+each kernels option given (with ``mosaic``, also which lowering runs each decode op and why,
+``rwkv_jax.mosaic_ops.MOSAIC_TABLE``); exits 0 only if every bucket compiled (1 otherwise, 2 for bad
 options); ``--strict`` also fails on a resource problem (spill, shared memory over the limit)
 or when ptxas could not report registers. Needs a CUDA plugin of the installed jax (cuda12 or
 cuda13, see rwkv_jax.deviceless; the header names the one used and the ptxas);
@@ -100,6 +101,9 @@ def main(argv=None) -> int:
         for k in pallas_rows(r):
             print(f"  {kernels:>12} {r.bucket.label():>8} {k.name:32} x{k.launches:<4} grid {tuple(k.grid)} threads "
                   f"{k.threads[0] if k.threads else '-'} regs {k.registers} spill {k.spill_bytes} B shared {k.shared_bytes} B")
+    table = _mosaic_table() if "mosaic" in args.kernels else None
+    for row in table or []:
+        print(f"  mosaic op {row['op']}: {row['compiled']} (interpret: {row['interpreted']}): {row['reason']}")
     for p in problems:
         print(f"WARNING {p}")
     failed = [f"{kernels} {r.bucket.label()}" for kernels, r in results if not r.ok]
@@ -108,11 +112,18 @@ def main(argv=None) -> int:
     if args.json:
         doc = {"target": target.name, "device": target.device, **tools,
                "model": args.model or args.shape, "dtype": args.dtype, "kernels": args.kernels,
-               "resource_problems": problems,
+               "resource_problems": problems, "mosaic_table": table,
                "buckets": [{"kernels": kernels, **r.as_dict()} for kernels, r in results]}
         with open(args.json, "w") as f:
             json.dump(doc, f, indent=1)
     return 1 if failed or (args.strict and problems) else 0
+
+
+def _mosaic_table() -> list[dict]:
+    """``rwkv_jax.mosaic_ops.MOSAIC_TABLE`` as dicts (imported only for mosaic: needs jax >= 0.11)."""
+    from rwkv_jax.mosaic_ops import MOSAIC_TABLE
+    return [{"op": c.op, "compiled": c.compiled.value, "interpreted": c.interpreted.value, "reason": c.reason}
+            for c in MOSAIC_TABLE]
 
 
 def _model_config(args: argparse.Namespace):
