@@ -23,15 +23,16 @@ CPU_COMPILER_OPTIONS = {"xla_backend_optimization_level": 1, "xla_cpu_copy_inser
 
 def slow_weights_note(platform: str, dtype) -> str | None:
     """A one-line note when weights of ``dtype`` decode slower than float32 ones on ``platform``
-    (None otherwise): XLA:CPU has no 16-bit matrix product, so it widens bfloat16 / float16
-    weights to float32 inside every product, paying a conversion per weight on top of the
-    float32 arithmetic, and the halved bytes do not make up for it (docs/benchmarks.md)."""
+    (None otherwise). On XLA:CPU a product with bfloat16 / float16 weights converts every weight
+    before its arithmetic (there is no 16-bit matrix-vector kernel; a one-row product even runs
+    as two rows, ``pallas_kernels.small_m_linear.matmul_f32``), which costs more than the halved
+    bytes save: a single sequence decodes slower than with float32 weights (docs/benchmarks.md)."""
     name = jnp.dtype(dtype).name
     if platform != "cpu" or name not in ("bfloat16", "float16"):
         return None
-    return (f"{name} weights on the CPU: XLA:CPU widens them to float32 inside every matrix product, so decode "
-            "runs slower than with float32 weights; for speed load dtype='float32', or quantization='int8' "
-            "for a quarter of the bytes")
+    return (f"{name} weights on the CPU: XLA:CPU converts each weight inside every matrix product, so decoding "
+            "one or a few sequences runs slower than with float32 weights; for speed load dtype='float32', or "
+            "quantization='int8' for a quarter of the bytes")
 
 
 def compiler_options(platform: str) -> dict:
