@@ -8,11 +8,30 @@ import time
 from typing import Callable, Hashable
 
 import jax
+import jax.numpy as jnp
 
 # XLA:CPU at LLVM optimisation level 1 instead of the default: 12-24% less compile time and the
 # same decode/prefill speed (tiny and 0.1b, B = 1/8/32, T = 128; benchmarks/compile_speed.py,
 # results/compile_speed.md): the matrix products are library calls either way.
-CPU_COMPILER_OPTIONS = {"xla_backend_optimization_level": 1}
+# Copy insertion by region analysis: without it XLA:CPU copies the whole wkv state leaf after
+# every layer's in-place update (12 copies of [B, L, H, N, N] a decode step, 36 copies in all at
+# B = 1); with it the updates stay in place and the step makes no copy (docs/benchmarks.md,
+# "Where the CPU decode step's time goes").
+CPU_COMPILER_OPTIONS = {"xla_backend_optimization_level": 1, "xla_cpu_copy_insertion_use_region_analysis": True}
+
+
+def slow_weights_note(platform: str, dtype) -> str | None:
+    """A one-line note when weights of ``dtype`` decode slower than float32 ones on ``platform``
+    (None otherwise). On XLA:CPU a product with bfloat16 / float16 weights converts every weight
+    before its arithmetic (there is no 16-bit matrix-vector kernel; a one-row product even runs
+    as two rows, ``pallas_kernels.small_m_linear.matmul_f32``), which costs more than the halved
+    bytes save: a single sequence decodes slower than with float32 weights (docs/benchmarks.md)."""
+    name = jnp.dtype(dtype).name
+    if platform != "cpu" or name not in ("bfloat16", "float16"):
+        return None
+    return (f"{name} weights on the CPU: XLA:CPU converts each weight inside every matrix product, so decoding "
+            "one or a few sequences runs slower than with float32 weights; for speed load dtype='float32', or "
+            "quantization='int8' for a quarter of the bytes")
 
 
 def compiler_options(platform: str) -> dict:

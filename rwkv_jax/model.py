@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import functools
+import logging
 import os
 from collections import Counter
 
@@ -14,7 +15,7 @@ from rwkv7_core.config import ModelConfig
 from rwkv7_core.quantization import resolve_spec, stored_spec
 from rwkv7_core.state import DEFAULT_STATE_DTYPE, check_state_dtype, check_tokens
 
-from .compilation import compiler_options, platform_of
+from .compilation import compiler_options, platform_of, slow_weights_note
 from .forward import forward_fn
 from .kernels import Kernels, ops_for, resolve
 from .modules import RWKV7
@@ -23,6 +24,7 @@ from .self_check import cached_check
 from .state import State, check_state, init_state
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
+log = logging.getLogger(__name__)
 
 
 class Model:
@@ -41,6 +43,9 @@ class Model:
         self.device = device
         self.params = params if device is None else jax.device_put(params, device)
         self.config, self.dtype, self.state_dtype = config, dtype, state_dtype
+        note = slow_weights_note(platform_of(self.params), dtype)
+        if note is not None:
+            log.warning(note)
         self.kernels = resolve(kernels, self_check=functools.partial(cached_check, self.params, config, dtype,
                                                                      device=device))
         self.last_path: Path | None = None

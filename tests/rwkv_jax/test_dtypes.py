@@ -8,6 +8,8 @@ logit scale on average; measured means are 0.6-0.7% and 0.09%. We allow 2% / 0.5
 and 30% / 10% of the std for the single worst of 32k logits (measured 20% / 2.3%), and
 require the argmax to agree on at least 90% of positions (measured 100%).
 """
+import logging
+
 import numpy as np
 import pytest
 
@@ -44,3 +46,17 @@ def test_reduced_precision_logits_track_float32(tiny_ckpt, float32_run, dtype, r
     assert diff.mean() <= mean_limit * scale
     assert diff.max() <= max_limit * scale
     assert top1 >= 0.9
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16", "float32"])
+def test_loading_16_bit_weights_on_the_cpu_says_they_are_slower(tiny_ckpt, dtype, caplog):
+    """16-bit weights decode slower than float32 on XLA:CPU: loading them there logs one line
+    saying so and what to load instead; float32 logs nothing."""
+    with caplog.at_level(logging.WARNING, logger="rwkv_jax.model"):
+        rwkv_jax.load(tiny_ckpt, dtype=dtype)
+    notes = [r.message for r in caplog.records if r.name == "rwkv_jax.model"]
+    if dtype == "float32":
+        assert notes == []
+    else:
+        [note] = notes
+        assert note.startswith(f"{dtype} weights on the CPU") and "dtype='float32'" in note
