@@ -114,9 +114,9 @@ def test_no_compile_engine_gets_no_thread_and_shrinks_as_before():
 
 
 def test_a_bucket_still_compiling_is_not_waited_for():
-    # buckets 1, 2 and 4 compile (in the compile thread) only once the last row has 50 tokens
+    # buckets 1, 2 and 4 compile (in the compile thread) only once the last row has 290 tokens
     # left: until then every step keeps bucket 8, padded; then the batch shrinks, never waiting
-    engine = CompilingEngine(V, step_seconds=0.01, compile_seconds=0.1, held=(1, 2, 4))
+    engine = CompilingEngine(V, step_seconds=0.005, compile_seconds=0.1, held=(1, 2, 4))
     released = []
 
     def on_token(request_id, _token):
@@ -126,7 +126,7 @@ def test_a_bucket_still_compiling_is_not_waited_for():
             released.append(time.perf_counter())
         tokens.setdefault(request_id, []).append(_token)
     tokens: dict = {}
-    scheduler, requests = _run(engine, [4, 4, 4, 4, 12, 12, 30, 60], on_token=on_token)
+    scheduler, requests = _run(engine, [4, 4, 4, 4, 12, 12, 30, 300], on_token=on_token)
     _check_tokens(scheduler, engine, requests)
     stats = scheduler.stats
     steps = list(stats.steps)
