@@ -16,6 +16,7 @@ import enum
 import functools
 from typing import NamedTuple
 
+from pallas_kernels import wkv_tail as triton_wkv_tail
 from pallas_kernels.mosaic import wkv_tail as mosaic_wkv_tail
 
 from .ops import Ops
@@ -51,7 +52,8 @@ MOSAIC_TABLE: tuple[OpChoice, ...] = (
              "pallas_kernels/mosaic/wkv_tail.py: one warpgroup per (row, head); TMA copies of the head's "
              "slices into shared memory; the 64 x 64 state is one WGMMA-layout tile, the key-side vectors in "
              "its column layout and the value side in its row layout (a 64-wide head vector is half a "
-             "128-lane strided vector, which Lane semantics rejects); the state block written back in place"),
+             "128-lane strided vector, which Lane semantics rejects); the state block written back in place; "
+             "a head size not a multiple of 64 takes the Triton kernel"),
     OpChoice("residual + LayerNorm + token-shift mixes (shift_mix)", Lowering.TRITON, Lowering.TRITON,
              "not ported: a row of C = 192 (the tiny shapes) does not fill 128-lane warpgroup vectors; "
              "the padded form is still to write"),
@@ -82,4 +84,10 @@ def mosaic_ops(path: Path, interpret: bool) -> Ops:
     if path is Path.DENSE or WKV_TAIL.lowering(interpret) is not Lowering.MOSAIC:
         return base
     return base._replace(time_mix=functools.partial(in_place_time_mix, linear=base.linear, interpret=interpret,
-                                                    tail=mosaic_wkv_tail.wkv_tail))
+                                                    tail=wkv_tail))
+
+
+def wkv_tail(partials, lora, vecs, r_k, v_first, S, *, layer: int | None = None, interpret: bool = False):
+    """The Mosaic wkv tail where it serves the head size (N % 64 == 0), else the Triton one."""
+    kernel = mosaic_wkv_tail if mosaic_wkv_tail.supports(r_k.shape[1]) else triton_wkv_tail
+    return kernel.wkv_tail(partials, lora, vecs, r_k, v_first, S, layer=layer, interpret=interpret)

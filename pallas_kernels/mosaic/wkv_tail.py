@@ -75,7 +75,7 @@ def _body(*refs, first: bool, splits: int, H: int, layer: int | None, dtype):
     S = S * over_cols(w) + over_rows(sa) * over_cols(kk * a) + over_rows(v) * over_cols(k)
     s_sm[...] = S
     y = head_norm(jnp.sum(S * over_cols(r), axis=1)) * row_(vec_sm.at[5]) + row_(vec_sm.at[6])
-    y = y + jnp.sum(r * k * col(rk_sm.at[0])) * v
+    y = y + jnp.sum(r * k * col(rk_sm.at[0])) * v  # time_mix.bonus, its sum a scalar here
     o_sm[0] = (y * g).astype(o_sm.dtype)
     plgpu.commit_smem()
     plgpu.copy_smem_to_gmem(s_sm, state)
@@ -83,6 +83,11 @@ def _body(*refs, first: bool, splits: int, H: int, layer: int | None, dtype):
     if first:
         plgpu.copy_smem_to_gmem(vf_sm, vfo_ref.at[row, cols])
     plgpu.wait_smem_to_gmem(0)
+
+
+def supports(N: int) -> bool:
+    """Whether the kernel serves head size N: the state must tile the WGMMA layout (N % 64 == 0)."""
+    return N % 64 == 0
 
 
 def wkv_tail(partials, lora, vecs, r_k, v_first, S, *, layer: int | None = None, interpret: bool = False):
@@ -102,6 +107,7 @@ def wkv_tail(partials, lora, vecs, r_k, v_first, S, *, layer: int | None = None,
     require(n == (3 if first else 4), f"wkv_tail: {n} LoRA outputs, expected {3 if first else 4}")
     require(C == H * N and vecs.shape == (7, C), f"wkv_tail: vecs must be [7, {C}], r_k [H, N]")
     state_shape = (M, H, N, N) if layer is None else (M, S.shape[1], H, N, N)
+    require(supports(N), f"wkv_tail (Mosaic): head size N={N} must be a multiple of 64")
     require(S.shape == state_shape and S.dtype == F32 and M <= Mp,
             f"wkv_tail: S must be float32 {state_shape}, got {S.dtype} {S.shape}")
     copies = 7 + (not first)

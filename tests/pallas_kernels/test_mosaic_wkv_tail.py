@@ -80,3 +80,13 @@ def test_mosaic_wkv_tail_rejects_a_wrong_state():
     with pytest.raises(ValueError, match="S must be float32"):
         mosaic_wkv_tail.wkv_tail(partials, lora, vecs, r_k, v_first, jnp.zeros((1, 2, N, N), jnp.bfloat16),
                                  interpret=True)
+
+
+def test_mosaic_wkv_tail_needs_whole_warpgroup_tiles():
+    """A head size that does not tile the WGMMA layout is refused (mosaic_ops then takes the Triton tail)."""
+    assert mosaic_wkv_tail.supports(64) and mosaic_wkv_tail.supports(128) and not mosaic_wkv_tail.supports(32)
+    H, n32 = 2, 32
+    with pytest.raises(ValueError, match="multiple of 64"):
+        mosaic_wkv_tail.wkv_tail(jnp.zeros((1, 1, 3 * H * n32)), jnp.zeros((4, 1, H * n32)), jnp.zeros((7, H * n32)),
+                                 jnp.zeros((H, n32)), jnp.zeros((1, H * n32)), jnp.zeros((1, H, n32, n32)),
+                                 interpret=True)
