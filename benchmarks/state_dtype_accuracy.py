@@ -42,9 +42,9 @@ if __package__ in (None, ""):  # run as a script from the source tree
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
+from quant_accuracy import text_tokens, trained_like  # noqa: E402
 
 import rwkv_jax  # noqa: E402
-from quant_accuracy import text_tokens, trained_like  # noqa: E402
 from rwkv7_core.checkpoint import write_checkpoint  # noqa: E402
 from rwkv7_core.config import ModelConfig, named_config  # noqa: E402
 from rwkv7_core.random_weights import random_tensors  # noqa: E402

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
+from typing import cast
 
 from .config import ModelConfig
 from .confined import confined_file
@@ -83,7 +84,7 @@ def _bounded(path: Path, key: str, value: object) -> int:
         isinstance(value, float) and math.isfinite(value) and value.is_integer())
     if not integral or not 1 <= value <= high:  # type: ignore[operator]
         raise CheckpointError(f"{str(path)!r}: config.json {key}={_short(value)} must be an integer in [1, {high}]")
-    return int(value)  # type: ignore[arg-type]
+    return int(cast(float, value))
 
 
 def _short(value: object) -> str:

@@ -25,8 +25,16 @@ from pallas_kernels.quantized import QuantizedWeight
 from pallas_kernels.shift_mix import layer_norm
 from pallas_kernels.time_mix import TimeMixWeights
 from rwkv7_core.config import ModelConfig
-from rwkv7_core.quantization import (GROUPED, STORAGE_DTYPES, QuantSpec, quantize, quantized_key, scale_key,
-                                     scale_shape, stored_shape)
+from rwkv7_core.quantization import (
+    GROUPED,
+    STORAGE_DTYPES,
+    QuantSpec,
+    quantize,
+    quantized_key,
+    scale_key,
+    scale_shape,
+    stored_shape,
+)
 
 from .layouts import Layout
 from .ops import Ops

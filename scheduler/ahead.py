@@ -24,11 +24,11 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import Sequence
+from typing import Sequence, cast
 
 import numpy as np
 
-from rwkv7_core.engine import Capability, Engine
+from rwkv7_core.engine import Capability, Engine, Logprobs, MixedStep, VarlenPrefill
 
 from .config import PrefillPolicy, bucket_for
 from .prefill import Prefill
@@ -146,9 +146,10 @@ class Ahead:
         for kind, _ in missing:
             start = time.perf_counter()
             if kind == "mixed":
-                seconds = {f"mixed:({b}, {self.prefill.token_rows})": self.engine.compile_mixed(b, self.prefill.token_rows)}
+                mixed = cast(MixedStep, self.engine).compile_mixed(b, self.prefill.token_rows)
+                seconds = {f"mixed:({b}, {self.prefill.token_rows})": mixed}
             elif kind == "logprobs":
-                seconds = self.engine.compile_logprobs([b])
+                seconds = cast(Logprobs, self.engine).compile_logprobs([b])
             else:
                 continue
             self._report(start, seconds)
@@ -177,7 +178,7 @@ class Ahead:
             rows = self.prefill.token_rows
             with self.prefill_lock:
                 start = time.perf_counter()
-                self._report(start, {f"varlen_prefill:{rows}": self.engine.compile_varlen(rows)})
+                self._report(start, {f"varlen_prefill:{rows}": cast(VarlenPrefill, self.engine).compile_varlen(rows)})
         self.mark_prefill_compiled()
 
     def mark_prefill_compiled(self) -> None:

@@ -8,10 +8,9 @@ state after a failed kernel).
 """
 from __future__ import annotations
 
-from jax.experimental.pallas import mosaic_gpu as plgpu
-
 # The race record lives only in jax's private interpreter module (no public accessor in 0.11).
 from jax._src.pallas.mosaic_gpu.interpret import gpu_callbacks
+from jax.experimental.pallas import mosaic_gpu as plgpu
 
 
 def interpret_params(interpret: bool) -> plgpu.InterpretGPUParams | None:

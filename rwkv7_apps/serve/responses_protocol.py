@@ -10,10 +10,9 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr
 
 from rwkv7_core.sampling import SCALAR_FIELDS, SEED_MAX
 
-from .protocol import sampling_field
-
 from .cache_namespace import CacheSalt
 from .limits import Metadata
+from .protocol import sampling_field
 
 
 class InputText(BaseModel):
