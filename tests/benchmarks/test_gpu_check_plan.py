@@ -3,7 +3,7 @@ sections (and prefill) run their real item lists and budget checks with every co
 deviceless time (RECORDED_COMPILE_S) on a simulated clock; the run must end within 8 minutes
 and keep the priorities: all of pallas-fused / pallas decode, xla at B=1 and 8, then the
 slow XLA compiles only if they fit, the bfloat16-state B=256 row, then the quantized 1.5b
-int8 B=1 row; prefill and models get what is left."""
+int4 B=1 row; prefill and models get what is left."""
 from __future__ import annotations
 
 import types
