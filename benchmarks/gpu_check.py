@@ -60,8 +60,8 @@ seconds, times the slowest measured/recorded ratio so far, fit what is left of T
 9. serving (<= SERVING_BUDGET_S), http_serving (<= HTTP_BUDGET_S), data_parallel (>= 2 GPUs).
 
 Start-up (~10 s) + 64 + 5 + 300 + 15 = ~394 s; then the quantized section's 1.5b B=1 int8 and
-int4 rows (~35 s; fp8 after them, reached by a rerun); the prefill and models sections start what still fits and list the rest as skipped,
-with the reason (a rerun with --cache-dir compiles nothing and reaches them); 30 s of margin
+int4 rows (~35 s; fp8 after them, reached by a rerun); the prefill and models sections start
+what still fits and list the rest as skipped, with the reason (a rerun with --cache-dir compiles nothing and reaches them); 30 s of margin
 remain under 8 minutes.
 
 --smoke runs every section on the CPU with tiny shapes and interpret-mode kernels and no time

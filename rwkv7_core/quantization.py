@@ -185,7 +185,8 @@ def search_scales(groups: np.ndarray, scale: np.ndarray, importance: np.ndarray,
             err = ((np.clip(np.rint(part / s), -qmax, qmax) * s - part) ** 2 * importance).sum(-1)
             better = err < least
             least = np.where(better, err, least)
-            best[start:start + SEARCH_ROWS] = np.where(better, base * np.float32(ratio), best[start:start + SEARCH_ROWS])
+            rows = slice(start, start + SEARCH_ROWS)
+            best[rows] = np.where(better, base * np.float32(ratio), best[rows])
     return best
 
 
