@@ -1,6 +1,7 @@
 """Quantized weights on the Pallas decode paths, compiled for an H200 without a GPU: per kernels
 option the step's kernel bytes against the bf16 step's (goal <= 0.55 for int8 / fp8, <= 0.32 for
-int4), nodes per layer (goal: not above the bf16 step's) and every Pallas kernel's registers and spills from ptxas (goal: none).
+int4), nodes per layer (goal: not above the bf16 step's) and every Pallas kernel's registers and
+spills from ptxas (goal: none).
 
 Runs ``benchmarks/decode_nodes.py --ptxas`` once per (kernels, weights) into a raw JSON, then
 writes the table (``--render`` only re-renders a raw JSON). Needs jax's CUDA plugin, as

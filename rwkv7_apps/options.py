@@ -7,7 +7,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from rwkv7_core.quantization import DEFAULT_GROUP_SIZES, SCHEMES
+from rwkv7_core.quantization import DEFAULT_GROUP_SIZE, SCHEMES
 from rwkv7_core.sampling import MAX_TOKENS_LIMIT, SCALAR_FIELDS, SamplingParams
 from rwkv7_core.state import DEFAULT_STATE_DTYPE, STATE_DTYPES
 from scheduler import SchedulerConfig
@@ -47,8 +47,7 @@ def add_quantization_options(p: argparse.ArgumentParser, note: str = "") -> None
                         f"channels; fp8: e4m3, one scale per row; see docs/models.md){note}")
     p.add_argument("--group-size", type=int, default=None, metavar="N",
                    help=f"int8 / int4 only: input channels per scale, a multiple of 16 dividing every projection's "
-                        f"width (default int8 {DEFAULT_GROUP_SIZES['int8']}, int4 {DEFAULT_GROUP_SIZES['int4']}; "
-                        f"a quantized checkpoint keeps its own)")
+                        f"width (default {DEFAULT_GROUP_SIZE}; a quantized checkpoint keeps its own)")
 
 
 def add_engine_options(p: argparse.ArgumentParser) -> None:

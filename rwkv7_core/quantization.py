@@ -44,8 +44,10 @@ from .tensor_files import CheckpointError
 
 SCHEMES = ("none", "int8", "int4", "fp8")
 GROUPED = ("int8", "int4")  # schemes with a group size
-DEFAULT_GROUP_SIZE = 128  # int8 groups; chosen by benchmarks/quant_accuracy.py (docs/models.md)
-DEFAULT_GROUP_SIZES = {"int8": DEFAULT_GROUP_SIZE, "int4": 64}  # int4: benchmarks/quant_accuracy.py
+# int8 and int4 groups: int8's chosen by benchmarks/quant_accuracy.py; int4's by the 1.5b decode
+# step's bytes (benchmarks/quant_decode_kernels.py: 0.310x bf16's at 128, 0.327x at 64), 64 being
+# the more accurate (docs/models.md)
+DEFAULT_GROUP_SIZE = 128
 STORAGE_DTYPES = {"int8": np.dtype(np.int8), "int4": np.dtype(np.uint8), "fp8": np.dtype(ml_dtypes.float8_e4m3fn)}
 QMAX = {"int8": 127.0, "int4": 7.0, "fp8": float(ml_dtypes.finfo(ml_dtypes.float8_e4m3fn).max)}  # 448
 METADATA_SCHEME, METADATA_GROUP = "rwkv7_quantization", "rwkv7_quantization_group_size"
@@ -87,7 +89,7 @@ def spec_for(scheme: str, group_size: int | None = None) -> QuantSpec | None:
         return None
     if scheme == "fp8":
         return QuantSpec("fp8")
-    group = DEFAULT_GROUP_SIZES[scheme] if group_size is None else group_size
+    group = DEFAULT_GROUP_SIZE if group_size is None else group_size
     if not isinstance(group, int) or group < 16 or group % 16:
         raise QuantizationError(f"quantization group size {group!r}: expected a positive multiple of 16")
     return QuantSpec(scheme, group)
@@ -183,7 +185,8 @@ def search_scales(groups: np.ndarray, scale: np.ndarray, importance: np.ndarray,
             err = ((np.clip(np.rint(part / s), -qmax, qmax) * s - part) ** 2 * importance).sum(-1)
             better = err < least
             least = np.where(better, err, least)
-            best[start:start + SEARCH_ROWS] = np.where(better, base * np.float32(ratio), best[start:start + SEARCH_ROWS])
+            rows = slice(start, start + SEARCH_ROWS)
+            best[rows] = np.where(better, base * np.float32(ratio), best[rows])
     return best
 
 

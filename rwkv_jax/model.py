@@ -90,7 +90,7 @@ def load(path: str | os.PathLike, dtype: str = "float32", kernels: str | Kernels
     executable runs: a jax.Device, an index into ``jax.local_devices()``, or None (JAX's
     default device). quantization: none | int8 | int4 | fp8 weight-only quantization of the
     large projections (``rwkv7_core.quantization``; group_size: int8 / int4 input channels per
-    scale, default ``DEFAULT_GROUP_SIZES``); a checkpoint saved quantized loads only with its own
+    scale, default ``DEFAULT_GROUP_SIZE``); a checkpoint saved quantized loads only with its own
     scheme. Every kernel choice takes quantized weights (the Pallas ones dequantize in
     registers: ``pallas_kernels.quantized_linear``). state_dtype: float32 | bfloat16 | float16,
     the dtype the wkv state is held in between calls (``rwkv7_core.state``; every kernel choice

@@ -124,3 +124,20 @@ def test_int4_spec_checks_and_metadata():
     w = np.zeros((16, 64), np.float32)
     q, scale = quantize(w, spec_for("int4", 32))
     assert np.isfinite(scale).all() and (dequantize(q, scale) == 0).all()
+
+
+@pytest.mark.parametrize("scheme,group", [("int4", 64), ("int8", 32)])
+def test_scale_search_never_raises_the_weighted_error_and_lowers_it_on_heavy_tails(scheme, group):
+    rng = np.random.default_rng(7)
+    w = _weight(rng, (40, 4 * group))
+    importance = rng.gamma(0.5, size=4 * group) * np.where(rng.random(4 * group) < 0.05, 30.0, 1.0)
+    spec = spec_for(scheme, group)
+
+    def weighted_error(q, scale):
+        return ((dequantize(q, scale) - w) ** 2 * importance).reshape(40, 4, group).sum(-1)
+
+    rtn, searched = weighted_error(*quantize(w, spec)), weighted_error(*quantize(w, spec, importance=importance))
+    assert (searched <= rtn * (1 + 1e-6)).all()
+    assert searched.sum() < (0.9 if scheme == "int4" else 0.97) * rtn.sum()  # int8: 0.92 measured
+    with pytest.raises(QuantizationError, match="a scale search needs int8 / int4"):
+        quantize(w, spec_for("fp8"), "head.weight", importance)
