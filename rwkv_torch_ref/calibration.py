@@ -22,7 +22,9 @@ class _InputPower(TorchFunctionMode):
 
     def __init__(self, keys: dict[int, str]):
         super().__init__()
-        self.keys, self.sums, self.rows = keys, {}, {}
+        self.keys = keys
+        self.sums: dict[str, torch.Tensor] = {}
+        self.rows: dict[str, int] = {}
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
