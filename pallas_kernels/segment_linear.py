@@ -154,16 +154,23 @@ def _kernel(*refs, starts, inputs, groups, M, tiles, bk, vector):
     o_ref[...] = jax.lax.fori_loop(0, tiles, body, jnp.zeros(o_ref.shape, jnp.float32))
 
 
+def _weight_refs(w_refs, groups) -> list:
+    """Per segment (its weight ref, its scale ref or None): w_refs holds each segment's weight,
+    followed by its scales where the segment is quantized (groups[i] > 0)."""
+    refs, at = [], 0
+    for g in groups:
+        refs.append((w_refs[at], w_refs[at + 1] if g else None))
+        at += 2 if g else 1
+    return refs
+
+
 def _quantized_body(x_ref, w_refs, o_ref, *, seg, mix, row_ok, groups, tiles, bk, vector):
     """The loop with quantized segments: each segment's tile comes as (tile in the input dtype,
     scale column float32 [bn]); a plain segment's scale is one. w_refs: per segment its weight,
     and after a quantized one its scales."""
     first = pl.program_id(2) * (tiles * bk)  # the split's first input channel
     dtype = x_ref.dtype
-    refs, at = [], 0
-    for g in groups:
-        refs.append((w_refs[at], w_refs[at + 1] if g else None))
-        at += 2 if g else 1
+    refs = _weight_refs(w_refs, groups)
 
     def body(t, acc):
         start = pl.multiple_of(t * bk, bk)
@@ -193,10 +200,7 @@ def _int4_body(x_ref, w_refs, o_ref, *, seg, mix, row_ok, groups, tiles, bk, vec
     group = max(groups)
     first = pl.program_id(2) * (tiles * bk)
     dtype = x_ref.dtype
-    refs, at = [], 0
-    for g in groups:
-        refs.append((w_refs[at], w_refs[at + 1] if g else None))
-        at += 2 if g else 1
+    refs = _weight_refs(w_refs, groups)
 
     def body(t, acc):
         start = pl.multiple_of(t * bk, bk)
