@@ -200,7 +200,7 @@ FORMATS = {  # ours (dtype, quantization, group size) -> llama.cpp GGUF type
 
 
 def run(lc: LlamaCpp, workdir: Path, rounds: int, seconds: float, gen: int, reps: int) -> dict:
-    from rwkv7_apps.convert import main as convert_main
+    from rwkv7_apps.tools.convert import main as convert_main
     from rwkv7_core.config import named_config
     from rwkv7_core.random_weights import write_random_checkpoint
 

@@ -10,6 +10,8 @@ from scheduler.grammar_limits import GrammarLimits
 
 HELP = {
     "max_bytes": "bytes of one schema, regex, grammar or choice list",
+    "max_regex_size": "length of a regex (also a grammar's or a schema pattern's) with counted repetitions "
+                      "written out",
     "max_depth": "nesting of a schema (its $refs followed), regex or grammar",
     "max_rules": "rules of a Lark grammar",
     "max_refs": "$refs on one path of a JSON schema",

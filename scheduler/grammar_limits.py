@@ -34,7 +34,10 @@ class GrammarLimits:
     """Bounds on one constraint (each a positive int; the server's and batch job's
     ``--grammar-*`` options set them):
 
-    ``max_bytes``: the spec's text; ``max_depth``: nesting of brackets / JSON containers,
+    ``max_bytes``: the spec's text; ``max_regex_size``: a regex's length with its counted
+    repetitions (``x{m,n}``) written out (``regex_size``; regexes, a Lark grammar's ``/regex/``
+    terminals and schema ``pattern``\\ s), the compiled automaton's size before any compile; ``max_depth``:
+    nesting of brackets / JSON containers,
     followed through ``$ref``\\ s; ``max_rules``: Lark rules; ``max_refs``: ``$ref``\\ s on
     one path of a schema; ``max_choices``: entries of a choice constraint;
     ``max_automaton_mb``: memory one compiled constraint may take (measured at compile and
@@ -43,6 +46,7 @@ class GrammarLimits:
     instead of stalling its batch); ``cache_mb``: the compiled-constraint cache, in bytes
     of memory measured at compile."""
     max_bytes: int = 1 << 20
+    max_regex_size: int = 100_000
     max_depth: int = 128
     max_rules: int = 1000
     max_refs: int = 100
@@ -85,11 +89,17 @@ def check(c: Constraint, limits: GrammarLimits) -> None:
         raise GrammarLimitError("max_bytes", f"the {_name(c)} is {size} bytes, more than the limit "
                                              f"max_bytes={limits.max_bytes}")
     if c.kind == "json_schema":
-        check_schema(json.loads(c.spec), limits)
+        schema = json.loads(c.spec)
+        check_schema(schema, limits)
+        for pattern in _patterns(schema):
+            _check_regex_size(pattern, "JSON schema's pattern", limits)
     elif c.kind == "regex":
         _check_depth(bracket_depth(c.spec), "regex", limits)
+        _check_regex_size(c.spec, "regex", limits)
     elif c.kind == "grammar":
         _check_depth(bracket_depth(c.spec), "grammar", limits)
+        for terminal in LARK_REGEX.findall(c.spec):
+            _check_regex_size(terminal, "grammar's regex", limits)
         rules = len(RULE.findall(c.spec))
         if rules > limits.max_rules:
             raise GrammarLimitError("max_rules", f"the grammar has {rules} rules, more than the limit "
@@ -108,6 +118,82 @@ def _check_depth(depth: int, what: str, limits: GrammarLimits) -> None:
     if depth > limits.max_depth:
         raise GrammarLimitError("max_depth", f"the {what} nests {depth} deep, more than the limit "
                                              f"max_depth={limits.max_depth}")
+
+
+def _check_regex_size(text: str, what: str, limits: GrammarLimits) -> None:
+    size = regex_size(text)
+    if size > limits.max_regex_size:
+        raise GrammarLimitError("max_regex_size", f"the {what} is {size} units long with its counted repetitions "
+                                                  f"written out, more than the limit max_regex_size="
+                                                  f"{limits.max_regex_size}")
+
+
+LARK_REGEX = re.compile(r"/((?:[^/\\\n]|\\.)+)/")
+"""A Lark ``/regex/`` terminal (its text in group 1)."""
+
+COUNTED = re.compile(r"\{(\d{1,9})(?:,(\d{0,9}))?\}")
+"""A counted repetition ``{m}``, ``{m,}`` or ``{m,n}``."""
+
+
+def regex_size(text: str) -> int:
+    """An upper bound of ``text``'s length as a regex with each counted repetition written out
+    (``((a{100}){100}){100}`` is 10**6): what the compiled automaton grows with. Escapes and
+    character classes count one each, alternatives add up; a ``{`` that is not a counted
+    repetition is a character. Iterative (a stack of group sums), linear in the text."""
+    sums, last, i = [0], 0, 0
+    while i < len(text):
+        ch = text[i]
+        if ch == "\\":
+            i += 2
+            last = 1
+        elif ch == "[":
+            i += 1
+            if i < len(text) and text[i] == "]":
+                i += 1
+            while i < len(text) and text[i] != "]":
+                i += 2 if text[i] == "\\" else 1
+            i += 1
+            last = 1
+        elif ch == "(":
+            sums.append(0)
+            i += 1
+            continue
+        elif ch == ")" and len(sums) > 1:
+            last = sums.pop()
+            sums[-1] += last
+            i += 1
+            continue
+        elif ch == "{" and (m := COUNTED.match(text, i)):
+            low, high = m.group(1), m.group(2)
+            count = int(low) if high is None else int(high) if high else int(low) + 1  # {m}, {m,n}, {m,}
+            sums[-1] += last * max(count - 1, 0)
+            last *= max(count, 1)
+            i = m.end()
+            continue
+        elif ch in "*+?|":
+            i += 1
+            continue
+        else:
+            i += 1
+            last = 1
+        sums[-1] += last
+    return sum(sums)
+
+
+def _patterns(schema: Any) -> list[str]:
+    """The ``pattern`` strings of a parsed JSON schema (and its ``patternProperties`` keys)."""
+    out, todo = [], [schema]
+    while todo:
+        node = todo.pop()
+        if isinstance(node, dict):
+            if isinstance(node.get("pattern"), str):
+                out.append(node["pattern"])
+            if isinstance(node.get("patternProperties"), dict):
+                out.extend(k for k in node["patternProperties"] if isinstance(k, str))
+            todo.extend(node.values())
+        elif isinstance(node, list):
+            todo.extend(node)
+    return out
 
 
 def bracket_depth(text: str) -> int:

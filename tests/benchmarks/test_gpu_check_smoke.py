@@ -20,8 +20,8 @@ from rwkv_jax.deviceless import PLUGIN_DIR_ENV
 from tests.gpu_target import PLUGIN_DIR
 
 ROOT = Path(__file__).resolve().parents[2]
-SECTIONS = ["parity", "torch_parity", "roofline", "decode", "deviceless", "quantized", "prefill", "models",
-            "kernels", "serving", "http_serving", "data_parallel"]
+SECTIONS = ["parity", "torch_parity", "roofline", "mosaic", "decode", "state_dtype", "deviceless", "quantized",
+            "prefill", "models", "kernels", "serving", "http_serving", "data_parallel"]
 KERNELS = {"pallas-interpret", "pallas-fused-interpret", "xla"}
 
 

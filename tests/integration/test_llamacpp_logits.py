@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from benchmarks.vs_llamacpp import LlamaCpp
-from rwkv7_apps.convert import main as convert_main
+from rwkv7_apps.tools.convert import main as convert_main
 from rwkv7_core.config import ModelConfig
 from rwkv7_core.random_weights import write_random_checkpoint
 

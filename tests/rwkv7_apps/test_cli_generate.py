@@ -78,7 +78,7 @@ def test_generate_jax_end_to_end(tiny_ckpt, tmp_path):
     assert "512" in by_msg[f"line {line_of[bad[5]]}"]["error"]
 
     m = json.loads(metrics.read_text())
-    assert m["engine"] == {"kernels": "xla", "dtype": "float32"}  # auto on the CPU: xla
+    assert m["engine"] == {"kernels": "xla", "dtype": "float32", "state_dtype": "float32"}  # auto on the CPU: xla
     assert re.search(r"engine kernels / dtype +xla / float32", proc.stdout), proc.stdout
     assert m["requests"] == {"total": len(rows), "ok": len(ok), "failed": len(bad), "skipped_already_done": 0}
     assert m["tokens"]["generated"] == sum(r["generated_tokens"] for r in results)

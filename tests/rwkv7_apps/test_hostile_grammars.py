@@ -7,7 +7,6 @@ job exits 0 and a rerun resumes (it used to die with SIGSEGV on every resume).""
 from __future__ import annotations
 
 import json
-import re
 import threading
 
 import numpy as np
@@ -48,7 +47,8 @@ def test_server_refuses_each_hostile_grammar_alone(tmp_path):
     rng = np.random.default_rng()
     good = [{"prompt": rng.integers(1, 60000, int(rng.integers(3, 9))).tolist(), "max_tokens": 6, "temperature": 0}
             for _ in range(2)]
-    args = ["--random-model", "tiny-world", "--max-batch", "8", "--grammar-max-automaton-mb", "8"]
+    args = ["--random-model", "tiny-world", "--max-batch", "8", "--grammar-max-automaton-mb", "8",
+            "--grammar-max-regex-size", "20000"]
     with running_server(args, tmp_path) as server:
         def complete(body: dict) -> tuple[int, dict]:
             status, text = server.post("/v1/completions", json.dumps(body).encode())
@@ -79,13 +79,14 @@ def test_server_refuses_each_hostile_grammar_alone(tmp_path):
         assert server.metric("rwkv7_http_requests_total",
                              'endpoint="/v1/completions",status="400"') == counted + len(attacks)
 
-        # nested-count regexes: each distinct one is refused over --grammar-max-automaton-mb, not kept
-        before, sizes = rss_mb(server.proc.pid), []
+        # nested-count regexes (each would compile to 9 MB or more): refused before any compile by
+        # --grammar-max-regex-size, so nothing of them is kept
+        before = rss_mb(server.proc.pid)
         for n in rng.choice(np.arange(30, 40), 4, replace=False).tolist():
             status, body = complete({"prompt": "Hi", "max_tokens": 4, "guided_regex": f"((a{{{n}}}){{{n}}}){{{n}}}"})
-            assert status == 400 and "max_automaton_mb=8" in body["error"]["message"], body
-            sizes.append(int(re.search(r"compiles to (\d+) MB", body["error"]["message"]).group(1)))
-        assert rss_mb(server.proc.pid) - before < 0.75 * sum(sizes), (before, rss_mb(server.proc.pid), sizes)
+            assert status == 400 and "max_regex_size=20000" in body["error"]["message"], body
+            assert f"{n ** 3} units" in body["error"]["message"], body
+        assert rss_mb(server.proc.pid) - before < 0.75 * 4 * 9, (before, rss_mb(server.proc.pid))
 
         assert server.get("/health")[0] == 200 and server.proc.poll() is None
         assert [complete(b)[1]["choices"][0]["text"] for b in good] == reference

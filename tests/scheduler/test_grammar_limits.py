@@ -16,7 +16,7 @@ from rwkv7_core.constants import WORLD_VOCAB_SIZE
 from rwkv7_core.tokenizer import tokenizer_for
 from scheduler.constraint import JSON_DEPTH, Constraint
 from scheduler.grammar import Grammars
-from scheduler.grammar_limits import GrammarLimitError, GrammarLimits, check
+from scheduler.grammar_limits import GrammarLimitError, GrammarLimits, check, regex_size
 
 pytest.importorskip("llguidance")
 
@@ -146,7 +146,7 @@ def test_the_native_crash_shapes_are_refused_before_compiling(tokenizer):
 
 def test_an_automaton_blow_up_is_refused_and_the_cache_keeps_its_bytes(tokenizer):
     rng = np.random.default_rng()
-    limits = GrammarLimits(max_automaton_mb=4, cache_mb=1)
+    limits = GrammarLimits(max_automaton_mb=4, cache_mb=1, max_regex_size=10**9)  # the measured backstop
     grammars = Grammars(tokenizer, WORLD_VOCAB_SIZE, limits)
     n = int(rng.integers(40, 60))
     with pytest.raises(GrammarLimitError, match="max_automaton_mb=4") as e:
@@ -171,3 +171,31 @@ def test_a_mask_over_the_step_budget_is_one_line_error(tokenizer):
             break
         matcher.consume(a)
     assert matcher.error is not None and "limit 200" in matcher.error and "\n" not in matcher.error
+
+
+def test_regex_size_writes_out_nested_counted_repetitions():
+    """regex_size against the length of the regex's expansion, built alongside it at random:
+    nested groups, counted repetitions {m} / {m,n} / {m,} (upper counts), escapes, classes."""
+    rng = np.random.default_rng()
+    for _ in range(200):
+        def build(depth: int) -> tuple[str, int]:
+            parts, total = [], 0
+            for _ in range(int(rng.integers(1, 4))):
+                kind = int(rng.integers(0, 4)) if depth < 3 else int(rng.integers(0, 3))
+                text, size = [("a", 1), ("\\d", 1), ("[a-z]", 1)][kind] if kind < 3 else build(depth + 1)
+                if kind == 3:
+                    text = f"({text})"
+                form = int(rng.integers(0, 4))
+                m, k = int(rng.integers(1, 9)), int(rng.integers(0, 5))
+                text, size = [(text, size), (f"{text}{{{m}}}", size * m), (f"{text}{{{m},{m + k}}}", size * (m + k)),
+                              (f"{text}{{{m},}}", size * (m + 1))][form]
+                parts.append(text)
+                total += size
+            return "".join(parts), total
+        text, size = build(0)
+        assert regex_size(text) == size, text
+    assert regex_size("((a{100}){100}){100}") == 10**6
+    c = Constraint.regex("((a{100}){100}){100}")
+    with pytest.raises(GrammarLimitError, match="max_regex_size=100000") as e:
+        check(c, GrammarLimits())
+    assert e.value.limit == "max_regex_size"
