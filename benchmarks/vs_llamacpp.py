@@ -30,6 +30,7 @@ Run: ``PYTHONPATH=. python benchmarks/vs_llamacpp.py`` (``--build-only``, ``--ro
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import platform
@@ -60,20 +61,33 @@ GOAL_BEST_B32 = 1.5  # our best format at B = 32 against llama.cpp's best
 GOAL_B32_OVER_B1 = 10.0  # our best B = 32 rate over our best B = 1 rate
 
 
+def cpu_fingerprint() -> str:
+    """A short hash of this host's CPU model and instruction-set flags. A ``GGML_NATIVE`` build
+    runs only on the CPU it was built for (one made on an AVX2 EPYC dies with SIGILL/SIGSEGV on
+    an AVX-512 Xeon in its q8_0 paths), so each CPU gets its own build directory."""
+    info = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else platform.processor()
+    wanted = [line for line in info.splitlines() if line.startswith(("model name", "flags"))][:2]
+    return hashlib.sha1("\n".join(wanted or [platform.machine()]).encode()).hexdigest()[:12]
+
+
 class LlamaCpp(NamedTuple):
     """Where a llama.cpp build lives: ``root`` the cache directory, ``source`` the vendored
-    llama.cpp tree, ``bin`` its built programs."""
+    llama.cpp tree, ``build`` this host CPU's build directory, ``bin`` its built programs."""
 
     root: Path
     source: Path
-    bin: Path
+    build_dir: Path
 
     @classmethod
     def at(cls, root: str | os.PathLike | None = None) -> "LlamaCpp":
         """The layout under ``root`` (default ``$RWKV7_LLAMACPP_DIR`` or ~/.cache/rwkv7-llamacpp)."""
         root = Path(root or os.environ.get("RWKV7_LLAMACPP_DIR", "~/.cache/rwkv7-llamacpp")).expanduser()
         source = root / "src" / f"llama_cpp_python-{LLAMACPP_VERSION}" / "vendor" / "llama.cpp"
-        return cls(root, source, root / "build" / "bin")
+        return cls(root, source, root / f"build-{cpu_fingerprint()}")
+
+    @property
+    def bin(self) -> Path:
+        return self.build_dir / "bin"
 
     def program(self, name: str) -> Path:
         return self.bin / name
@@ -98,10 +112,10 @@ class LlamaCpp(NamedTuple):
             tar.extractall(src, filter="data")
 
     def build(self, jobs: int = 2) -> None:
-        """Configure (CPU only, native ISA, shared libraries, no network features) and build
+        """Configure (CPU only, this CPU's native ISA, shared libraries, no network features) and build
         ``TARGETS`` under nice."""
         self.fetch()
-        build = self.root / "build"
+        build = self.build_dir
         nice = ["nice", "-n", "19"]
         if not (build / "CMakeCache.txt").exists():
             subprocess.run(nice + ["cmake", "-S", str(self.source), "-B", str(build), "-G", "Ninja",
@@ -228,16 +242,26 @@ def run(lc: LlamaCpp, workdir: Path, rounds: int, seconds: float, gen: int, reps
         cases[f"prefill T={PREFILL_T} {f} vs {t}"] = (lambda o=o: o.prefill(seconds),
                                                        lambda g=g: llama_bench(lc, g, prompt=PREFILL_T, gen=0, reps=reps))
     runs: dict[str, dict[str, list[float]]] = {c: {"ours": [], "llama.cpp": []} for c in cases}
+    failures: dict[str, str] = {}  # case -> how llama.cpp's program failed (the case is then left out)
     for r in range(rounds):
         for case, (mine, theirs_fn) in cases.items():
+            if case in failures:
+                continue
             for side in (("ours", "llama.cpp") if r % 2 == 0 else ("llama.cpp", "ours")):
-                runs[case][side].append(mine() if side == "ours" else theirs_fn())
-        print(f"round {r + 1}: " + "; ".join(f"{c} {v['ours'][-1]:.1f} / {v['llama.cpp'][-1]:.1f}"
-                                              for c, v in runs.items()), flush=True)
+                try:
+                    runs[case][side].append(mine() if side == "ours" else theirs_fn())
+                except subprocess.CalledProcessError as e:
+                    failures[case] = f"{Path(e.cmd[0]).name} exited with {e.returncode}: {e.stderr[-300:]!r}"
+                    print(f"{case}: left out, {failures[case]}", flush=True)
+                    break
+        print(f"round {r + 1}: " + "; ".join(f"{c} {v['ours'][r]:.1f} / {v['llama.cpp'][r]:.1f}"
+                                              for c, v in runs.items() if c not in failures), flush=True)
+    for case in failures:
+        del runs[case]
     return {"host": host(), "llamacpp_source": LLAMACPP_SOURCE, "threads": THREADS, "rounds": rounds,
             "seconds_per_measurement": seconds, "llama_bench_gen_tokens": gen, "llama_bench_reps": reps,
             "logits_max_abs_diff_f32": logits_diff, "logits_tokens": tokens.tolist(),
-            "runs": runs, "load_average_at_end": os.getloadavg()}
+            "runs": runs, "llamacpp_failures": failures, "load_average_at_end": os.getloadavg()}
 
 
 def host() -> dict:
@@ -245,7 +269,7 @@ def host() -> dict:
     cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
                 if line.startswith("model name")), platform.processor())
     return {"cpu": cpu, "cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version(),
-            "jax": jax.__version__, "numpy": np.__version__}
+            "jax": jax.__version__, "numpy": np.__version__, "cpu_fingerprint": cpu_fingerprint()}
 
 
 def summarise(out: dict) -> dict:
@@ -259,11 +283,12 @@ def summarise(out: dict) -> dict:
     best = {side: max(v[f"{side}_median"] for c, v in table.items() if c.startswith(f"decode B={BATCH} "))
             for side in ("ours", "llamacpp")}
     best_b1 = max(v["ours_median"] for c, v in table.items() if c.startswith("decode B=1 "))
-    goals = {case: {"ratio": table[case]["ratio_median"], "goal": goal} for case, goal in GOALS.items()}
+    goals = {case: {"ratio": table[case]["ratio_median"] if case in table else None, "goal": goal}
+             for case, goal in GOALS.items()}  # None: llama.cpp's side failed, nothing to compare
     goals[f"decode B={BATCH} our best vs its best"] = {"ratio": best["ours"] / best["llamacpp"], "goal": GOAL_BEST_B32}
     goals["ours B=32 best / B=1 best"] = {"ratio": best["ours"] / best_b1, "goal": GOAL_B32_OVER_B1}
     for g in goals.values():
-        g["met"] = g["ratio"] >= g["goal"]
+        g["met"] = g["ratio"] is not None and g["ratio"] >= g["goal"]
     return {"table": table, "goals": goals}
 
 
@@ -281,7 +306,10 @@ def markdown(out: dict, summary: dict) -> str:
                      f"| {v['ratio_min']:.2f} - {v['ratio_max']:.2f} |")
     lines += ["", "| goal | ratio | needed | met |", "|---|---|---|---|"]
     for name, g in summary["goals"].items():
-        lines.append(f"| {name} | {g['ratio']:.2f} | >= {g['goal']} | {'yes' if g['met'] else 'no'} |")
+        ratio = "-" if g["ratio"] is None else f"{g['ratio']:.2f}"
+        lines.append(f"| {name} | {ratio} | >= {g['goal']} | {'yes' if g['met'] else 'no'} |")
+    for case, why in out.get("llamacpp_failures", {}).items():
+        lines.append(f"| {case} | - | llama.cpp failed: {why} | - | - |")
     lines += ["", f"Last-position logits, llama.cpp f32 vs ours float32 on the same {len(out['logits_tokens'])} "
               f"tokens: max |difference| {out['logits_max_abs_diff_f32']:.2e}."]
     return "\n".join(lines) + "\n"
