@@ -12,10 +12,10 @@ For each checkpoint kind and quantization (int8 and int4 with groups of 64 and 1
   greedily on its own and counts the tokens equal to float32's before the first difference
   (it stops there: after one different token the two texts are unrelated).
 
-The ``-search`` variants quantize with the activation-aware scale search
-(``rwkv7_core.quantization``): importance = each projection input's mean square over
-CALIBRATION tokens of the same docs after the measured positions (disjoint text), from the
-float32 torch reference (``rwkv_torch_ref.calibration``).
+The ``-search`` and ``-gptq`` variants are calibrated as ``rwkv7-convert --calibration``
+writes them (``rwkv7_apps.tools.calibrate``: the activation-aware scale search, and GPTQ) on
+CALIBRATION tokens of the same docs after the measured positions (disjoint text), through the
+float32 torch reference.
 
 Checkpoint kinds (0.1b shape by default, float32, seeded; --config for another shape):
 - ``plain``: ``rwkv7_core.random_weights`` (Gaussian projections);
@@ -44,19 +44,18 @@ from pathlib import Path
 import numpy as np
 
 import rwkv_jax
-import rwkv_torch_ref
+from rwkv7_apps.tools.calibrate import METHODS, calibrated_tensors
 from rwkv7_core.checkpoint import read_checkpoint, write_checkpoint
 from rwkv7_core.config import named_config
-from rwkv7_core.quantization import dequantize, metadata, quantize, quantize_tensors, quantized_key, spec_for
+from rwkv7_core.quantization import dequantize, metadata, quantize, quantized_key, spec_for
 from rwkv7_core.random_weights import random_tensors
 from rwkv7_core.tokenizer import WorldTokenizer
-from rwkv_torch_ref.calibration import input_power
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
 VARIANTS = {"int8-g64": ("int8", 64), "int8-g128": ("int8", 128), "fp8": ("fp8", None),
             "int4-g64": ("int4", 64), "int4-g128": ("int4", 128)}
-SEARCHED = {"int4-g64-search": ("int4", 64), "int4-g128-search": ("int4", 128)}  # scale search (module doc)
+CALIBRATED = {f"int4-g{g}-{method}": ("int4", g, method) for method in METHODS for g in (64, 128)}  # module doc
 CALIBRATION = 4096  # calibration tokens, the docs' text after the measured positions
 EMBEDDING_VARIANTS = {"emb-int8-g128": ("none", None), "int8-g128 + emb-int8-g128": ("int8", 128)}
 CHUNK = 256
@@ -118,13 +117,16 @@ def greedy(model, prompt: np.ndarray, n: int, follow: np.ndarray | None = None) 
     return np.asarray(out, np.int32)
 
 
-def searched_checkpoint(path: Path, out: Path, scheme: str, group: int, calibration: np.ndarray) -> Path:
-    """`path`'s checkpoint quantized with the activation-aware scale search (the float32 torch
-    model's input power on `calibration` tokens), written to `out`."""
+def calibrated_checkpoint(path: Path, out: Path, scheme: str, group: int, method: str,
+                          calibration: np.ndarray) -> Path:
+    """`path`'s checkpoint quantized by `method` (gptq | search) on `calibration` tokens,
+    written to `out`."""
     tensors, _ = read_checkpoint(path)
-    importance = input_power(rwkv_torch_ref.load(path), calibration)
     spec = spec_for(scheme, group)
-    write_checkpoint(out, quantize_tensors({k: tensors[k] for k in tensors}, spec, importance), metadata(spec))
+    t0 = time.perf_counter()
+    write_checkpoint(out, calibrated_tensors(path, {k: tensors[k] for k in tensors}, spec, calibration, method),
+                     metadata(spec))
+    print(f"  calibrated {out.name} in {time.perf_counter() - t0:.0f} s", flush=True)
     return out
 
 
@@ -192,8 +194,8 @@ def main(argv=None) -> None:
     ap.add_argument("--generate", type=int, default=1000)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--kind", choices=("both", "plain", "trained-like"), default="both")
-    ap.add_argument("--variants", default=",".join([*VARIANTS, *SEARCHED]),
-                    help=f"comma-separated subset of {', '.join([*VARIANTS, *SEARCHED])} (default all)")
+    ap.add_argument("--variants", default=",".join([*VARIANTS, *CALIBRATED]),
+                    help=f"comma-separated subset of {', '.join([*VARIANTS, *CALIBRATED])} (default all)")
     ap.add_argument("--tag", default="", help="results name suffix (default none)")
     ap.add_argument("--embedding", action="store_true", help="measure an int8 embedding instead (see module doc)")
     ap.add_argument("--output", type=Path, default=None,
@@ -203,10 +205,10 @@ def main(argv=None) -> None:
         stem = "quant_accuracy_embedding" if args.embedding else "quant_accuracy"
         stem += f"_{args.tag}" if args.tag else ""
         args.output = RESULTS / (f"{stem}.json" if args.kind == "both" else f"{stem}_{args.kind}.json")
-    unknown = set(args.variants.split(",")) - set(VARIANTS) - set(SEARCHED)
+    unknown = set(args.variants.split(",")) - set(VARIANTS) - set(CALIBRATED)
     if unknown:
         ap.error(f"--variants: unknown {', '.join(sorted(unknown))}")
-    variants = {name: {**VARIANTS, **SEARCHED}[name] for name in args.variants.split(",")}
+    variants = {name: VARIANTS[name] if name in VARIANTS else CALIBRATED[name][:2] for name in args.variants.split(",")}
     config = named_config(args.config)
     text = text_tokens(args.positions + CALIBRATION, config.vocab_size)
     tokens, calibration = text[:args.positions], text[args.positions:]
@@ -225,9 +227,10 @@ def main(argv=None) -> None:
                 out["checkpoints"][kind] = measure(path, tokens, args.generate, EMBEDDING_VARIANTS,
                                                    Path(tmp) / f"{kind}-emb.safetensors")
             else:
-                searched = {name: searched_checkpoint(path, Path(tmp) / f"{kind}-{name}.safetensors", *SEARCHED[name],
-                                                      calibration) for name in variants if name in SEARCHED}
-                out["checkpoints"][kind] = measure(path, tokens, args.generate, variants, variant_paths=searched)
+                calibrated = {name: calibrated_checkpoint(path, Path(tmp) / f"{kind}-{name}.safetensors",
+                                                          *CALIBRATED[name], calibration)
+                              for name in variants if name in CALIBRATED}
+                out["checkpoints"][kind] = measure(path, tokens, args.generate, variants, variant_paths=calibrated)
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text(json.dumps(out, indent=1) + "\n")
     args.output.with_suffix(".md").write_text(markdown(out))

@@ -82,3 +82,61 @@ def test_convert_and_generate_int4(tiny_ckpt, tmp_path):
                     "--max-batch", 2, "--buckets", "2"], tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert {r["id"]: r["tokens"] for r in read_results(out)} == want
+
+
+@pytest.mark.parametrize("method", ["gptq", "search"])
+def test_convert_calibrated_int4_lowers_each_projections_error_on_the_calibration_inputs(tiny_ckpt, tmp_path, method):
+    """rwkv7-convert --calibration: the file loads and runs as any int4 checkpoint, and on the
+    calibration text's inputs (their Gram matrices from the float model) its projections'
+    output error is below round-to-nearest's."""
+    from rwkv7_core.checkpoint import read_checkpoint
+    from rwkv7_core.quantization import dequantize, quantized_key, scale_key
+    from rwkv_torch_ref.calibration import input_gram
+
+    ckpt = tiny_ckpt.with_suffix(".safetensors")
+    rng = np.random.default_rng()
+    tokens = rng.integers(0, 512, 600)
+    text = tmp_path / "calibration.txt"
+    text.write_text(" ".join(map(str, tokens)))
+    rtn, calibrated = tmp_path / "rtn.safetensors", tmp_path / f"{method}.safetensors"
+    base = [str(ckpt), "--to", "safetensors", "--quantization", "int4", "--group-size", "32"]
+    assert convert([*base, "--out", str(rtn)]) == 0
+    assert convert([*base, "--out", str(calibrated), "--calibration", str(text), "--calibration-method", method]) == 0
+    grams = input_gram(rwkv_torch_ref.load(ckpt), tokens)
+    float_tensors, _ = read_checkpoint(ckpt)
+    errors = {}
+    for name, path in (("rtn", rtn), (method, calibrated)):
+        tensors, _ = read_checkpoint(path)
+        errors[name] = {}
+        for key, gram in grams.items():
+            diff = np.asarray(float_tensors[key], np.float64) - dequantize(tensors[key], tensors[scale_key(key)])
+            errors[name][key] = float(np.einsum("oi,ij,oj->", diff, gram, diff))
+    assert set(errors["rtn"]) == {k for k in float_tensors if quantized_key(k)}
+    assert sum(errors[method].values()) < 0.95 * sum(errors["rtn"].values()), errors
+    reqs = random_token_requests(np.random.default_rng(3), 2, 512, lengths=(5,), max_tokens=(4,))
+    ref = rwkv_torch_ref.load(calibrated, quantization="int4")
+    want = {r["id"]: greedy_reference(ref, r["tokens"], r["max_tokens"], as_torch=True) for r in reqs}
+    out = tmp_path / "out.jsonl"
+    proc = run_cli(["--model", calibrated, "--quantization", "int4", "--input", write_jsonl(tmp_path / "in.jsonl", reqs),
+                    "--output", out, "--max-batch", 2, "--buckets", "2"], tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert {r["id"]: r["tokens"] for r in read_results(out)} == want
+
+
+def test_convert_calibration_errors_name_the_file(tiny_ckpt, tmp_path, capsys):
+    ckpt = str(tiny_ckpt.with_suffix(".safetensors"))
+    short, words = tmp_path / "short.txt", tmp_path / "words.txt"
+    short.write_text("1 2 3")
+    words.write_text("1 2 hello 4 " * 40)
+    base = [ckpt, "--to", "safetensors", "--out", str(tmp_path / "x.safetensors"), "--quantization", "int4",
+            "--calibration"]
+    assert convert([*base, str(short)]) == 2
+    assert "short.txt': 3 tokens, fewer than the 64 calibration needs" in capsys.readouterr().err
+    assert convert([*base, str(words)]) == 2
+    assert "words.txt': word 2 ('hello') is not a token id below 512" in capsys.readouterr().err
+    assert convert([*base, str(tmp_path / "missing.txt")]) == 2
+    assert "calibration file" in capsys.readouterr().err and not (tmp_path / "x.safetensors").exists()
+    with pytest.raises(SystemExit):
+        convert([ckpt, "--to", "safetensors", "--out", str(tmp_path / "y.safetensors"), "--quantization", "fp8",
+                 "--calibration", str(words)])
+    assert "--calibration needs --quantization int8 or int4" in capsys.readouterr().err
