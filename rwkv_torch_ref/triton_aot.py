@@ -1,11 +1,13 @@
 """Ahead-of-time compile of the Triton kernels for a GPU on a machine without one.
 
-``compile_kernel(name, H, N)`` runs Triton's whole pipeline (ttir, ttgir, llir, PTX, cubin)
+``compile_kernel(name, H, N, state_dtype=...)`` runs Triton's whole pipeline (ttir, ttgir, llir, PTX, cubin)
 for ``GPUTarget("cuda", 90, 32)`` (an H100/H200, sm_90a) and reads the cubin's resources
 with the ``cuobjdump`` the triton wheel ships (``cuobjdump --dump-resource-usage``): Triton
 itself leaves ``n_regs`` / ``n_spills`` unset without a GPU, and it checks shared memory
 only when a kernel is loaded, so ``check_resources`` compares it with the target's opt-in
-limit explicitly.
+limit explicitly. The state pointers (``s_in_ptr``, ``s_out_ptr``) take the state dtype
+(``rwkv7_core.state.STATE_DTYPES``): a 16-bit state compiles its own cubin, loading and
+storing 16-bit values around the float32 update.
 """
 from __future__ import annotations
 
@@ -21,11 +23,15 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
+from rwkv7_core.state import DEFAULT_STATE_DTYPE, check_state_dtype
+
 from .triton_kernels import interpreted, wkv7_seq, wkv7_step
 
 H100_H200 = GPUTarget("cuda", 90, 32)
 SHARED_MEMORY_OPTIN = 232448  # bytes per block an H100/H200 kernel may opt in to
 KERNELS = {"wkv7_step": wkv7_step, "wkv7_seq": wkv7_seq}  # name -> module with KERNEL, constexprs(H, N)
+STATE_POINTERS = ("s_in_ptr", "s_out_ptr")
+POINTER_TYPES = {"float32": "*fp32", "bfloat16": "*bf16", "float16": "*fp16"}  # Triton's names
 
 
 @dataclass(frozen=True)
@@ -35,6 +41,7 @@ class CompiledKernel:
     PTX version and the cubin."""
 
     name: str
+    state_dtype: str
     num_warps: int
     registers: int
     stack_bytes: int
@@ -50,29 +57,34 @@ class CompiledKernel:
         return self.local_bytes
 
 
-def signature(fn, constexprs: dict) -> dict:
-    """Triton signature of a kernel: ``*_ptr`` arguments float32 pointers, constexprs as such,
-    every other argument int32."""
-    return {a: "constexpr" if a in constexprs else "*fp32" if a.endswith("_ptr") else "i32" for a in fn.arg_names}
+def signature(fn, constexprs: dict, state_dtype: str = DEFAULT_STATE_DTYPE) -> dict:
+    """Triton signature of a kernel: the state pointers (``STATE_POINTERS``) of `state_dtype`,
+    other ``*_ptr`` arguments float32 pointers, constexprs as such, every other argument int32."""
+    state = POINTER_TYPES[check_state_dtype(state_dtype)]
+    return {a: "constexpr" if a in constexprs else state if a in STATE_POINTERS else "*fp32" if a.endswith("_ptr")
+            else "i32" for a in fn.arg_names}
 
 
 def _bin(tool: str) -> str:
     return os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", tool)
 
 
-def compile_kernel(name: str, H: int, N: int, num_warps: int = 4, target: GPUTarget = H100_H200) -> CompiledKernel:
-    """AOT-compile kernel ``name`` (a key of KERNELS) for H heads of size N. In a process whose
+def compile_kernel(name: str, H: int, N: int, num_warps: int = 4, target: GPUTarget = H100_H200,
+                   state_dtype: str = DEFAULT_STATE_DTYPE) -> CompiledKernel:
+    """AOT-compile kernel ``name`` (a key of KERNELS) for H heads of size N with a state of
+    `state_dtype` (ValueError naming the choices for another). In a process whose
     kernels were built for the interpreter (TRITON_INTERPRET=1: Triton cannot compile for a GPU
     there) the compile runs in a fresh Python process."""
     if name not in KERNELS:
         raise ValueError(f"unknown Triton kernel {name!r}; choose one of {sorted(KERNELS)}")
     if interpreted() or os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
-        return _compile_in_subprocess(name, H, N, num_warps, target)
+        return _compile_in_subprocess(name, H, N, num_warps, target, check_state_dtype(state_dtype))
     module = KERNELS[name]
     consts = module.constexprs(H, N)
     with tempfile.TemporaryDirectory(prefix="rwkv7_triton_") as cache:
         os.environ.setdefault("TRITON_CACHE_DIR", cache)
-        kernel = triton.compile(ASTSource(module.KERNEL, signature=signature(module.KERNEL, consts), constexprs=consts),
+        kernel = triton.compile(ASTSource(module.KERNEL, signature=signature(module.KERNEL, consts, state_dtype),
+                                           constexprs=consts),
                                 target=target, options={"num_warps": num_warps})
         cubin = os.path.join(cache, "kernel.cubin")
         with open(cubin, "wb") as f:
@@ -83,18 +95,18 @@ def compile_kernel(name: str, H: int, N: int, num_warps: int = 4, target: GPUTar
     if m is None:
         raise RuntimeError(f"cuobjdump gave no resource usage for {name}: {usage[-300:]}")
     version = re.search(r"^\.version (\S+)", kernel.asm["ptx"], re.M)
-    return CompiledKernel(name=name, num_warps=num_warps, registers=int(m[1]), stack_bytes=int(m[2]),
+    return CompiledKernel(name=name, state_dtype=state_dtype, num_warps=num_warps, registers=int(m[1]), stack_bytes=int(m[2]),
                           local_bytes=int(m[4]), shared_bytes=int(m[3]), launch_shared_bytes=int(kernel.metadata.shared),
                           ptx_version=version[1] if version else "", cubin=kernel.asm["cubin"])
 
 
-def _compile_in_subprocess(name, H, N, num_warps, target) -> CompiledKernel:
+def _compile_in_subprocess(name, H, N, num_warps, target, state_dtype) -> CompiledKernel:
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env["PYTHONPATH"] = os.pathsep.join([root] + [p for p in [env.get("PYTHONPATH")] if p])
     code = ("import pickle, sys; from rwkv_torch_ref import triton_aot; from triton.backends.compiler import GPUTarget; "
             f"k = triton_aot.compile_kernel({name!r}, {H}, {N}, {num_warps}, "
-            f"GPUTarget({target.backend!r}, {target.arch!r}, {target.warp_size})); sys.stdout.buffer.write(pickle.dumps(k))")
+            f"GPUTarget({target.backend!r}, {target.arch!r}, {target.warp_size}), {state_dtype!r}); sys.stdout.buffer.write(pickle.dumps(k))")
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, env=env)
     if run.returncode:
         raise RuntimeError(f"AOT compile of {name} failed: {run.stderr.decode()[-2000:]}")

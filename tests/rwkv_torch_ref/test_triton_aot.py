@@ -1,7 +1,7 @@
 """Every Triton kernel of rwkv_torch_ref compiles ahead of time for sm_90a (H100/H200) on this
-CPU-only machine, at the 2.9b head count: a real cubin, its resources read back with
-cuobjdump, no spills, shared memory under the opt-in limit (Triton itself checks that only
-at load time, so check_resources does)."""
+CPU-only machine, at the 2.9b head count and with each state dtype: a real cubin, its
+resources read back with cuobjdump, no spills, shared memory under the opt-in limit (Triton
+itself checks that only at load time, so check_resources does)."""
 from __future__ import annotations
 
 import dataclasses
@@ -11,16 +11,21 @@ os.environ.setdefault("TRITON_INTERPRET", "1")  # as test_triton_kernels: this p
 
 import pytest  # noqa: E402
 
+from rwkv7_core.state import STATE_DTYPES  # noqa: E402
 from rwkv_torch_ref import triton_aot  # noqa: E402
 
 
 @pytest.mark.parametrize("name", sorted(triton_aot.KERNELS))
 def test_kernel_compiles_for_sm90_without_spills(name):
-    kernel = triton_aot.compile_kernel(name, H=40, N=64)
-    assert kernel.cubin[:4] == b"\x7fELF"
-    assert 0 < kernel.registers <= 255
-    assert kernel.shared_bytes > 0 and kernel.launch_shared_bytes > 0
-    assert triton_aot.check_resources(kernel) == []
+    kernels = {dtype: triton_aot.compile_kernel(name, H=40, N=64, state_dtype=dtype) for dtype in STATE_DTYPES}
+    for dtype, kernel in kernels.items():
+        assert kernel.state_dtype == dtype and kernel.cubin[:4] == b"\x7fELF"
+        assert 0 < kernel.registers <= 255
+        assert kernel.shared_bytes > 0 and kernel.launch_shared_bytes > 0
+        assert triton_aot.check_resources(kernel) == []
+    assert len({kernel.cubin for kernel in kernels.values()}) == len(STATE_DTYPES)  # each its own loads/stores
+    with pytest.raises(ValueError, match="state_dtype 'float64' not supported"):
+        triton_aot.compile_kernel(name, H=40, N=64, state_dtype="float64")
 
 
 def test_check_resources_flags_shared_memory_over_the_limit_and_spills():
