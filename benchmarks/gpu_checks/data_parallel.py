@@ -15,7 +15,7 @@ from rwkv7_apps.engines import load_engines
 from rwkv7_core.config import named_config
 from rwkv7_core.random_weights import write_random_checkpoint
 from scheduler import Request, SamplingParams, Scheduler, SchedulerConfig
-from scheduler.replicas.replica_set import build_replica_set
+from scheduler.replicas.build import build_replica_set
 
 
 def run_data_parallel(smoke: bool, budget: Budget) -> dict:
