@@ -6,11 +6,11 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import Callable, NamedTuple
+from typing import Callable, NamedTuple, cast
 
 import numpy as np
 
-from rwkv7_core.engine import Engine
+from rwkv7_core.engine import Engine, Logprobs
 from rwkv7_core.sampling import NONFINITE_TOKEN, TokenLogprobs
 from rwkv7_core.stop_strings import StopMatcher
 
@@ -54,7 +54,7 @@ class Finisher:
         elif token in entry.params.stop_tokens:
             entry.stop_token = token
             if entry.params.logprobs is not None:
-                entry.stop_logprobs = self.engine.row_logprobs(entry.row, token)
+                entry.stop_logprobs = cast(Logprobs, self.engine).row_logprobs(entry.row, token)
             self.finish(entry, FinishReason.STOP)
         else:
             self._emit_first(entry, token)
@@ -74,7 +74,7 @@ class Finisher:
         entry.tokens.append(token)
         entry.last_emit = time.perf_counter()
         if entry.params.logprobs is not None and self.calls.on_logprobs is not None:
-            self.calls.on_logprobs(entry.id, self.engine.row_logprobs(entry.row, token))
+            self.calls.on_logprobs(entry.id, cast(Logprobs, self.engine).row_logprobs(entry.row, token))
         if self.calls.on_token is not None:
             self.calls.on_token(entry.id, token)
 

@@ -25,11 +25,11 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Callable
+from typing import Callable, cast
 
 import numpy as np
 
-from rwkv7_core.engine import Capability, Engine
+from rwkv7_core.engine import Capability, Engine, Logprobs
 from rwkv7_core.sampling import NONFINITE_TOKEN, TokenLogprobs
 from rwkv7_core.token_mask import all_allowed
 
@@ -59,7 +59,7 @@ class StepLoop:
         self.engine, self.config, self.tokenizer, self.stats = engine, config, tokenizer, stats
         self.results, self.prefill_lock = results, prefill_lock
         self._books, self._slots, self._prefill = books, SlotTable(), prefill
-        self._policy = config.prefill_policy
+        self._policy = PrefillPolicy(config.prefill_policy)  # validated: a member already
         self._feed = PrefillFeed(engine, config.max_batch, stats, books, prefill, prefill_lock)
         self._end = Finisher(engine, tokenizer, stats, books, self._slots, prefill, results, prefill_lock)
         self._compiled: set[int] = set()  # buckets compiled, by an engine without Capability.COMPILES
@@ -91,7 +91,7 @@ class StepLoop:
         start = time.perf_counter()
         seconds = self._prefill.precompile(self.config.buckets)
         if Capability.LOGPROBS in self.engine.capabilities:
-            seconds.update(self.engine.compile_logprobs(self.config.buckets))
+            seconds.update(cast(Logprobs, self.engine).compile_logprobs(self.config.buckets))
         if Capability.REPORTS_COMPILES not in self.engine.capabilities:
             for what, s in seconds.items():
                 self.stats.record_compile(CompileEvent(start, what, s))
@@ -280,7 +280,7 @@ class StepLoop:
                 out, report = self._prefill.mixed_step(slots.tokens, slots.positions, **masks)
                 out = np.asarray(out)
             elif slots.any_wants_logprobs():
-                out, scored = engine.step_logprobs(slots.tokens, slots.positions, **masks)
+                out, scored = cast(Logprobs, engine).step_logprobs(slots.tokens, slots.positions, **masks)
             else:
                 out = np.asarray(engine.step(slots.tokens, slots.positions, **masks))
             seconds = self.stats.call_seconds(clock)

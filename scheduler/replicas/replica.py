@@ -3,12 +3,23 @@ counters), the track of a request the set owns, and when a replica is taken out.
 from __future__ import annotations
 
 import threading
-from typing import Any
-
-from .engine_guard import EngineGuard
+from typing import Any, Protocol
 
 MAX_FAILURES = 3
 """Consecutive engine exceptions (of one call kind) that take a replica out."""
+
+
+class GuardCounts(Protocol):
+    """A replica's engine-exception counters: ``EngineGuard`` (engine_guard.py) for a local
+    engine, the last poll of them for a remote one."""
+
+    @property
+    def raised(self) -> int:
+        """Exceptions the engine raised, in all."""
+
+    @property
+    def worst_streak(self) -> int:
+        """The longest current run of consecutive exceptions of one call kind."""
 
 
 class ReplicaLost(Exception):
@@ -19,7 +30,7 @@ class ReplicaLost(Exception):
 class Replica:
     """One replica: its scheduler (on a guarded engine), device name, thread and counters."""
 
-    def __init__(self, index: int, scheduler, guard: EngineGuard, device: str):
+    def __init__(self, index: int, scheduler, guard: GuardCounts, device: str):
         self.index, self.scheduler, self.guard, self.device = index, scheduler, guard, device
         self.failed: str | None = None
         self.requests = 0           # results delivered from this replica
