@@ -8,7 +8,7 @@ from pathlib import Path
 
 from rwkv7_core.config import NAMED_CONFIGS, ModelConfig, named_config
 from rwkv7_core.constants import WORLD_VOCAB_SIZE
-from scheduler.replicas.replica_set import replica_count
+from scheduler.replicas.build import replica_count
 
 BACKENDS = ("jax", "torch")
 RANDOM_MODEL_SEED = 0

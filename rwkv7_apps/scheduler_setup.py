@@ -11,9 +11,9 @@ from typing import Any, Callable, NoReturn
 from rwkv7_core.tokenizer import tokenizer_for
 from scheduler import Scheduler
 from scheduler.interface import SchedulerInterface
+from scheduler.replicas.build import build_replica_set, engine_device
 from scheduler.replicas.engine_guard import EngineGuard, Fault
 from scheduler.replicas.ray_cluster import ray_replica_set
-from scheduler.replicas.replica_set import build_replica_set, engine_device
 
 from .engines import load_engine, load_engines, load_node_engine, replica_devices
 from .options import scheduler_config

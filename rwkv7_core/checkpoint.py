@@ -90,7 +90,7 @@ def validate(tensors: Tensors) -> ModelConfig:
         raise CheckpointError(f"unexpected key {unexpected[0]!r} with shape {lazy.shape(unexpected[0])}")
     for key, shape in want.items():
         if spec and quantized_key(key):  # checks the stored (int4: packed) shape too
-            check_quantized(lazy, spec, key, shape, lazy.source)
+            check_quantized(lazy, spec, key, (shape[0], shape[1]), lazy.source)  # a projection: 2-D
         elif lazy.shape(key) != shape:
             raise CheckpointError(f"key {key!r}: expected shape {shape}, got {lazy.shape(key)}")
         elif lazy.dtype(key) not in FLOATS:

@@ -82,9 +82,10 @@ def _bounded(path: Path, key: str, value: object) -> int:
     high = SIZE_BOUNDS[key]
     integral = (isinstance(value, int) and not isinstance(value, bool)) or (
         isinstance(value, float) and math.isfinite(value) and value.is_integer())
-    if not integral or not 1 <= value <= high:  # type: ignore[operator]
+    number = cast(float, value) if integral else 0  # an int or an integral float, as just checked
+    if not 1 <= number <= high:
         raise CheckpointError(f"{str(path)!r}: config.json {key}={_short(value)} must be an integer in [1, {high}]")
-    return int(cast(float, value))
+    return int(number)
 
 
 def _short(value: object) -> str:

@@ -63,7 +63,7 @@ def random_tensors(config: ModelConfig, seed: int = 0, dtype: str = "float32") -
     if dtype not in SUPPORTED_DTYPES:
         raise ValueError(f"dtype {dtype!r} not in {sorted(SUPPORTED_DTYPES)}")
     rng = np.random.default_rng(seed)
-    out: Tensors = {}
+    out: dict[str, np.ndarray] = {}
     for key, shape in expected_shapes(config).items():
         spec = init_spec(key, shape, config.n_layer)
         if spec.kind == "uniform":

@@ -187,7 +187,8 @@ def _our_state(tensors: Tensors, metadata: dict, config: ModelConfig, source: st
                              f"model's shape is {describe_shape(config)}")
     if sorted(tensors) != sorted(STATE_LEAVES):
         raise StateFileError(f"{source!r}: expected the keys {list(STATE_LEAVES)}, got {sorted(tensors)}")
-    state = SequenceState(*(np.array(tensors[name]) for name in STATE_LEAVES), tokens)
+    att_shift, wkv, ffn_shift = (np.array(tensors[name]) for name in STATE_LEAVES)
+    state = SequenceState(att_shift, wkv, ffn_shift, tokens)
     check_state(state, config, repr(source))
     recorded = metadata.get("state_dtype", DEFAULT_STATE_DTYPE)
     if recorded != _dtype_name(state.wkv.dtype):

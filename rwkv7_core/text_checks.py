@@ -19,12 +19,12 @@ class SurrogateAt(NamedTuple):
     the value itself), the character index in that string, and the code point."""
 
     path: str
-    index: int
+    char_index: int
     code_point: int
 
     def message(self) -> str:
         where = f"{self.path}: " if self.path else ""
-        return (f"{where}unpaired UTF-16 surrogate U+{self.code_point:04X} at character {self.index} "
+        return (f"{where}unpaired UTF-16 surrogate U+{self.code_point:04X} at character {self.char_index} "
                 f"(text must be valid Unicode)")
 
 

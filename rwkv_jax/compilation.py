@@ -72,7 +72,7 @@ class ExecutableCache:
     can leave both out of throughput.
     """
 
-    def __init__(self, lower: Callable[[Hashable], "jax.stages.Lowered"], options: dict | None = None):
+    def __init__(self, lower: Callable[[tuple], "jax.stages.Lowered"], options: dict | None = None):
         self.lower = lower
         self.options = options or {}
         self.compile_seconds: dict = {}

@@ -45,6 +45,9 @@ from .paths import Path, select_path
 from .state import State
 from .varlen_engine import pack_pieces
 
+PREFILL_PIECES = tuple(1 << i for i in range(9))
+"""The default prefill piece lengths: 256, 128, ... 1 tokens (each compiled once)."""
+
 
 class JaxEngine:
     """Engine contract (with every ``Capability``: varlen prefill, mixed step, logprobs,
@@ -60,7 +63,7 @@ class JaxEngine:
 
     capabilities = frozenset(Capability)
 
-    def __init__(self, model, prefill_pieces: Sequence[int] = tuple(1 << i for i in range(9))):
+    def __init__(self, model, prefill_pieces: Sequence[int] = PREFILL_PIECES):
         if 1 not in prefill_pieces:
             raise ValueError(f"prefill_pieces={tuple(prefill_pieces)} must include 1")
         self.model = model
@@ -122,10 +125,11 @@ class JaxEngine:
         first runs: most pairs never do), then run each new executable once on scratch data
         (an executable's first run pays one-off set-up, tens of ms on CPU, which would
         otherwise land on the first step after a bucket switch). Returns {bucket: seconds}."""
-        seconds, done = {}, []
+        seconds: dict[int, float] = {}
+        done: list[int] = []
         for b in buckets:
             start = time.perf_counter()
-            keys = [(kind, b) for kind in ("empty", "step", "insert", "extract")]
+            keys: list[tuple] = [(kind, b) for kind in ("empty", "step", "insert", "extract")]
             keys += [("gather", pair) for other in set(done) - {b} for pair in ((other, b), (b, other))]
             done.append(b)
             seconds[b] = time.perf_counter() - start if self._compile_and_run(keys) else 0.0

@@ -32,7 +32,7 @@ class Executable:
     model's params come first; warm_up(zero_args): the first run's arguments made from zeros
     of ``args`` (default: the zeros)."""
 
-    fn: Callable
+    fn: jax.stages.Wrapped
     args: Callable[..., tuple]
     static: Callable[..., dict] = lambda model, shape: {}
     with_params: bool = True

@@ -144,7 +144,9 @@ def parse_thunks(dump_dir: str) -> list[Thunk]:
     and the containers (``kind`` in CONTAINERS; no kernel name)."""
     sequence = _one(dump_dir, "*.thunk_sequence.txt")
     module = os.path.basename(sequence).rsplit(".thunk_sequence.txt", 1)[0]
-    loops, branches, thunks = [], [], []
+    loops: list[int] = []  # indents of the enclosing loops
+    branches: list[int] = []  # and conditionals
+    thunks: list[Thunk] = []
     for line in open(sequence):
         m = _THUNK.match(line)
         if not m:
@@ -219,7 +221,8 @@ def ptx_version(path: str) -> str:
     return m[1] if m else "?"
 
 
-def ptxas_resources(ptx_files, arch: str = "sm_90a", entry_prefix: str = "") -> tuple[dict, list[str]]:
+def ptxas_resources(ptx_files, arch: str = "sm_90a",
+                    entry_prefix: str = "") -> tuple[dict[str, PtxasResources], list[str]]:
     """({entry: PtxasResources}, errors) for the kernel entries (starting with entry_prefix)
     of the PTX files, from the newest ptxas found; errors names each file ptxas rejected,
     with the PTX and ptxas versions. RuntimeError if no ptxas is found."""
@@ -263,7 +266,7 @@ def step_report(dump_dir: str, ptxas: bool = True, entry_prefix: str = "", arch:
     report = StepReport(launches=[t for t in thunks if t.kind not in COPIES | CONTAINERS],
                         copies=[t for t in thunks if t.kind in COPIES],
                         while_loops=kinds["kWhile"], conditionals=kinds["kConditional"])
-    resources = {}
+    resources: dict[str, PtxasResources] = {}
     if ptxas:
         ptx_files = sorted(glob.glob(os.path.join(dump_dir, "*.ptx")))
         try:

@@ -17,6 +17,9 @@ belong to sequences (token shift, wkv recurrence, which rows give logits).
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
@@ -60,7 +63,7 @@ class Tensors:
     QuantizedParams, quantized here from float tensors or taken as stored (a quantized
     checkpoint, already validated)."""
 
-    def __init__(self, tensors: dict | None, dtype, quant: QuantSpec | None = None):
+    def __init__(self, tensors: Mapping[str, Any] | None, dtype, quant: QuantSpec | None = None):
         self.tensors, self.dtype, self.quant = tensors, dtype, quant
 
     def matrix(self, key: str, shape: tuple[int, int], transpose: bool = False):
@@ -164,7 +167,8 @@ class Block(nnx.Module):
 class RWKV7(nnx.Module):
     """The whole model: embedding + LN0, the blocks, LN_out and the head."""
 
-    def __init__(self, config: ModelConfig, tensors: dict | None = None, dtype=F32, quant: QuantSpec | None = None):
+    def __init__(self, config: ModelConfig, tensors: Mapping[str, Any] | None = None, dtype=F32,
+                 quant: QuantSpec | None = None):
         t = Tensors(tensors, dtype, quant)
         C, V = config.n_embd, config.vocab_size
         self.emb = t.get("emb.weight", (V, C))

@@ -115,10 +115,10 @@ def wkv_seq(r, w, k, v, kk, a, S, *, interpret: bool):
         rows = S.rows() if isinstance(S, LayerSlice) else S
         y, rows = wkv_seq_kernel.wkv_seq(r, w, k, v, kk, a, rows, interpret=interpret)
         return y, (S.replace(rows) if isinstance(S, LayerSlice) else rows)
-    flat = (x.reshape(B * T, H, N) for x in (r, w, k, v, kk, a))
+    fr, fw, fk, fv, fkk, fa = (x.reshape(B * T, H, N) for x in (r, w, k, v, kk, a))
     cu = jnp.arange(0, B * T + 1, T, dtype=jnp.int32)
     full, layer = _leaf(S)
-    y, new = chunk_kernel.wkv_chunk_varlen(*flat, full, cu, layer=layer, interpret=interpret)
+    y, new = chunk_kernel.wkv_chunk_varlen(fr, fw, fk, fv, fkk, fa, full, cu, layer=layer, interpret=interpret)
     return y.reshape(B, T, H, N), _like(S, new)
 
 

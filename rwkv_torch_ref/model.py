@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import enum
 import os
+from collections.abc import Mapping
 from typing import NamedTuple
 
 import ml_dtypes
@@ -92,7 +93,7 @@ class RWKV7:
     """A loaded model. ``config`` (ModelConfig), ``dtype`` (torch dtype), ``state_dtype`` (the
     wkv state's torch dtype), ``kernels``."""
 
-    def __init__(self, tensors: dict[str, np.ndarray], config: ModelConfig, dtype: torch.dtype,
+    def __init__(self, tensors: Mapping[str, np.ndarray], config: ModelConfig, dtype: torch.dtype,
                  kernels: Kernels, device: torch.device, quant: QuantSpec | None = None,
                  state_dtype: torch.dtype | None = None):
         self.config, self.dtype, self.kernels, self.device = config, dtype, kernels, device
@@ -246,16 +247,16 @@ def load(path: str | os.PathLike, dtype: str = "float32", kernels: str | Kernels
         raise ValueError(f"kernels {kernels!r} not in {[k.value for k in Kernels]}") from None
     if device is None:
         device = "cuda" if kind is not Kernels.TORCH and torch.cuda.is_available() else "cpu"
-    device = torch.device(device)
+    on = torch.device(device)
     if kind is Kernels.AUTO:
-        kind = Kernels.TRITON if device.type == "cuda" and dtype != "float64" else Kernels.TORCH
+        kind = Kernels.TRITON if on.type == "cuda" and dtype != "float64" else Kernels.TORCH
     if kind is Kernels.TRITON:
         if dtype == "float64":
             raise ValueError("kernels='triton' accumulates in float32; use kernels='torch' "
                              "for a float64 model")
-        if device.type == "cpu":
+        if on.type == "cpu":
             os.environ.setdefault("TRITON_INTERPRET", "1")
     tensors, config = read_checkpoint(path)
     quant = resolve_spec(quantization, group_size, stored_spec(tensors.metadata), str(path))
-    return RWKV7(tensors, config, DTYPES[dtype], kind, device, quant,
+    return RWKV7(tensors, config, DTYPES[dtype], kind, on, quant,
                  None if state_dtype is None else DTYPES[state_dtype])

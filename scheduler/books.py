@@ -12,10 +12,11 @@ import threading
 import time
 from collections import deque
 
-from rwkv7_core.sampling import SamplingParams
+from rwkv7_core.sampling import SamplingParams, TokenLogprobs
 from rwkv7_core.stop_strings import StopMatcher
 
 from .errors import ErrorCode, FinishReason
+from .grammar import Matcher
 from .request import Request, RequestOutput, RequestState, final_state
 
 
@@ -48,8 +49,8 @@ class Entry:
         self.forks: list[Entry] = []  # requests sharing this one's prefill (add_group)
         self.stop_matcher: StopMatcher | None = None  # its stop strings, fed its output's bytes
         self.stop_token: int | None = None       # the stop token that ended it
-        self.stop_logprobs = None                # TokenLogprobs of it, with params.logprobs
-        self.matcher = None  # its grammar Matcher (scheduler/grammar.py), with request.constraint
+        self.stop_logprobs: TokenLogprobs | None = None  # of the stop token, with params.logprobs
+        self.matcher: Matcher | None = None  # its grammar Matcher (scheduler/grammar.py), with request.constraint
 
     def fail(self, code: ErrorCode, message: str) -> None:
         """Record why the request failed (it still has to be finished "error")."""

@@ -22,11 +22,11 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Callable, Sequence
+from typing import Callable, Sequence, cast
 
 import numpy as np
 
-from rwkv7_core.engine import Capability, Engine, check_capabilities
+from rwkv7_core.engine import Capability, Engine, Logprobs, ReportsCompiles, check_capabilities
 from rwkv7_core.sampling import TokenLogprobs
 
 from .books import Books, Entry
@@ -71,9 +71,9 @@ class Scheduler:
         self._books = Books()
         self._seed_rng = np.random.default_rng()
         if Capability.REPORTS_COMPILES in engine.capabilities:
-            engine.add_compile_listener(lambda what, start, seconds: self.stats.record_compile(
+            cast(ReportsCompiles, engine).add_compile_listener(lambda what, start, seconds: self.stats.record_compile(
                 CompileEvent(start, what, seconds)))
-        self._policy = self.config.prefill_policy
+        self._policy = PrefillPolicy(self.config.prefill_policy)  # validated: a member already
         check_engine_supports(engine, self._policy)
         prefix = (PrefixCache(self.config.prefix_cache_bytes, prefix_store)
                   if self.config.prefix_cache_bytes or prefix_store is not None else None)
@@ -116,7 +116,7 @@ class Scheduler:
         if Capability.LOGPROBS not in self.engine.capabilities:
             raise ValueError(f"{type(self.engine).__name__} has no {Capability.LOGPROBS}")
         with self.prefill_lock:
-            return self.engine.prompt_logprobs(np.asarray(tokens, np.int32))
+            return cast(Logprobs, self.engine).prompt_logprobs(np.asarray(tokens, np.int32))
 
     def queue_sizes(self) -> dict[str, int]:
         """{"waiting", "prefill", "ready", "running"}: requests in each state now (any thread)."""

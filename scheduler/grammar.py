@@ -23,7 +23,7 @@ import os
 import threading
 from collections import OrderedDict
 from concurrent.futures import Future
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -35,7 +35,10 @@ from .constraint import Constraint
 from .grammar_limits import GrammarLimitError, GrammarLimits, check, ll_limits
 from .grammar_worker import CompileThread
 
-JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+if TYPE_CHECKING:  # llguidance itself is imported when the first grammar is made; the type is in its stubs
+    from llguidance._lib import JsonCompileOptions
+
+JSON_OPTIONS: JsonCompileOptions = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 
 
 class Matcher:
@@ -229,7 +232,7 @@ def first_line(message: str, limit: int = 300) -> str:
     return line if len(line) <= limit else line[:limit - 3] + "..."
 
 
-_EXECUTOR = []
+_EXECUTOR: list[Any] = []  # the one llguidance.LLExecutor, made on first use
 
 
 def fill_masks(rows: list[tuple[int, Matcher]], out: np.ndarray) -> None:

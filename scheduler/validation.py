@@ -41,6 +41,7 @@ def prompt_tokens(tokens, vocab_size: int) -> list[int]:
         raise ValueError("prompt_tokens is empty" if prompt.size == 0
                          else f"prompt_tokens must be a flat list, got shape {prompt.shape}")
     listed = prompt.tolist()
+    bad: np.ndarray | list[int]
     if prompt.dtype.kind in "iu":
         bad = np.flatnonzero((prompt < 0) | (prompt >= vocab_size))
     elif prompt.dtype == object and all(type(t) is int for t in listed):  # ints past int64

@@ -1,6 +1,9 @@
-"""The packages import each other in one direction only:
+"""The packages import each other in one direction only (``ALLOWED``; an arrow points at
+what a package may import):
 
-    rwkv7_core  <-  pallas_kernels, rwkv_torch_ref, rwkv_jax  <-  scheduler  <-  rwkv7_apps
+    pallas_kernels, rwkv_torch_ref, scheduler  ->  rwkv7_core
+    rwkv_jax  ->  rwkv7_core, pallas_kernels
+    rwkv7_apps  ->  all of the above
 
 Every import statement of every module is read from its syntax tree (imports inside
 functions, the lazy ones, included). A package may import only the packages listed for

@@ -320,7 +320,7 @@ def _run(args, sched: SchedulerInterface, tokenizer, writer: ResultWriter, state
 
 def _report(args, sched: SchedulerInterface, run, t0: float) -> None:
     """Print the summary table; write --metrics and --plot."""
-    from scheduler.replicas.replica_set import replica_reports
+    from scheduler.replicas.build import replica_reports
 
     from .metrics import build_metrics, plot_run, summary_table
 

@@ -87,7 +87,7 @@ def build_metrics(stats: Stats, counts: RunCounts, wall_time: float, t0: float,
     weights' dtype and its wkv state's dtype); stats: the scheduler's ``Stats`` (a replica set's merged);
     counts: this run's output records; t0: the run's start (perf_counter); skipped: input
     lines already present in the output file from an earlier run; replicas:
-    ``scheduler.replicas.replica_set.replica_reports`` (device, requests, generated_tokens, failed,
+    ``scheduler.replicas.build.replica_reports`` (device, requests, generated_tokens, failed,
     stats: a Stats) of each replica."""
     prompt, generated = counts.prompt_tokens, counts.generated_tokens
     lookups = stats.prefix_hits + stats.prefix_misses

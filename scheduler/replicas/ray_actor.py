@@ -20,8 +20,9 @@ from rwkv7_core.tokenizer import tokenizer_for
 from ..config import SchedulerConfig
 from ..core import Scheduler
 from ..stats import Stats
+from .build import engine_device
 from .engine_guard import EngineGuard, Fault
-from .replica_set import MAX_FAILURES, engine_device
+from .replica import MAX_FAILURES
 
 
 class ReplicaActor:

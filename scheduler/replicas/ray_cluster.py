@@ -32,9 +32,11 @@ from rwkv7_core.tokenizer import tokenizer_for
 from ..config import SchedulerConfig
 from ..stats import Stats
 from ..validation import check_group
+from .build import replica_count
 from .engine_guard import Fault
 from .ray_actor import ReplicaActor
-from .replica_set import Replica, ReplicaLost, ReplicaSet, replica_count
+from .replica import Replica, ReplicaLost
+from .replica_set import ReplicaSet
 
 NAMESPACE = "rwkv7"
 READY_TIMEOUT_S = 600.0

@@ -36,64 +36,16 @@ from typing import Any, Callable
 
 from ..errors import FinishReason
 from ..interface import SchedulerFailed
+from ..stats import Stats
 from .affinity import ConversationAffinity
-from .engine_guard import EngineGuard, Fault
+from .replica import MAX_FAILURES, Replica, ReplicaLost, Track, max_tokens
 
-MAX_FAILURES = 3
-"""Consecutive engine exceptions (of one call kind) that take a replica out."""
 AFFINITY_SLACK_TOKENS = 4096
 """A conversation's turn leaves its replica when that has more than twice the least loaded
 replica's outstanding work plus this many tokens."""
 JOIN_SECONDS = 30.0
 """How long closing a set waits for its replica threads to end, all together (the default
 of ``ReplicaSet.join_seconds``)."""
-
-
-class ReplicaLost(Exception):
-    """Raised by a replica scheduler's ``run`` when its replica cannot go on (e.g. a remote
-    process died): the replica is taken out with this message as the reason."""
-
-
-class Replica:
-    """One replica: its scheduler (on a guarded engine), device name, thread and counters."""
-
-    def __init__(self, index: int, scheduler, guard: EngineGuard, device: str):
-        self.index, self.scheduler, self.guard, self.device = index, scheduler, guard, device
-        self.failed: str | None = None
-        self.requests = 0           # results delivered from this replica
-        self.routed = 0             # requests (groups count once) routed here
-        self.generated_tokens = 0
-        self.work = 0               # outstanding prompt + generation tokens routed here
-        self.wake = threading.Event()
-        self.thread: threading.Thread | None = None
-        self.death: str | None = None  # why its thread died, set by the thread before it ends
-
-    def report(self) -> dict[str, Any]:
-        """{device, requests, generated_tokens, failed, stats} (stats: the scheduler's Stats)."""
-        return {"device": self.device, "requests": self.requests, "generated_tokens": self.generated_tokens,
-                "failed": self.failed, "stats": self.scheduler.stats}
-
-
-class _Track:
-    """A request the set owns until its result is delivered."""
-    __slots__ = ("request", "replica", "internal_id", "attempts", "prompt_left", "tokens_left", "raised_at")
-
-    def __init__(self, request):
-        self.request = request
-        self.replica: Replica | None = None
-        self.internal_id = request.id
-        self.attempts = 0
-        self.prompt_left = len(request.prompt_tokens)
-        self.tokens_left = int(_max_tokens(request.params))
-        self.raised_at = 0
-
-    @property
-    def work(self) -> int:
-        return self.prompt_left + self.tokens_left
-
-
-def _max_tokens(params) -> int:
-    return params["max_tokens"] if isinstance(params, dict) else params.max_tokens
 
 
 class AllReplicasFailed(SchedulerFailed):
@@ -118,8 +70,8 @@ class ReplicaSet:
         self.logprobs_unsupported = replicas[0].scheduler.logprobs_unsupported
         self.notify = notify or (lambda m: print(f"rwkv7-generate: {m}", file=sys.stderr, flush=True))
         self.join_seconds = JOIN_SECONDS
-        self._tracks: dict[str, _Track] = {}       # request id -> track
-        self._internal: dict[str, _Track] = {}     # scheduler-side id -> track
+        self._tracks: dict[str, Track] = {}       # request id -> track
+        self._internal: dict[str, Track] = {}     # scheduler-side id -> track
         self._events: queue.SimpleQueue = queue.SimpleQueue()
         self._lock = threading.RLock()  # the tracks and routing: adds come from any thread
         self.results: dict[str, Any] = {}
@@ -132,7 +84,6 @@ class ReplicaSet:
     @property
     def stats(self):
         """Every replica's Stats merged (scheduler.stats.Stats.merged)."""
-        from scheduler.stats import Stats
         return Stats.merged([r.scheduler.stats for r in self.replicas])
 
     def add(self, request) -> None:
@@ -227,11 +178,11 @@ class ReplicaSet:
     def _healthy(self) -> list[Replica]:
         return [r for r in self.replicas if r.failed is None]
 
-    def _new_tracks(self, requests) -> list[_Track]:
+    def _new_tracks(self, requests) -> list[Track]:
         ids = [r.id for r in requests]
         if len(set(ids)) < len(ids) or any(i in self._tracks for i in ids):
             raise ValueError(f"duplicate request id among {ids!r}")
-        tracks = [_Track(r) for r in requests]
+        tracks = [Track(r) for r in requests]
         self._tracks.update((t.request.id, t) for t in tracks)
         return tracks
 
@@ -257,24 +208,24 @@ class ReplicaSet:
         chosen.routed += 1
         return chosen
 
-    def _assign(self, track: _Track, replica: Replica):
+    def _assign(self, track: Track, replica: Replica):
         """Account ``track`` to ``replica``; the request to add there (retries get a new id)."""
         if track.attempts:
             track.internal_id = f"{track.request.id}~retry{track.attempts}"
         track.prompt_left = len(track.request.prompt_tokens)
-        track.tokens_left = int(_max_tokens(track.request.params))
+        track.tokens_left = int(max_tokens(track.request.params))
         track.replica, track.raised_at = replica, replica.guard.raised
         replica.work += track.work
         self._internal[track.internal_id] = track
         return track.request if track.internal_id == track.request.id \
             else dataclasses.replace(track.request, id=track.internal_id)
 
-    def _route(self, track: _Track, avoid: Replica | None = None) -> None:
+    def _route(self, track: Track, avoid: Replica | None = None) -> None:
         replica = self._choose(track.request) if avoid is None and not track.attempts else self._least_loaded(avoid)
         replica.scheduler.add(self._assign(track, replica))
         replica.wake.set()
 
-    def _release(self, track: _Track) -> None:
+    def _release(self, track: Track) -> None:
         track.replica.work -= track.work
         self._internal.pop(track.internal_id, None)
 
@@ -409,51 +360,3 @@ class ReplicaSet:
     def _failure_summary(self) -> str:
         reasons = "; ".join(f"replica {r.index} ({r.device}): {r.failed}" for r in self.replicas)
         return f"every replica failed ({reasons}); {len(self._tracks)} requests not done"
-
-
-def build_replica_set(engines: list, devices: list[str], config, tokenizer=None,
-                      fault: Fault | None = None, prefix_store=None) -> ReplicaSet:
-    """A ReplicaSet of one Scheduler per engine, each on an EngineGuard (``fault``, e.g.
-    ``Fault.from_env()``, injected into its replica), all sharing ``prefix_store`` (the
-    prefix cache's disk tier, or None). ValueError or TypeError as Scheduler raises them (e.g.
-    a prefill policy the engine does not support, a capability it declares without its
-    methods: checked on the engine itself, so the message names its class, not the guard)."""
-    from rwkv7_core.engine import check_capabilities
-    from scheduler import Scheduler
-
-    replicas = []
-    for i, (engine, device) in enumerate(zip(engines, devices)):
-        check_capabilities(engine)
-        guard = EngineGuard(engine, fault and fault.of_replica(i))
-        replicas.append(Replica(i, Scheduler(guard, config, tokenizer=tokenizer, prefix_store=prefix_store),
-                                guard, device))
-    return ReplicaSet(replicas, engines[0], tokenizer)
-
-
-def replica_count(data_parallel: str | int) -> int | None:
-    """``--data-parallel N|auto`` as a count (None for "auto"); ValueError unless N is a
-    positive integer."""
-    if data_parallel == "auto":
-        return None
-    try:
-        n = int(data_parallel)
-    except ValueError:
-        n = 0
-    if n < 1:
-        raise ValueError(f"--data-parallel {data_parallel}: expected a positive integer or 'auto'")
-    return n
-
-
-def engine_device(engine) -> str:
-    """A readable name of the device an engine runs on ("cpu:0", "cuda:1", ...; "default"
-    for an engine on its framework's default device)."""
-    return "default" if engine.device is None else engine.device
-
-
-def replica_reports(sched) -> list[dict[str, Any]]:
-    """Per-replica reports for the metrics: a ReplicaSet's replicas, or a plain Scheduler as one."""
-    if isinstance(sched, ReplicaSet):
-        return [r.report() for r in sched.replicas]
-    stats = sched.stats
-    return [{"device": engine_device(sched.engine), "requests": stats.requests_finished,
-             "generated_tokens": stats.generated_tokens, "failed": None, "stats": stats}]

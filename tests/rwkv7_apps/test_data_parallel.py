@@ -12,8 +12,9 @@ import numpy as np
 import pytest
 
 from scheduler import Request, SamplingParams, Scheduler, SchedulerConfig
+from scheduler.replicas.build import build_replica_set
 from scheduler.replicas.engine_guard import Fault
-from scheduler.replicas.replica_set import AFFINITY_SLACK_TOKENS, AllReplicasFailed, ReplicaSet, build_replica_set
+from scheduler.replicas.replica_set import AFFINITY_SLACK_TOKENS, AllReplicasFailed, ReplicaSet
 from tests.support.scheduler_engines import FakeEngine
 
 CONFIG = SchedulerConfig(max_batch=4)

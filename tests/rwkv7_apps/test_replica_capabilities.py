@@ -11,7 +11,7 @@ import pytest
 
 from rwkv7_core.engine import Capability
 from scheduler import Request, SamplingParams, Scheduler, SchedulerConfig
-from scheduler.replicas.replica_set import build_replica_set
+from scheduler.replicas.build import build_replica_set
 from tests.support.scheduler_engines import FakeEngine
 
 POLICIES = ("serial", "varlen", "mixed", "auto")

@@ -7,7 +7,7 @@ import numpy as np
 
 from scheduler import Request, SamplingParams, Scheduler, SchedulerConfig
 from scheduler.prefix_disk import DiskPrefixStore
-from scheduler.replicas.replica_set import build_replica_set
+from scheduler.replicas.build import build_replica_set
 from scheduler.request import InitialState
 from tests.support.scheduler_engines import FakeEngine
 

@@ -12,8 +12,9 @@ import pytest
 
 from scheduler import Request, SamplingParams, Scheduler, SchedulerConfig
 from scheduler.interface import SchedulerInterface
+from scheduler.replicas.build import build_replica_set
 from scheduler.replicas.ray_cluster import ActorScheduler, RayReplicaSet
-from scheduler.replicas.replica_set import ReplicaSet, build_replica_set
+from scheduler.replicas.replica_set import ReplicaSet
 from tests.rwkv7_apps.interface_check import exercise_interface
 from tests.rwkv7_apps.serve_harness import in_process_server
 

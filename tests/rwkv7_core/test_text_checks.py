@@ -30,11 +30,11 @@ def test_finds_the_first_unpaired_surrogate_at_any_depth():
 
 def test_a_paired_escape_is_one_character_and_passes():
     assert unpaired_surrogate(json.loads('{"p": "\\ud83d\\ude00"}')) is None
-    assert unpaired_surrogate(json.loads('{"p": "\\ude00\\ud83d"}')).index == 0  # reversed: unpaired
+    assert unpaired_surrogate(json.loads('{"p": "\\ude00\\ud83d"}')).char_index == 0  # reversed: unpaired
 
 
 def test_keys_count_and_are_named_printably():
     found = unpaired_surrogate(json.loads('{"ok": 1, "a\\udc00": 2}'))
-    assert found.path == "a\\udc00" and found.index == 1 and printable("a\udc00") == "a\\udc00"
+    assert found.path == "a\\udc00" and found.char_index == 1 and printable("a\udc00") == "a\\udc00"
     deep = json.loads("[" * 500 + '"\\ud800"' + "]" * 500)
     assert unpaired_surrogate(deep).path == "[0]" * 500
