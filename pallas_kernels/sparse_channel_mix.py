@@ -61,18 +61,19 @@ def active_lists(hidden: jax.Array, splits: int, skip=True):
 
     hidden [M, F] -> (units [S, F/S] int32 global unit indices, padded with the split's
     first unit; counts [S] int32). skip=False lists every unit. `skip` may be a traced
-    bool: both settings then share one compiled program.
+    bool: both settings then share one compiled program. The j-th listed unit of a split is
+    the number of its units whose running count of active units is <= j (compares
+    [S, F/S, F/S], no scatter: a scatter into a fresh list costs XLA a buffer copy).
     """
     M, F = hidden.shape
     per = F // splits
-    local = jnp.broadcast_to(jnp.arange(per, dtype=jnp.int32), (splits, per))
     first = (jnp.arange(splits, dtype=jnp.int32) * per)[:, None]
     active = jnp.logical_or(jnp.any(hidden != 0, axis=0), jnp.logical_not(skip)).reshape(splits, per)
-    slot = jnp.cumsum(active, axis=1, dtype=jnp.int32) - 1
-    slot = jnp.where(active, slot, per)  # inactive units go to an out-of-range slot (dropped)
-    rows = jnp.broadcast_to(jnp.arange(splits)[:, None], (splits, per))
-    units = jnp.zeros((splits, per), jnp.int32).at[rows, slot].set(local, mode="drop")
-    return units + first, jnp.sum(active, axis=1, dtype=jnp.int32)
+    running = jnp.cumsum(active, axis=1, dtype=jnp.int32)                     # [S, per]
+    slots = jnp.arange(per, dtype=jnp.int32)
+    position = jnp.sum(running[:, None, :] <= slots[None, :, None], axis=2, dtype=jnp.int32)  # [S, per]
+    counts = running[:, -1]
+    return jnp.where(slots[None, :] < counts[:, None], position, 0) + first, counts
 
 
 def _value_kernel(units_ref, counts_ref, h_ref, w_ref, o_ref):

@@ -2,7 +2,9 @@
 
 - B1T1 (one row): wkv step kernel, fused add+LayerNorm+shift mixes, M = 1 split-K
   matrix-vector products, sparse channel-mix (skips the value rows of zero activations).
-- BATCHED_DECODE (B rows, T = 1): wkv step, fused mixes, small-M split-K products while
+  The state is ``InPlaceState`` (the mixes and the wkv step read and write their layer of
+  the whole [B, L, ...] leaves: no per-layer slice copies).
+- BATCHED_DECODE (B rows, T = 1): as B1T1, with small-M split-K products while
   rows <= small_m_linear.MAX_M (an XLA dot above), sparse channel-mix while rows <=
   SPARSE_MAX_ROWS (the union of active units grows with the rows, so the saving fades).
 - DENSE (T > 1, or very large B): the chunked wkv kernel for T > wkv_chunk_varlen.CHUNK (T / 16
@@ -22,9 +24,8 @@ Shapes a kernel cannot serve (e.g. low-rank widths without a power-of-two diviso
 fall back to the XLA op, decided at trace time from static shapes.
 
 ``fused_ops`` (``kernels="pallas-fused"``) is the fewer-launch decode variant (B1T1 and
-BATCHED_DECODE; DENSE is as above): the state is updated in place (``InPlaceState``: the
-mixes and wkv kernels read and write their layer of the whole [B, L, ...] leaves), and the
-time-mix runs as four launches (``pallas_kernels.fused_time_mix``) instead of eleven products,
+BATCHED_DECODE; DENSE is as above): the state in place as above, and the time-mix runs as
+four launches (``pallas_kernels.fused_time_mix``) instead of eleven products,
 their reductions and the elementwise fusions between them.
 """
 from __future__ import annotations
@@ -161,12 +162,21 @@ def pallas_ops(path: Path, interpret: bool) -> Ops:
     lin = functools.partial(linear, max_rows=max_rows, interpret=interpret)
     return Ops(
         linear=lin,
-        shift_mix=functools.partial(shift_mix_kernel.shift_mix, interpret=interpret),
-        wkv_step=functools.partial(wkv_step_kernel.wkv_step, interpret=interpret),
+        shift_mix=functools.partial(in_place_shift_mix, interpret=interpret),
+        wkv_step=functools.partial(wkv_step, interpret=interpret),
         wkv_seq=XLA_OPS.wkv_seq,
         channel_mix=functools.partial(channel_mix, max_rows=max_rows, interpret=interpret),
         time_mix=functools.partial(time_mix_reference, linear=lin),
+        state_views=InPlaceState,
     )
+
+
+def wkv_step(r, w, k, v, kk, a, S, *, interpret: bool):
+    """Contract wkv_step on a LayerSlice state (the whole leaf, its layer stepped in place) or
+    on plain rows [B, H, N, N]."""
+    full, layer = _leaf(S)
+    y, new = wkv_step_kernel.wkv_step(r, w, k, v, kk, a, full, layer=layer, interpret=interpret)
+    return y, _like(S, new)
 
 
 def in_place_shift_mix(h, delta, shift: LayerSlice, ln_w, ln_b, mix, *, interpret: bool):
@@ -205,9 +215,7 @@ def fused_ops(path: Path, interpret: bool) -> Ops:
     if path is Path.DENSE:
         return base
     return base._replace(
-        shift_mix=functools.partial(in_place_shift_mix, interpret=interpret),
         time_mix=functools.partial(in_place_time_mix, linear=base.linear, interpret=interpret),
         channel_mix=functools.partial(fused_channel_mix, fallback=base.channel_mix, interpret=interpret),
-        state_views=InPlaceState,
     )
 

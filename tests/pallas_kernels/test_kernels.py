@@ -55,6 +55,22 @@ def test_wkv_step_matches_reference(B, H):
     _assert_close(S_new, S_ref, atol=1e-5)
 
 
+@pytest.mark.parametrize("state_dtype", [jnp.float32, jnp.bfloat16])
+def test_wkv_step_on_a_layer_of_the_whole_leaf_steps_that_layer_only(state_dtype):
+    L, layer = 3, int(np.random.default_rng().integers(3))
+    (r, w, k, v, kk, a), S = _wkv_inputs(int(np.random.default_rng().integers(1 << 30)), (2,), 3)
+    leaf = jnp.stack([S * (i + 1) for i in range(L)], axis=1).astype(state_dtype)  # [B, L, H, N, N]
+    y, new = wkv_step.wkv_step(r, w, k, v, kk, a, leaf, layer=layer, interpret=True)
+    y_ref, S_ref = wkv_step.wkv_step_reference(r, w, k, v, kk, a, leaf[:, layer])
+    assert new.shape == leaf.shape and new.dtype == state_dtype
+    _assert_close(y, y_ref, atol=1e-4)
+    _assert_close(new[:, layer].astype(jnp.float32), S_ref.astype(jnp.float32), atol=1e-5)
+    others = [i for i in range(L) if i != layer]
+    np.testing.assert_array_equal(np.asarray(new[:, others]), np.asarray(leaf[:, others]))
+    with pytest.raises(ValueError, match="with L > layer=3"):
+        wkv_step.wkv_step(r, w, k, v, kk, a, leaf, layer=3, interpret=True)
+
+
 def test_wkv_step_rejects_bad_shapes():
     (r, w, k, v, kk, a), S = _wkv_inputs(0, (2,), 2)
     with pytest.raises(ValueError, match="S must be float32"):

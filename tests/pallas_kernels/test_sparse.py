@@ -46,6 +46,21 @@ def test_active_lists_compact_in_order():
     np.testing.assert_array_equal(np.asarray(counts), [4, 4])
 
 
+@pytest.mark.parametrize("splits", [1, 4, 16])
+def test_active_lists_match_numpys_nonzero_on_random_sparsity(splits):
+    rng = np.random.default_rng()
+    M, F = 3, 256
+    hidden = rng.standard_normal((M, F)) * (rng.random((M, F)) < rng.uniform(0.0, 0.3))
+    hidden[:, rng.choice(F, 8, replace=False)] = 0.0
+    units, counts = (np.asarray(x) for x in scm.active_lists(jnp.asarray(hidden, jnp.float32), splits=splits))
+    per = F // splits
+    for s in range(splits):
+        want = s * per + np.flatnonzero((hidden[:, s * per:(s + 1) * per] != 0).any(axis=0))
+        assert counts[s] == len(want)
+        np.testing.assert_array_equal(units[s, :len(want)], want)
+        assert (units[s, len(want):] == s * per).all()  # padded with the split's first unit
+
+
 @pytest.mark.parametrize("M,dtype", [(1, jnp.float32), (2, jnp.bfloat16)])
 def test_sparse_channel_mix_matches_reference(M, dtype):
     C, F = 192, 768
