@@ -8,6 +8,7 @@ from pathlib import Path
 
 from rwkv7_core.config import NAMED_CONFIGS, ModelConfig, named_config
 from rwkv7_core.constants import WORLD_VOCAB_SIZE
+from rwkv7_core.random_weights import write_random_checkpoint
 from scheduler.replicas.build import replica_count
 
 BACKENDS = ("jax", "torch")
@@ -39,8 +40,6 @@ def random_model_config(name: str) -> ModelConfig:
 
 def random_model_path(name: str) -> Path:
     """Write (once) and return a cached seeded random checkpoint of shape ``name``."""
-    from rwkv7_core.random_weights import write_random_checkpoint
-
     root = cache_dir()
     path = root / f"random-{name}-seed{RANDOM_MODEL_SEED}.safetensors"
     if not path.is_file():
@@ -54,6 +53,7 @@ def random_model_path(name: str) -> Path:
 def kernel_choices(backend: str) -> list[str]:
     """The backend's ``Kernels`` values (imports that backend's package)."""
     kernel_enum: type[enum.Enum]
+    # Backends are imported lazily in this module: --help runs without jax; torch is optional.
     if backend == "jax":
         import rwkv_jax
 
@@ -94,7 +94,7 @@ def load_engines(backend: str, path: str | os.PathLike, dtype: str, kernels: str
                  quantization: str = "none", group_size: int | None = None, state_dtype: str = "float32") -> list:
     """One engine per entry of ``devices`` (see ``load_engine``; ``replica_devices`` gives
     them). JAX reads the checkpoint once and puts a copy of the weights on each device."""
-    if backend == "jax":
+    if backend == "jax":  # lazy backend imports, as in kernel_choices
         import rwkv_jax
         from rwkv_jax.engine import JaxEngine
 
@@ -123,7 +123,7 @@ def replica_devices(backend: str, data_parallel: str | int) -> list:
     CPU, N above the JAX device count shares the devices among replicas (one thread each).
     ValueError when N is not a positive integer or exceeds the accelerators there are."""
     n = replica_count(data_parallel)
-    if backend == "jax":
+    if backend == "jax":  # lazy backend imports, as in kernel_choices
         import jax
 
         devices = jax.local_devices()

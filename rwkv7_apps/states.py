@@ -14,6 +14,7 @@ from typing import Any, NamedTuple
 
 from rwkv7_core.config import ModelConfig
 from rwkv7_core.state_files import from_host_row, load_state, save_state, to_host_row
+from scheduler.request import InitialState
 
 _NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
 _PLAIN_ID = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,99}")
@@ -38,8 +39,6 @@ def register_states(specs: list[tuple[str, str]], config: ModelConfig,
     """{name: NamedState} of the ``--state`` options for a model holding its state in
     ``state_dtype``; StateFileError (naming the file) for an unusable file or one of another
     state dtype, ValueError for a name given twice."""
-    from scheduler.request import InitialState
-
     states: dict[str, NamedState] = {}
     for name, path in specs:
         if name in states:
@@ -80,7 +79,8 @@ def model_fingerprint(model_path: str | os.PathLike, backend: str, engine, dtype
     float32: a cache entry of another state dtype is never found), the backend, its resolved
     kernels and device."""
     if backend == "jax":
-        import jax
+        import jax  # lazy: rwkv7-generate --help (which imports this module) runs without jax
+
         device = jax.devices()[0].device_kind
     else:
         device = engine.device

@@ -19,7 +19,14 @@ from pathlib import Path
 from typing import Any
 
 from rwkv7_core.tokenizer import WORLD_VOCAB_SIZE
+from scheduler import Request, SchedulerFailed
+from scheduler.constraint import Constraint
+from scheduler.grammar import current_limits
+from scheduler.grammar_limits import check as check_grammar
 from scheduler.interface import SchedulerInterface
+from scheduler.prefix_disk import DiskPrefixStore
+from scheduler.replicas.build import replica_reports
+from scheduler.validation import sampling_params
 
 from ..engines import cache_dir, random_model_path
 from ..options import (
@@ -30,8 +37,11 @@ from ..options import (
     check_engine_args,
     sampling_defaults,
 )
+from ..scheduler_setup import build_scheduler
 from ..states import RunStates, model_fingerprint, register_states, state_option
 from .jsonl_io import MAX_LINE_BYTES, InputError, InputRequest, ResultWriter
+from .metrics import build_metrics, plot_run, summary_table
+from .run import BatchRun
 
 EXIT_BAD_ARGS = 2
 MAX_PROMPT_TOKENS = 1 << 20
@@ -145,12 +155,6 @@ def request_seed(run_seed: int, request_id: Any) -> int:
 def make_request(item: InputRequest, defaults: dict[str, Any], args, vocab_size: int, tokenizer,
                  states: RunStates | None = None):
     """An InputRequest -> scheduler Request (internal id = its line number), or an InputError."""
-    from scheduler import Request
-    from scheduler.constraint import Constraint
-    from scheduler.grammar import current_limits
-    from scheduler.grammar_limits import check as check_grammar
-    from scheduler.validation import sampling_params
-
     def fail(why: str) -> InputError:
         return InputError(item.line, item.id, f"line {item.line}: {why}")
 
@@ -255,8 +259,6 @@ def _main(argv: list[str] | None) -> int:
 def _schedulers(parser, args, model_path: Path) -> SchedulerInterface:
     """One Scheduler, a ReplicaSet over the local devices, or Ray actors (``--data-parallel``,
     ``--ray``; rwkv7_apps/scheduler_setup.py), with the --prefix-cache-dir tier."""
-    from ..scheduler_setup import build_scheduler
-
     return build_scheduler(parser, args, model_path, lambda engine: _prefix_store(args, model_path, engine))
 
 
@@ -273,8 +275,6 @@ def _prefix_store(args, model_path: Path, engine):
     """The persistent prefix-cache tier of --prefix-cache-dir (None without it)."""
     if args.prefix_cache_dir is None:
         return None
-    from scheduler.prefix_disk import DiskPrefixStore
-
     fingerprint = model_fingerprint(model_path, args.backend, engine, args.dtype, cache_dir(), args.quantization,
                                     args.group_size, args.state_dtype)
     return DiskPrefixStore(args.prefix_cache_dir, int(args.prefix_cache_disk_mb * 2**20), fingerprint)
@@ -282,10 +282,6 @@ def _prefix_store(args, model_path: Path, engine):
 
 def _run(args, sched: SchedulerInterface, tokenizer, writer: ResultWriter, states: RunStates | None = None) -> int:
     """Stream the input through the scheduler (``BatchRun``), then report; the exit status."""
-    from scheduler import SchedulerFailed
-
-    from .run import BatchRun
-
     t0 = time.perf_counter()
     defaults = sampling_defaults(args)
     run: BatchRun
@@ -320,10 +316,6 @@ def _run(args, sched: SchedulerInterface, tokenizer, writer: ResultWriter, state
 
 def _report(args, sched: SchedulerInterface, run, t0: float) -> None:
     """Print the summary table; write --metrics and --plot."""
-    from scheduler.replicas.build import replica_reports
-
-    from .metrics import build_metrics, plot_run, summary_table
-
     replicas = replica_reports(sched)
     metrics = build_metrics(sched.stats, run.counts, time.perf_counter() - t0, t0, run.skipped, replicas,
                             {"kernels": sched.engine.kernels, "dtype": sched.engine.dtype,

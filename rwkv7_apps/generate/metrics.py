@@ -199,7 +199,7 @@ def plot_run(stats: Stats, t0: float, path: str, replicas: Sequence[dict[str, An
     time (with several ``replicas``, reports as for ``build_metrics``, each one's); every
     compile shaded over its duration by the thread that ran it (``COMPILE_COLORS``: red where
     the decode thread waited, grey where it ran ahead, hidden behind decode)."""
-    import matplotlib
+    import matplotlib  # lazy: pyplot takes about a second to import and only --plot needs it
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 

@@ -10,6 +10,8 @@ import sys
 import time
 from typing import Any, Callable, Iterator
 
+from tqdm import tqdm
+
 from .jsonl_io import MAX_LINE_BYTES, InputError, InputRequest, ResultWriter, error_record, read_requests
 from .metrics import RunCounts
 
@@ -27,8 +29,6 @@ class BatchRun:
     def __init__(self, sched, tokenizer, writer: ResultWriter, input_path: str, to_request: Callable,
                  should_stop: Callable[[], bool], save_state: Callable, say: Callable[[str], None],
                  max_line_bytes: int = MAX_LINE_BYTES):
-        from tqdm import tqdm
-
         self.sched, self.tokenizer, self.writer = sched, tokenizer, writer
         self.to_request, self.should_stop, self.save_state, self.say = to_request, should_stop, save_state, say
         self.counts = RunCounts()  # per-request figures live in the scheduler's bounded Stats

@@ -26,7 +26,12 @@ import argparse  # noqa: E402
 import json  # noqa: E402
 import sys  # noqa: E402
 
+import jax  # noqa: E402
+
+from rwkv7_core.checkpoint import read_checkpoint  # noqa: E402
 from rwkv7_core.config import NAMED_CONFIGS, named_config  # noqa: E402
+from rwkv_jax import deviceless  # noqa: E402
+from rwkv_jax.gpu_dump import ptxas  # noqa: E402
 from rwkv_jax.kernels import Kernels  # noqa: E402
 
 KERNELS = tuple(k.value for k in Kernels if k is not Kernels.AUTO and not k.interpreted)
@@ -79,8 +84,6 @@ def bucket_line(result) -> str:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    from rwkv_jax import deviceless
-
     try:
         buckets = [deviceless.Bucket.parse(b) for b in args.buckets.split(",") if b.strip()]
         target = deviceless.load_target(args.target)
@@ -120,8 +123,8 @@ def main(argv=None) -> int:
 
 
 def _mosaic_table() -> list[dict]:
-    """``rwkv_jax.mosaic_ops.MOSAIC_TABLE`` as dicts (imported only for mosaic: needs jax >= 0.11)."""
-    from rwkv_jax.mosaic_ops import MOSAIC_TABLE
+    """``rwkv_jax.mosaic_ops.MOSAIC_TABLE`` as dicts."""
+    from rwkv_jax.mosaic_ops import MOSAIC_TABLE  # lazy: loads Mosaic GPU (jax >= 0.11), only for --kernels mosaic
     return [{"op": c.op, "compiled": c.compiled.value, "interpreted": c.interpreted.value, "reason": c.reason}
             for c in MOSAIC_TABLE]
 
@@ -132,16 +135,11 @@ def _model_config(args: argparse.Namespace):
         return named_config(args.shape)
     if not (os.path.isfile(args.model) or os.path.isdir(args.model)):
         raise ValueError(f"--model {args.model}: no such file or model directory")
-    from rwkv7_core.checkpoint import read_checkpoint
     return read_checkpoint(args.model)[1]
 
 
 def _tool_versions() -> dict:
     """{"jax_version", "cuda_plugin", "ptxas"} of this compile."""
-    import jax
-
-    from rwkv_jax import deviceless
-    from rwkv_jax.gpu_dump import ptxas
     found = ptxas()
     return {"jax_version": jax.__version__, "cuda_plugin": deviceless.cuda_plugin(),
             "ptxas": f"{found[1][0]}.{found[1][1]} ({found[0]})" if found else None}
@@ -150,8 +148,6 @@ def _tool_versions() -> dict:
 def _compile_all(engines: dict, buckets: list, target, pallas_only_ptxas: bool) -> tuple[list, list[str]]:
     """Compile every bucket for every kernel choice, printing a row each: [(kernels,
     BucketResult)] and the resource problems found (spills, ptxas errors, missing registers)."""
-    from rwkv_jax import deviceless
-
     results, problems = [], []
     for kernels, engine in engines.items():
         print(f"\nkernels={kernels}")

@@ -30,10 +30,16 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import jax
 import numpy as np
 
+import rwkv_jax
+from rwkv7_core.config import named_config
 from rwkv7_core.engine import MAX_PIECES, varlen_shape
+from rwkv7_core.random_weights import write_random_checkpoint
+from rwkv_jax.engine import JaxEngine
 from rwkv_jax.kernels import Kernels
+from rwkv_jax.random_params import random_model
 from scheduler import Request, SamplingParams, Scheduler, SchedulerConfig
 
 RESULTS = Path("benchmarks") / "results"  # relative to the working directory (the checkout)
@@ -57,13 +63,6 @@ def build_engine(model_name: str, dtype: str, kernels: str, seed: int = 0, prefi
     """A JaxEngine on a random-weight model of a named shape; `prefill_pieces`: the serial
     prefill's piece sizes (None = the engine's default). On a GPU the weights are drawn on
     the device; elsewhere a random checkpoint is written to a temporary file and loaded."""
-    import jax
-
-    import rwkv_jax
-    from rwkv7_core.config import named_config
-    from rwkv7_core.random_weights import write_random_checkpoint
-    from rwkv_jax.engine import JaxEngine
-    from rwkv_jax.random_params import random_model
     config = named_config(model_name)
     if jax.default_backend() == "gpu":
         model = random_model(config, dtype, kernels, seed)
@@ -93,7 +92,6 @@ def call_costs(engine, buckets, chunk: int, repeats: int = 5) -> dict:
     (B=1, T=chunk: DENSE), varlen prefill of 1 x chunk and of MAX_PIECES x chunk/MAX_PIECES
     tokens vs that many serial calls, and per bucket the decode step (B1T1 / BATCHED_DECODE)
     against the mixed step carrying a full chunk (DENSE). Run before the measured runs."""
-    import jax
 
     def ms(fn):
         jax.block_until_ready(fn())
@@ -195,7 +193,6 @@ def run_serving_benchmark(model: str = "tiny", *, requests: int = 256, prompt_le
     row is the run with the median wall time, every run's headline numbers under
     "repeats". With `budget_s`, runs that would start after the budget is spent are
     skipped. `buckets`: decode batch sizes (default powers of two up to max_batch)."""
-    import jax
     t0 = time.perf_counter()
     engine = build_engine(model, dtype, kernels, seed, prefill_pieces)
     config = SchedulerConfig(max_batch=max_batch, buckets=buckets, chunk=chunk).validated()
@@ -274,7 +271,7 @@ def markdown(result: dict) -> str:
 
 def plot(result: dict, path: Path) -> None:
     """Live decode rows and cumulative decode tokens over time, per policy (Agg backend)."""
-    import matplotlib
+    import matplotlib  # lazy: pyplot takes about a second to import and --no-plot runs without it
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     fig, (ax_live, ax_tok) = plt.subplots(2, 1, figsize=(9, 6), sharex=True)
@@ -354,8 +351,7 @@ def run_cli(argv=None) -> dict:
     if min(args.output_len) < 1 or args.output_len[0] > args.output_len[1]:
         ap.error(f"--output-len needs 1 <= MIN <= MAX, got {args.output_len}")
     if args.compile_cache:
-        from rwkv_jax import enable_compilation_cache
-        enable_compilation_cache(args.compile_cache)
+        rwkv_jax.enable_compilation_cache(args.compile_cache)
     pieces, buckets = args.prefill_pieces, args.buckets
     if args.smoke:  # few shapes to compile
         args.model, args.requests, args.prompt_len, args.output_len = "tiny", 8, (4, 40), (2, 8)
@@ -364,7 +360,6 @@ def run_cli(argv=None) -> dict:
                                    output_len=args.output_len, max_batch=args.max_batch, chunk=args.chunk,
                                    policies=policies, dtype=args.dtype, kernels=args.kernels, seed=args.seed,
                                    prefill_pieces=pieces, buckets=buckets, repeats=args.repeats)
-    import jax
     tag = args.tag or f"{'smoke' if args.smoke else jax.default_backend()}_{args.model}"
     path = save(result, Path(args.out), tag, with_plot=not args.no_plot)
     print(markdown(result))
