@@ -22,6 +22,7 @@ from rwkv7_core.text_checks import unpaired_surrogate
 from scheduler import Request as SchedulerRequest
 
 from . import build, render, running, structured
+from .fields import UNSUPPORTED
 from .job import Context, Job
 from .metrics import CONTENT_TYPE, ServerMetrics
 from .offload import off_loop, serially_off_loop
@@ -200,6 +201,10 @@ def _validation_error(e: RequestValidationError) -> APIError:
     param = ""
     for x in loc:
         param += f"[{x}]" if isinstance(x, int) else (f".{x}" if param else str(x))
+    if err.get("type") == UNSUPPORTED:  # fields.py: the refused field inside the object at param
+        field = err["ctx"]["field"]
+        param = f"{param}.{field}" if param else field
+        return APIError(400, f"{param}: not supported by this server ({err['ctx']['why']})", param)
     if err.get("type") == "extra_forbidden":
         return APIError(400, f"unknown field {param!r}", param or None)
     if err.get("type") == "missing":
