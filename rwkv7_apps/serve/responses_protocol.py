@@ -67,7 +67,7 @@ class FunctionCallOutput(PolicyModel):
 
 def _item_type(value: Any) -> str:
     kind = value.get("type", "message") if isinstance(value, dict) else getattr(value, "type", "message")
-    return kind if kind in ("message", "function_call", "function_call_output") else "unsupported"
+    return "tag:" + (kind if kind in ("message", "function_call", "function_call_output") else "unsupported")
 
 
 class UnsupportedItem(PolicyModel):
@@ -75,14 +75,18 @@ class UnsupportedItem(PolicyModel):
     POLICY = Policy(refused={"type": ((), "only message, function_call and function_call_output items")})
 
 
-InputItem = Annotated[Union[Annotated[InputMessage, Tag("message")], Annotated[FunctionCall, Tag("function_call")],
-                            Annotated[FunctionCallOutput, Tag("function_call_output")],
-                            Annotated[UnsupportedItem, Tag("unsupported")]], Discriminator(_item_type)]
+InputItem = Annotated[Union[Annotated[InputMessage, Tag("tag:message")], Annotated[FunctionCall, Tag("tag:function_call")],
+                            Annotated[FunctionCallOutput, Tag("tag:function_call_output")],
+                            Annotated[UnsupportedItem, Tag("tag:unsupported")]], Discriminator(_item_type)]
+
+
+FUNCTIONS_ONLY = Policy(refused={"type": (("function",), "only function tools are served")})
 
 
 class FunctionTool(PolicyModel):
     """A function tool (Responses shape: the function's fields at the top)."""
-    type: Literal["function"]
+    POLICY = FUNCTIONS_ONLY
+    type: Literal["function"] = "function"
     name: StrictStr
     description: StrictStr | None = None
     parameters: dict | None = None
@@ -90,7 +94,8 @@ class FunctionTool(PolicyModel):
 
 
 class NamedFunction(PolicyModel):
-    type: Literal["function"]
+    POLICY = FUNCTIONS_ONLY
+    type: Literal["function"] = "function"
     name: StrictStr
 
 
