@@ -101,12 +101,22 @@ def _prompt(ctx: Context, chat_request: ChatCompletionRequest, previous: StoredR
     if ctx.tokenizer is None:
         raise APIError(400, f"responses need the World vocabulary; this model has {ctx.vocab_size} tokens "
                             "(use /v1/completions with token-id prompts)", "input")
-    plan = structured.tool_plan(chat_request)
-    turns: list[tuple[str, str]] = [("system", plan.system_text())] if plan is not None else []
+    tools = tools_text(chat_request, previous)
+    listed = tools is not None and (previous is None or tools != previous.tools_text)
+    turns: list[tuple[str, str]] = [("system", tools)] if listed and tools is not None else []
     turns += [(m.role, structured.history_text(m)) for m in chat_request.messages]
     if previous is None:
         return ctx.tokenizer.encode(chat.render(turns))
     return list(previous.tokens) + ctx.tokenizer.encode(continuation(turns, previous.ends_at_user))
+
+
+def tools_text(chat_request: ChatCompletionRequest, previous: StoredResponse | None) -> str | None:
+    """The system turn that lists the request's tools (tool_calls.py), which the prompt holds
+    last: a continuation lists them again only when they differ from the conversation's."""
+    plan = structured.tool_plan(chat_request)
+    if plan is None:
+        return None if previous is None else previous.tools_text
+    return plan.system_text()
 
 
 def _job(ctx: Context, chat_request: ChatCompletionRequest, previous: StoredResponse | None):
@@ -172,14 +182,15 @@ def _status(job: Job) -> str:
 
 
 def _keep(ctx: Context, store: ResponseStore, job: Job, body: ResponseRequest, state: str | None,
-          obj: dict) -> None:
-    """Store a finished response (``store``) with every token the model consumed."""
+          obj: dict, tools: str | None) -> None:
+    """Store a finished response (``store``) with every token the model consumed and the
+    tools' system turn its prompt holds last (``tools``)."""
     if not body.store:
         return
     out = job.choices[0].output
     raw = ctx.tokenizer.decode_bytes(list(out.tokens))
     ends_at_user = raw.endswith(chat.TURN_STOP.encode())
-    store.put(obj["id"], ctx.model_name, state, list(job.prompts[0]) + list(out.tokens), ends_at_user, obj)
+    store.put(obj["id"], ctx.model_name, state, list(job.prompts[0]) + list(out.tokens), ends_at_user, obj, tools)
 
 
 # ----------------------------------------------------------------------------- handling
@@ -192,10 +203,11 @@ async def _create(ctx: Context, store: ResponseStore, metrics, body: ResponseReq
     chat_request = chat_body(body, state)
     await structured.compile_off_loop(ctx, chat_request)  # a grammar compile never runs on the loop
     job, groups = await serially_off_loop(_job, ctx, chat_request, previous)
+    tools = tools_text(chat_request, previous)
     queue, _ = await running.submit(ctx, job, groups)
     if body.stream:
         metrics.count_http("/v1/responses", 200)
-        return StreamingResponse(_stream(ctx, store, job, body, state, queue), media_type="text/event-stream",
+        return StreamingResponse(_stream(ctx, store, job, body, (state, tools), queue), media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
     text = []
 
@@ -210,7 +222,7 @@ async def _create(ctx: Context, store: ResponseStore, metrics, body: ResponseReq
         raise error
     status = _status(job)
     obj = _object(ctx, job, body, status, _output(job, status, "".join(text)))
-    _keep(ctx, store, job, body, state, obj)
+    _keep(ctx, store, job, body, state, obj, tools)
     metrics.count_http("/v1/responses", 200)
     return JSONResponse(obj)
 
@@ -299,8 +311,10 @@ class _StreamedOutput:
         return out, [item for _, item in sorted(items, key=lambda x: x[0])]
 
 
-async def _stream(ctx: Context, store: ResponseStore, job: Job, body: ResponseRequest, state: str | None, queue):
-    """The semantic events of one response; a client that goes away cancels it."""
+async def _stream(ctx: Context, store: ResponseStore, job: Job, body: ResponseRequest,
+                  conversation: tuple[str | None, str | None], queue):
+    """The semantic events of one response (``conversation``: its named state and tools'
+    system turn, as stored); a client that goes away cancels it."""
     event = _Events()
     output = _StreamedOutput(job, event)
     try:
@@ -318,7 +332,7 @@ async def _stream(ctx: Context, store: ResponseStore, job: Job, body: ResponseRe
         status = _status(job)
         done, items = output.close(status)
         obj = _object(ctx, job, body, status, items)
-        _keep(ctx, store, job, body, state, obj)
+        _keep(ctx, store, job, body, *conversation[:1], obj, conversation[1])
         yield done + event(f"response.{status}", response=obj)
     finally:
         running.cancel(ctx, job)
