@@ -120,13 +120,13 @@ def test_responses_tool_choice_and_parallel_calls(client):
     required = client.responses.create(**base, tool_choice="required", parallel_tool_calls=False)
     assert len(_calls(required)) == 1 and _calls(required)[0].name in ("weather", "time")
     assert [i.type for i in required.output] == ["function_call"]
-    none = client.responses.create(**base, tool_choice="none", temperature=0, max_output_tokens=8)
+    none = client.responses.create(**{**base, "max_output_tokens": 8}, tool_choice="none", temperature=0)
     assert not _calls(none) and none.output[0].type == "message"
     plain = client.responses.create(model=MODEL, input="Weather and time in Rome?", temperature=0,
                                     max_output_tokens=8)
     assert none.output_text == plain.output_text
     for _ in range(3):  # auto: text, calls, or both; every call is whole or cut by max_output_tokens
-        auto = client.responses.create(**base, max_output_tokens=24)
+        auto = client.responses.create(**{**base, "max_output_tokens": 24})
         for c in _calls(auto):
             assert c.status == "incomplete" or json.loads(c.arguments)["city"] in CITY["enum"]
 
