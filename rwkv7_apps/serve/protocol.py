@@ -19,7 +19,7 @@ from pydantic import Field, StrictBool, StrictInt, StrictStr
 from rwkv7_core.sampling import DEVICE_INT_MAX, SCALAR_FIELDS, SEED_MAX, TOP_LOGPROBS
 
 from .cache_namespace import CacheSalt
-from .fields import ASSISTANT_SENT_BACK, CHAT, COMMON, COMPLETIONS, PolicyModel
+from .fields import ASSISTANT_SENT_BACK, CHAT, COMMON, COMPLETIONS, Policy, PolicyModel
 from .limits import Metadata
 
 MAX_N = 64
@@ -102,7 +102,9 @@ class CompletionRequest(SamplingFields):
 
 
 class TextPart(PolicyModel):
-    type: Literal["text"]
+    """A text content part (other part types: 400 naming ``type``)."""
+    POLICY = Policy(refused={"type": (("text",), "text content only")})
+    type: Literal["text"] = "text"
     text: StrictStr
 
 

@@ -29,8 +29,8 @@ SENT_BACK = Policy(frozenset({"id", "status", "phase"}))
 class InputText(PolicyModel):
     """A text content part (``input_text`` of user/system turns, ``output_text`` of earlier
     assistant output sent back; its ``annotations`` and ``logprobs`` ignored)."""
-    POLICY = Policy(frozenset({"annotations", "logprobs"}))
-    type: Literal["input_text", "output_text", "text"]
+    POLICY = Policy(frozenset({"annotations", "logprobs"}),
+                    {"type": (("input_text", "output_text", "text"), "text content only")})
     text: StrictStr
 
 
