@@ -69,7 +69,11 @@ def test_sdk_objects_sent_back_and_current_fields_are_accepted(client):
     assert one.choices[0].finish_reason in ("length", "stop")
     for call, field in ((lambda: client.completions.create(model=MODEL, prompt="x", best_of=2), "best_of"),
                         (lambda: client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "x"}],
-                                                                modalities=["text", "audio"]), "modalities")):
+                                                                modalities=["text", "audio"]), "modalities"),
+                        (lambda: client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": [
+                            {"type": "text", "text": "What is it?"},
+                            {"type": "image_url", "image_url": {"url": "data:image/png;base64,AA=="}}]}]),
+                         "messages[0].content[1].type")):
         with pytest.raises(openai.BadRequestError) as e:
             call()
         assert e.value.body["param"] == field and "not supported" in e.value.body["message"]
