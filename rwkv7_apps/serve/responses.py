@@ -95,6 +95,21 @@ def chat_body(body: ResponseRequest, state: str | None) -> ChatCompletionRequest
         **body.chat_fields(), **{name: getattr(body, name) for name in SAMPLING})
 
 
+CHAT_NAMES = (("response_format", "text.format"), (".function.", "."))
+"""Where chat's field names in an error differ from the Responses API's (in order)."""
+
+
+def responses_error(e: APIError) -> APIError:
+    """A chat machinery error about a Responses body, naming the Responses fields."""
+    if e.param not in ("response_format", "tools", "tool_choice"):
+        return e
+    message, param = e.message, e.param
+    for chat_name, name in CHAT_NAMES:
+        message = message.replace(chat_name, name)
+        param = param.replace(chat_name, name)
+    return APIError(e.status, message, param)
+
+
 def _prompt(ctx: Context, chat_request: ChatCompletionRequest, previous: StoredResponse | None) -> list[int]:
     """The prompt ids: the turns (tools listed first in a system turn) rendered whole, or
     after the stored conversation's tokens (``continuation``)."""
@@ -200,10 +215,13 @@ async def _create(ctx: Context, store: ResponseStore, metrics, body: ResponseReq
         raise APIError(400, surrogate.message(), surrogate.path or None)
     model = body.model or ctx.model_name
     previous, state = _previous(store, body, model)
-    chat_request = chat_body(body, state)
-    await structured.compile_off_loop(ctx, chat_request)  # a grammar compile never runs on the loop
-    job, groups = await serially_off_loop(_job, ctx, chat_request, previous)
-    tools = tools_text(chat_request, previous)
+    try:
+        chat_request = chat_body(body, state)
+        await structured.compile_off_loop(ctx, chat_request)  # a grammar compile never runs on the loop
+        job, groups = await serially_off_loop(_job, ctx, chat_request, previous)
+        tools = tools_text(chat_request, previous)
+    except APIError as e:
+        raise responses_error(e) from None
     queue, _ = await running.submit(ctx, job, groups)
     if body.stream:
         metrics.count_http("/v1/responses", 200)

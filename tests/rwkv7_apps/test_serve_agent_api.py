@@ -190,6 +190,13 @@ def test_structured_output_through_text_format(client):
         assert isinstance(json.loads(free.output_text), dict)
     else:
         assert free.output_text.startswith("{")
+    bad = {"type": "object", "properties": {"x": {"type": "nonsense"}}}
+    for kw, param in ((dict(text={"format": {"type": "json_schema", "name": "bad", "schema": bad}}), "text.format"),
+                      (dict(tools=[{**WEATHER, "parameters": bad}]), "tools")):
+        with pytest.raises(openai.BadRequestError) as e:
+            client.responses.create(model=MODEL, input="x", **kw)
+        assert e.value.body["param"] == param and e.value.body["message"].startswith(param)
+        assert "response_format" not in e.value.body["message"] and ".function." not in e.value.body["message"]
     with client.responses.stream(model=MODEL, input="Judge it", text_format=Verdict, max_output_tokens=40) as stream:
         final = stream.get_final_response()
     assert isinstance(final.output_parsed, Verdict)
