@@ -93,12 +93,13 @@ def add_replica_options(p, default: str, routing: str) -> None:
                         "here); needs the [ray] extra")
 
 
-def add_sampling_options(p: argparse.ArgumentParser, overridable_by: str) -> None:
-    """The sampling defaults (each overridable per request)."""
+def add_sampling_options(p: argparse.ArgumentParser, overridable_by: str, own: dict[str, Any] | None = None) -> None:
+    """The sampling defaults (each overridable per request); ``own``: the command's defaults
+    where they differ from COMMAND_DEFAULTS and ``SamplingParams``'s (rwkv7-serve: OpenAI's)."""
     s = p.add_argument_group(f"sampling defaults (each overridable per request in {overridable_by})")
     defaults = SamplingParams()
     for f in SCALAR_FIELDS:
-        default = COMMAND_DEFAULTS.get(f.name, getattr(defaults, f.name))
+        default = {**COMMAND_DEFAULTS, **(own or {})}.get(f.name, getattr(defaults, f.name))
         s.add_argument("--" + f.name.replace("_", "-"), type=f.kind, default=default, metavar="N",
                        help=f"{f.help} (default {default})")
     s.add_argument("--stop", action="append", default=None, metavar="TEXT",

@@ -22,10 +22,12 @@ from rwkv7_core.text_checks import unpaired_surrogate
 from scheduler import Request as SchedulerRequest
 
 from . import build, render, running, structured
+from .fields import UNSUPPORTED
 from .job import Context, Job
 from .metrics import CONTENT_TYPE, ServerMetrics
 from .offload import off_loop, serially_off_loop
 from .protocol import APIError, ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
+from .request_ids import RequestIds
 from .response_store import ResponseStore
 from .responses import add_response_routes
 from .service import UNAVAILABLE
@@ -76,7 +78,7 @@ Builder = Callable[[Context, Any], tuple[Job, list[list[SchedulerRequest]]]]
 
 def create_app(ctx: Context, metrics: ServerMetrics, ready, api_key: str | None = None,
                max_body_bytes: int = 1 << 22, responses: ResponseStore | None = None,
-               metrics_open: bool = False) -> BodyLimit:
+               metrics_open: bool = False) -> RequestIds:
     """``ready()``: True once the model is loaded and compiled (before: 503); ``responses``:
     the store of the Responses API (default: ResponseStore's default bounds); ``metrics_open``:
     /metrics needs no API key (its prefix-cache counters are a side channel: closed by default)."""
@@ -112,7 +114,7 @@ def create_app(ctx: Context, metrics: ServerMetrics, ready, api_key: str | None 
 
     add_response_routes(app, ctx, responses if responses is not None else ResponseStore(), metrics, authorized,
                         serving)
-    return BodyLimit(app, max_body_bytes)
+    return RequestIds(BodyLimit(app, max_body_bytes))
 
 
 def _add_error_handlers(app: FastAPI, metrics: ServerMetrics) -> None:
@@ -149,12 +151,26 @@ def _add_status_routes(app: FastAPI, ctx: Context, metrics: ServerMetrics, ready
     async def prometheus():
         return Response(metrics.render(), media_type=CONTENT_TYPE)
 
+    def model() -> dict:
+        return {"id": ctx.model_name, "object": "model", "created": started, "owned_by": "rwkv7-engine",
+                "max_tokens_limit": ctx.limits.max_tokens_limit, "state_dtype": ctx.state_dtype,
+                "sampling_defaults": ctx.defaults}
+
     @app.get("/v1/models", dependencies=[key])
     async def models():
-        return {"object": "list", "data": [{"id": ctx.model_name, "object": "model", "created": started,
-                                            "owned_by": "rwkv7-engine",
-                                            "max_tokens_limit": ctx.limits.max_tokens_limit,
-                                            "state_dtype": ctx.state_dtype}]}
+        return {"object": "list", "data": [model()]}
+
+    @app.get("/v1/models/{model_id:path}", dependencies=[key])
+    async def one_model(model_id: str):
+        if model_id != ctx.model_name:
+            raise APIError(404, f"model {model_id!r} does not exist; this server serves {ctx.model_name!r}", "model")
+        return model()
+
+    @app.post("/v1/embeddings", dependencies=[key])
+    async def embeddings():
+        raise APIError(404, f"embeddings are not served: {ctx.model_name!r} is served for completions, chat "
+                            "and responses only (an RWKV model has no embedding head trained for retrieval)",
+                       "model")
 
 
 def _add_tokenizer_routes(app: FastAPI, ctx: Context, metrics: ServerMetrics, key) -> None:
@@ -196,10 +212,14 @@ def _validation_error(e: RequestValidationError) -> APIError:
         return APIError(400, f"malformed JSON body: {err.get('msg')}")
     # drop pydantic's union-branch names (e.g. 'str', 'list[int]') from the path
     loc = [x for x in loc if isinstance(x, int) or not any(c in str(x) for c in "[]") and x not in ("str", "int")]
-    loc = [x for x in loc if not str(x).startswith("function-")]
+    loc = [x for x in loc if not str(x).startswith(("function-", "tag:"))]  # validators', union tags
     param = ""
     for x in loc:
         param += f"[{x}]" if isinstance(x, int) else (f".{x}" if param else str(x))
+    if err.get("type") == UNSUPPORTED:  # fields.py: the refused field inside the object at param
+        field = err["ctx"]["field"]
+        param = f"{param}.{field}" if param else field
+        return APIError(400, f"{param}: not supported by this server ({err['ctx']['why']})", param)
     if err.get("type") == "extra_forbidden":
         return APIError(400, f"unknown field {param!r}", param or None)
     if err.get("type") == "missing":

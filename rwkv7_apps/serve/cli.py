@@ -34,8 +34,12 @@ from ..options import (
 from ..states import register_states, state_option
 from .connections import add_connection_options, connection_limits, guarded_protocol
 from .limits import DEFAULT_MAX_REPLY_ENTRIES
+from .request_ids import LogFilter
 from .response_store import DEFAULT_MAX_COUNT, DEFAULT_MAX_MB
 
+OPENAI_DEFAULTS = {"temperature": 1.0, "top_p": 1.0}
+"""rwkv7-serve's sampling defaults where a request omits the fields: OpenAI's (vLLM's too,
+without a model generation config); the batch command keeps greedy decoding."""
 EXIT_BAD_ARGS = 2
 SERVER_PREFIX_CACHE_MB = 1024.0
 
@@ -82,7 +86,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "requests of each new shape then wait for its compile)")
     p.add_argument("--seed", type=int, default=None, metavar="S",
                    help="seed of the generator that draws seeds for requests without one (default: random)")
-    add_sampling_options(p, "the request body")
+    add_sampling_options(p, "the request body", OPENAI_DEFAULTS)
     return p
 
 
@@ -152,6 +156,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     check_args(parser, args)
     logging.basicConfig(level=args.log_level.upper(), format="rwkv7-serve: %(message)s")
+    for handler in logging.getLogger().handlers:
+        handler.addFilter(LogFilter())  # a request's log lines carry its x-request-id
     model_path = args.model or random_model_path(args.random_model)
     sched = build_scheduler(parser, args, model_path)
     if isinstance(sched, ReplicaSet):

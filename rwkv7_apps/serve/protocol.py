@@ -1,8 +1,9 @@
 """Request bodies of the OpenAI-compatible endpoints (pydantic), and the OpenAI-style error.
 
-The field policy (docs/server.md has the table): what we can do is honoured; OpenAI fields
-with no meaning here are accepted and ignored (marked IGNORED below); everything else is a 400 naming
-the field, unknown fields and typos included (``extra="forbid"``), never silently dropped.
+The field policy is fields.py's table (docs/server.md has it in words): what we can do is
+honoured (a field below); OpenAI fields with no meaning here are accepted and ignored (the
+table's, or marked IGNORED below where they are still bounded); refused fields and unknown
+fields (typos included) are a 400 naming the field, never silently dropped; null = absent.
 Sampling fields a request omits take the server's defaults (the command's sampling options).
 Extensions beyond OpenAI's fields: ``top_k``, ``penalty_decay``, ``stop_token_ids``,
 ``banned_token_ids``, ``return_token_ids``, ``state``, and vLLM's ``ignore_eos``,
@@ -13,11 +14,12 @@ from __future__ import annotations
 
 from typing import Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
+from pydantic import Field, StrictBool, StrictInt, StrictStr
 
 from rwkv7_core.sampling import DEVICE_INT_MAX, SCALAR_FIELDS, SEED_MAX, TOP_LOGPROBS
 
 from .cache_namespace import CacheSalt
+from .fields import ASSISTANT_SENT_BACK, CHAT, COMMON, COMPLETIONS, Policy, PolicyModel
 from .limits import Metadata
 
 MAX_N = 64
@@ -49,16 +51,15 @@ class APIError(Exception):
                           "param": self.param, "code": self.status}}
 
 
-class StreamOptions(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class StreamOptions(PolicyModel):
     include_usage: StrictBool = False            # a last chunk with the usage
     continuous_usage_stats: StrictBool = False   # the usage so far in every chunk
     include_obfuscation: StrictBool | None = None  # IGNORED: no obfuscation padding is sent
 
 
-class SamplingFields(BaseModel):
+class SamplingFields(PolicyModel):
     """Fields shared by both endpoints (None = the server default)."""
-    model_config = ConfigDict(extra="forbid")
+    POLICY = COMMON
 
     model: StrictStr | None = None
     cache_salt: CacheSalt | None = None        # a prefix-cache namespace of its own (cache_namespace.py)
@@ -77,7 +78,6 @@ class SamplingFields(BaseModel):
     n: int = Field(1, ge=1, le=MAX_N)
     stream: StrictBool = False
     stream_options: StreamOptions | None = None
-    user: StrictStr | None = None
     return_token_ids: StrictBool = False
     state: StrictStr | None = None  # a named initial state (rwkv7-serve --state NAME=FILE)
     ignore_eos: StrictBool = False  # the default stop tokens do not end the output (stop_token_ids do)
@@ -88,37 +88,37 @@ class SamplingFields(BaseModel):
     guided_choice: list[StrictStr] | None = None     # older vLLM: one of these strings
     guided_grammar: StrictStr | None = None          # older vLLM: a Lark grammar (llguidance dialect)
     structured_outputs: dict | None = None           # vLLM's StructuredOutputsParams (structured.py)
-    store: StrictBool | None = None          # IGNORED
     metadata: Metadata | None = None  # IGNORED (bounded as OpenAI bounds it)
-    service_tier: StrictStr | None = None    # IGNORED
 
     def stop_list(self) -> list[str]:
         return [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
 
 
 class CompletionRequest(SamplingFields):
+    POLICY = COMPLETIONS
     prompt: Union[StrictStr, list[StrictStr], TokenIds, list[TokenIds]]
     echo: StrictBool = False
     logprobs: int | None = Field(None, ge=0, le=TOP_LOGPROBS)
 
 
-class TextPart(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    type: Literal["text"]
+class TextPart(PolicyModel):
+    """A text content part (other part types: 400 naming ``type``)."""
+    POLICY = Policy(refused={"type": (("text",), "text content only")})
+    type: Literal["text"] = "text"
     text: StrictStr
 
 
-class ChatMessage(BaseModel):
+class ChatMessage(PolicyModel):
     """A chat message; ``developer`` is OpenAI's newer name of ``system``; ``content`` is text
     or a list of text parts (joined as they are); an assistant turn may hold ``tool_calls``
-    (then content may be null), a ``tool`` turn is a tool's result for ``tool_call_id``."""
-    model_config = ConfigDict(extra="forbid")
+    (then content may be null), a ``tool`` turn is a tool's result for ``tool_call_id``; what
+    SDK objects of earlier turns carry besides is ASSISTANT_SENT_BACK's (fields.py)."""
+    POLICY = ASSISTANT_SENT_BACK
     role: Literal["developer", "system", "user", "assistant", "tool"]
     content: StrictStr | list[TextPart] | None = None
     name: StrictStr | None = None
     tool_calls: list[dict] | None = None
     tool_call_id: StrictStr | None = None
-    refusal: StrictStr | None = None  # IGNORED (an assistant turn the openai SDK echoes back)
 
     def text(self) -> str:
         if self.content is None:
@@ -127,6 +127,7 @@ class ChatMessage(BaseModel):
 
 
 class ChatCompletionRequest(SamplingFields):
+    POLICY = CHAT
     messages: list[ChatMessage] = Field(min_length=1)
     tools: list[dict] | None = None                  # [{"type": "function", "function": {...}}]
     tool_choice: StrictStr | dict | None = None      # "auto" | "none" | "required" | {"type": "function", ...}
@@ -136,19 +137,17 @@ class ChatCompletionRequest(SamplingFields):
     top_logprobs: int | None = Field(None, ge=0, le=TOP_LOGPROBS)
 
 
-class TokenizeRequest(BaseModel):
+class TokenizeRequest(PolicyModel):
     """``/tokenize`` (vLLM's shape): a text ``prompt``, or chat ``messages`` rendered as
     chat completions render them."""
-    model_config = ConfigDict(extra="forbid")
     model: StrictStr | None = None
     prompt: StrictStr | None = None
     messages: list[ChatMessage] | None = None
     add_special_tokens: StrictBool = True  # accepted: the World tokenizer adds none
 
 
-class DetokenizeRequest(BaseModel):
+class DetokenizeRequest(PolicyModel):
     """``/detokenize`` (vLLM's shape): token ids -> text."""
-    model_config = ConfigDict(extra="forbid")
     model: StrictStr | None = None
     tokens: TokenIds
 

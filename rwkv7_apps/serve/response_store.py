@@ -27,12 +27,14 @@ ENTRY_OVERHEAD = 1024  # bytes: the entry's objects, its id and the dictionaries
 class StoredResponse:
     """``tokens``: the token ids the model consumed (prompt + output, a stop token excluded);
     ``ends_at_user``: the output ended with the template's ``\\n\\nUser:``; ``body_json``: the
-    response object as served (compact UTF-8 JSON; ``body`` parses it)."""
+    response object as served (compact UTF-8 JSON; ``body`` parses it); ``tools_text``: the
+    system turn listing the tools that the tokens hold last (None: none)."""
     model: str
     state: str | None
     tokens: array
     ends_at_user: bool
     body_json: bytes
+    tools_text: str | None = None
 
     @property
     def body(self) -> dict:
@@ -40,7 +42,8 @@ class StoredResponse:
 
     @property
     def nbytes(self) -> int:
-        return self.tokens.itemsize * len(self.tokens) + len(self.body_json) + ENTRY_OVERHEAD
+        return (self.tokens.itemsize * len(self.tokens) + len(self.body_json) + len(self.tools_text or "")
+                + ENTRY_OVERHEAD)
 
 
 class ResponseStore:
@@ -54,9 +57,9 @@ class ResponseStore:
         self.evicted = 0
 
     def put(self, response_id: str, model: str, state: str | None, tokens: Sequence[int], ends_at_user: bool,
-            body: dict) -> None:
+            body: dict, tools_text: str | None = None) -> None:
         body_json = json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode()
-        item = StoredResponse(model, state, array("i", tokens), ends_at_user, body_json)
+        item = StoredResponse(model, state, array("i", tokens), ends_at_user, body_json, tools_text)
         size = item.nbytes
         if size > self.max_bytes:
             log.warning("response %s (%d bytes) is larger than the response store (%d bytes): not stored",
