@@ -30,11 +30,17 @@ def test_b1t1_uses_split_k_mixes_wkv_step_and_sparse_channel_mix():
     ops = pallas_ops(Path.B1T1, interpret=True)
     assert kernels_called(ops.linear, jnp.zeros((1, C)), jnp.zeros((F, C))) == ["rwkv7_small_m_linear"]
     assert kernels_called(ops.channel_mix, *_ffn(1)) == ["rwkv7_small_m_linear", "rwkv7_sparse_value_product"]
+    # the state in place: the mixes and the wkv step take their layer of the whole leaves
+    from rwkv_jax.state_views import LayerSlice
+
     rows = jnp.zeros((1, C))
-    assert kernels_called(ops.shift_mix, rows, rows, rows, jnp.zeros(C), jnp.zeros(C),
-                          jnp.zeros((6, C))) == ["rwkv7_shift_mix"]
+    assert kernels_called(lambda h, s: ops.shift_mix(h, h, LayerSlice(s, 1), jnp.zeros(C), jnp.zeros(C),
+                                                     jnp.zeros((6, C)))[2].full,
+                          rows, jnp.zeros((1, 3, C))) == ["rwkv7_shift_mix"]
     vec = jnp.zeros((1, H, N))
-    assert kernels_called(ops.wkv_step, *[vec] * 6, jnp.zeros((1, H, N, N))) == ["rwkv7_wkv_step"]
+    assert kernels_called(lambda *a: ops.wkv_step(*a[:6], LayerSlice(a[6], 2))[1].full,
+                          *[vec] * 6, jnp.zeros((1, 3, H, N, N))) == ["rwkv7_wkv_step"]
+    assert kernels_called(ops.wkv_step, *[vec] * 6, jnp.zeros((1, H, N, N))) == ["rwkv7_wkv_step"]  # plain rows
 
 
 def test_batched_decode_switches_from_sparse_to_small_m_to_xla_with_rows():
