@@ -16,11 +16,13 @@ import enum
 import functools
 from typing import NamedTuple
 
+from pallas_kernels import shift_mix as triton_shift_mix
 from pallas_kernels import wkv_tail as triton_wkv_tail
+from pallas_kernels.mosaic import shift_mix as mosaic_shift_mix
 from pallas_kernels.mosaic import wkv_tail as mosaic_wkv_tail
 
 from .ops import Ops
-from .pallas_ops import fused_ops, in_place_time_mix
+from .pallas_ops import fused_ops, in_place_shift_mix, in_place_time_mix
 from .paths import Path
 
 
@@ -54,9 +56,11 @@ MOSAIC_TABLE: tuple[OpChoice, ...] = (
              "its column layout and the value side in its row layout (a 64-wide head vector is half a "
              "128-lane strided vector, which Lane semantics rejects); the state block written back in place; "
              "a head size not a multiple of 64 takes the Triton kernel"),
-    OpChoice("residual + LayerNorm + token-shift mixes (shift_mix)", Lowering.TRITON, Lowering.TRITON,
-             "not ported: a row of C = 192 (the tiny shapes) does not fill 128-lane warpgroup vectors; "
-             "the padded form is still to write"),
+    OpChoice("residual + LayerNorm + token-shift mixes (shift_mix)", Lowering.MOSAIC, Lowering.MOSAIC,
+             "pallas_kernels/mosaic/shift_mix.py: one warpgroup per row; the row, its delta (row or split-K "
+             "partials), LayerNorm vectors and mixes copied by TMA into shared memory padded to a multiple of "
+             "128 elements (C = 192 -> 256: zeroed padding, the variance corrected for it); the shift row "
+             "written back in place; a shift leaf of another dtype than h takes the Triton kernel"),
     OpChoice("small-M products: r/k/v + LoRA downs, output, FFN key (segment_linear; plain, int8, fp8)",
              Lowering.TRITON, Lowering.TRITON, "not ported: the split-K weight stream wants an emit_pipeline of "
              "[block_n, 128k] tiles; M <= 16 rows leave WGMMA's 64-row tiles mostly empty"),
@@ -71,7 +75,7 @@ MOSAIC_TABLE: tuple[OpChoice, ...] = (
              "as pallas-fused (Triton kernels, XLA GEMMs): the prefill port is later work"),
 )
 
-WKV_TAIL = MOSAIC_TABLE[0]
+WKV_TAIL, SHIFT_MIX = MOSAIC_TABLE[0], MOSAIC_TABLE[1]
 
 
 def mosaic_ops(path: Path, interpret: bool) -> Ops:
@@ -81,10 +85,20 @@ def mosaic_ops(path: Path, interpret: bool) -> Ops:
     if not isinstance(path, Path):
         raise ValueError(f"path must be a rwkv_jax.Path, got {path!r}")
     base = fused_ops(path, interpret)
-    if path is Path.DENSE or WKV_TAIL.lowering(interpret) is not Lowering.MOSAIC:
+    if path is Path.DENSE:
         return base
-    return base._replace(time_mix=functools.partial(in_place_time_mix, linear=base.linear, interpret=interpret,
-                                                    tail=wkv_tail))
+    swaps = {}
+    if WKV_TAIL.lowering(interpret) is Lowering.MOSAIC:
+        swaps["time_mix"] = functools.partial(in_place_time_mix, linear=base.linear, interpret=interpret, tail=wkv_tail)
+    if SHIFT_MIX.lowering(interpret) is Lowering.MOSAIC:
+        swaps["shift_mix"] = functools.partial(in_place_shift_mix, interpret=interpret, kernel=shift_mix)
+    return base._replace(**swaps)
+
+
+def shift_mix(h, delta, shift, ln_w, ln_b, mix, *, layer: int | None = None, interpret: bool = False):
+    """The Mosaic shift_mix where the shift has h's dtype (its in-place contract), else the Triton one."""
+    kernel = mosaic_shift_mix if shift.dtype == h.dtype else triton_shift_mix
+    return kernel.shift_mix(h, delta, shift, ln_w, ln_b, mix, layer=layer, interpret=interpret)
 
 
 def wkv_tail(partials, lora, vecs, r_k, v_first, S, *, layer: int | None = None, interpret: bool = False):

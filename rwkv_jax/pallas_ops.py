@@ -169,10 +169,11 @@ def pallas_ops(path: Path, interpret: bool) -> Ops:
     )
 
 
-def in_place_shift_mix(h, delta, shift: LayerSlice, ln_w, ln_b, mix, *, interpret: bool):
-    """Contract shift_mix on a LayerSlice shift (the whole leaf, updated in place)."""
-    h, mixed, full = shift_mix_kernel.shift_mix(h, delta, shift.full, ln_w, ln_b, mix, layer=shift.layer,
-                                                interpret=interpret)
+def in_place_shift_mix(h, delta, shift: LayerSlice, ln_w, ln_b, mix, *, interpret: bool,
+                       kernel=shift_mix_kernel.shift_mix):
+    """Contract shift_mix on a LayerSlice shift (the whole leaf, updated in place); `kernel`:
+    ``shift_mix.shift_mix``'s contract (the Triton one, or ``pallas_kernels.mosaic.shift_mix``)."""
+    h, mixed, full = kernel(h, delta, shift.full, ln_w, ln_b, mix, layer=shift.layer, interpret=interpret)
     return h, mixed, LayerSlice(full, shift.layer)
 
 

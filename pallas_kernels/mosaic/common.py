@@ -10,7 +10,15 @@ from __future__ import annotations
 
 # The race record lives only in jax's private interpreter module (no public accessor in 0.11).
 from jax._src.pallas.mosaic_gpu.interpret import gpu_callbacks
+from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
+
+TMA_BOX = 256  # a TMA copy moves at most this many elements along each dimension
+
+
+def pieces(n: int) -> list[pl.Slice]:
+    """[0, n) in slices of at most TMA_BOX elements (one TMA copy each)."""
+    return [pl.ds(s, min(TMA_BOX, n - s)) for s in range(0, n, TMA_BOX)]
 
 
 def interpret_params(interpret: bool) -> plgpu.InterpretGPUParams | None:
