@@ -107,8 +107,11 @@ WKV_TAIL, SHIFT_MIX, SEGMENT_LINEAR, LORA_UP, FFN_VALUE, HEAD = MOSAIC_TABLE[:6]
 
 
 def shift_mix(h, delta, shift, ln_w, ln_b, mix, *, layer: int | None = None, interpret: bool = False):
-    """The Mosaic shift_mix where the shift has h's dtype (its in-place contract), else the Triton one."""
-    kernel = mosaic_shift_mix if shift.dtype == h.dtype else triton_shift_mix
+    """The Mosaic shift_mix where the shift has h's dtype (its in-place contract) and the row's TMA
+    copies suit, else the Triton one."""
+    items = {x.dtype.itemsize for x in (h, ln_w, mix)} | {4}  # a delta: rows in h's dtype or float32 partials
+    serves = shift.dtype == h.dtype and mosaic_shift_mix.supports(h.shape[1], items)
+    kernel = mosaic_shift_mix if serves else triton_shift_mix
     return kernel.shift_mix(h, delta, shift, ln_w, ln_b, mix, layer=layer, interpret=interpret)
 
 

@@ -17,6 +17,13 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 TMA_BOX = 256  # a TMA copy moves at most this many elements along each dimension
+TMA_BYTES = 128  # ... and a multiple of this many bytes (Mosaic splits a copy over the warpgroup's threads)
+
+
+def tma_ok(elements: int, itemsize: int) -> bool:
+    """Whether a TMA copy of this many elements moves a whole multiple of TMA_BYTES (the
+    interpreter does not check it; the GPU compile refuses it)."""
+    return (elements * itemsize) % TMA_BYTES == 0
 
 
 def pieces(n: int) -> list[pl.Slice]:

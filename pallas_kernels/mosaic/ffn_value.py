@@ -25,7 +25,7 @@ from ..common import pow2_divisor, require
 from ..quantized import QuantizedWeight
 from ..segment_linear import TARGET_PROGRAMS, choose_splits, padded_rows, sum_splits
 from ..sparse_channel_mix import relu_square
-from .common import COL, ROW, accumulate_rows, fit_tile, interpret_params, pipeline_depth, release_slot, zeros
+from .common import COL, ROW, accumulate_rows, fit_tile, interpret_params, pipeline_depth, release_slot, tma_ok, zeros
 
 F32 = jnp.float32
 MAX_M = 16
@@ -37,9 +37,13 @@ MIN_BLOCK_C = 8
 
 def supports(M: int, F: int, C: int, w_val_t=None, skip: bool = False) -> bool:
     """Whether the kernel serves M rows of F units and C outputs with this value weight (plain
-    [F, C]; quantized ones and `skip` take the Triton kernel)."""
-    return (1 <= M <= MAX_M and not skip and not isinstance(w_val_t, QuantizedWeight)
-            and pow2_divisor(F, MAX_BLOCK_F) >= MIN_BLOCK_F and pow2_divisor(C, MAX_BLOCK_C) >= MIN_BLOCK_C)
+    [F, C]; quantized ones and `skip` take the Triton kernel), its TMA copies whole multiples
+    of 128 bytes (``common.tma_ok``)."""
+    if not (1 <= M <= MAX_M and not skip and not isinstance(w_val_t, QuantizedWeight)
+            and pow2_divisor(F, MAX_BLOCK_F) >= MIN_BLOCK_F and pow2_divisor(C, MAX_BLOCK_C) >= MIN_BLOCK_C):
+        return False
+    _, bc = blocks(M, F, C)
+    return tma_ok(padded_rows(M) * bc, 4)  # the output block [Mp, bc] float32
 
 
 def blocks(M: int, F: int, C: int) -> tuple[int, int]:

@@ -25,7 +25,7 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 from ..common import require
 from ..segment_linear import sum_splits
 from ..time_mix import LORA_ACTIVATIONS
-from .common import TMA_BOX, interpret_params
+from .common import TMA_BOX, interpret_params, tma_ok
 
 F32 = jnp.float32
 MAX_M = 16
@@ -44,9 +44,10 @@ def smem_bytes(splits: int, Mp: int, C: int, widths, dtype) -> int:
 
 
 def supports(M: int, splits: int, Mp: int, C: int, widths, dtype) -> bool:
-    """Whether the kernel serves these rows, widths and C (see module doc)."""
+    """Whether the kernel serves these rows, widths and C (see module doc), each pair's partials
+    copy a whole multiple of 128 bytes (``common.tma_ok``: one row of 16 float32 is not)."""
     return (1 <= M <= min(MAX_M, Mp) and Mp <= TMA_BOX and C % BLOCK_C == 0
-            and all(d % 8 == 0 and d <= TMA_BOX for d in widths)
+            and all(d % 8 == 0 and d <= TMA_BOX and tma_ok(splits * Mp * d, 4) for d in widths)
             and smem_bytes(splits, Mp, C, widths, dtype) <= SMEM_LIMIT)
 
 

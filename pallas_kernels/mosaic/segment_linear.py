@@ -29,7 +29,7 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 from ..common import pow2_divisor, require
 from ..quantized import QuantizedWeight
 from ..segment_linear import TARGET_PROGRAMS, choose_splits, padded_rows
-from .common import COL, ROW, accumulate_rows, fit_tile, interpret_params, pipeline_depth, release_slot, zeros
+from .common import COL, ROW, accumulate_rows, fit_tile, interpret_params, pipeline_depth, release_slot, tma_ok, zeros
 
 F32 = jnp.float32
 MAX_M = 16       # rows served (one accumulator vector per row in registers)
@@ -41,10 +41,14 @@ MIN_BLOCK_K = 64   # a WGMMA-layout row block
 
 def supports(M: int, Ns, K: int, weights=()) -> bool:
     """Whether the kernel serves M rows, segment widths Ns, depth K and these weights (plain
-    bfloat16 / float16 / float32 arrays; quantized ones take the Triton kernel)."""
-    return (1 <= M <= MAX_M and pow2_divisor(K, MAX_BLOCK_K) >= MIN_BLOCK_K
+    bfloat16 / float16 / float32 arrays; quantized ones take the Triton kernel), its TMA copies
+    whole multiples of 128 bytes (``common.tma_ok``)."""
+    if not (1 <= M <= MAX_M and pow2_divisor(K, MAX_BLOCK_K) >= MIN_BLOCK_K
             and min(pow2_divisor(n, MAX_BLOCK_N) for n in Ns) >= MIN_BLOCK_N
-            and not any(isinstance(w, QuantizedWeight) for w in weights))
+            and not any(isinstance(w, QuantizedWeight) for w in weights)):
+        return False
+    bn, _ = blocks(M, Ns, K)
+    return tma_ok(padded_rows(M) * bn, 4)  # the output block [Mp, bn] float32 (one row of 16 columns is not)
 
 
 def _body(*refs, starts, nblocks, inputs, M, tiles, bn, bk, depth):

@@ -24,7 +24,7 @@ from rwkv7_core.constants import LN_EPS
 
 from ..common import require
 from ..segment_linear import SplitSum, sum_splits
-from .common import interpret_params, pieces
+from .common import interpret_params, pieces, tma_ok
 
 F32 = jnp.float32
 LANES = 128  # a warpgroup vector holds a multiple of this many elements
@@ -33,6 +33,12 @@ LANES = 128  # a warpgroup vector holds a multiple of this many elements
 def padded(C: int) -> int:
     """C rounded up to a whole number of warpgroup vectors."""
     return -(-C // LANES) * LANES
+
+
+def supports(C: int, itemsizes) -> bool:
+    """Whether every TMA copy of a C-element row (pieces of at most 256) in arrays of these
+    item sizes moves a whole multiple of 128 bytes (``common.tma_ok``)."""
+    return all(tma_ok(cols.size, item) for cols in pieces(C) for item in itemsizes)
 
 
 def _body(*refs, n_mix: int, C: int, delta_kind: str, layer: int | None):
@@ -122,6 +128,8 @@ def shift_mix(h, delta, shift, ln_w, ln_b, mix, *, layer: int | None = None, int
     require(ln_w.shape == (C,) and ln_b.shape == (C,), "shift_mix: ln_w and ln_b must be [C]")
     require(mix.ndim == 2 and mix.shape[1] == C, f"shift_mix: mix must be [n, C], got {mix.shape}")
     require(ln_w.dtype == ln_b.dtype, "shift_mix: ln_w and ln_b must share a dtype")
+    itemsizes = {x.dtype.itemsize for x in (h, ln_w, mix) + (() if delta is None else (delta,))}
+    require(supports(C, itemsizes), f"shift_mix (Mosaic): a row of C={C} makes a TMA copy of a partial 128 bytes")
     Cp = padded(C)
     delta_kind = "none" if delta is None else ("partials" if partials else "rows")
     scratch = [plgpu.SMEM((1, Cp), dtype)]

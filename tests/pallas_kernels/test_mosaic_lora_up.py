@@ -1,6 +1,6 @@
 """The Mosaic GPU lora_up in GPU interpret mode (race detection on, out-of-bounds reads raising)
 against ``lora_up_reference`` on fresh seeded split-K partials: the three (first layer) and four
-pairs with every activation, LoRA widths 16, 32, 48, 96 (pieces of 64 and a remainder) and 256,
+pairs with every activation, LoRA widths 16, 32, 64, 96 (a piece of 64 and a remainder) and 256,
 C = 128 and 192 (two and three programs), M = 1, 3 and 16 over padded rows (written as zeros),
 1 and 3 splits, float32 and bfloat16. Needs jax >= 0.11."""
 from __future__ import annotations
@@ -25,7 +25,7 @@ if jax_version() >= MOSAIC_MIN_JAX:  # GPU interpret mode's modules exist from j
 
 
 @pytest.mark.parametrize("M,Mp,C,widths,kinds,splits,dtype", [
-    (1, 1, 128, [48, 32, 16, 96], "wavg", 1, jnp.float32),
+    (1, 1, 128, [32, 64, 32, 96], "wavg", 1, jnp.float32),
     (3, 16, 192, [32, 16, 256], "wag", 3, jnp.bfloat16),
     (16, 16, 128, [16, 16, 16, 32], "wavg", 2, jnp.float32),
 ])
@@ -49,8 +49,8 @@ def test_mosaic_lora_up_matches_reference(M, Mp, C, widths, kinds, splits, dtype
 
 
 def test_mosaic_lora_up_declines_what_the_triton_kernel_keeps():
-    """More than MAX_M rows, widths not a multiple of 8 or past TMA's box, C not a multiple of
-    64, or buffers past the shared-memory limit go to the Triton kernel (``rwkv_jax.mosaic_ops``)."""
+    """More than MAX_M rows, widths not a multiple of 8 or past TMA's box, partials copies not a
+    whole multiple of 128 bytes, C not a multiple of 64, or buffers past the shared-memory limit go to the Triton kernel (``rwkv_jax.mosaic_ops``)."""
     f32 = jnp.float32
     assert mosaic_lora_up.supports(16, 4, 16, 2048, [96, 96, 64, 256], jnp.bfloat16)
     assert not mosaic_lora_up.supports(17, 1, 32, 2048, [96], f32)
@@ -58,3 +58,5 @@ def test_mosaic_lora_up_declines_what_the_triton_kernel_keeps():
     assert not mosaic_lora_up.supports(1, 1, 1, 2048, [320], f32)
     assert not mosaic_lora_up.supports(1, 1, 1, 160, [32], f32)
     assert not mosaic_lora_up.supports(16, 8, 16, 2048, [256, 256, 256, 256], f32)
+    assert not mosaic_lora_up.supports(1, 1, 1, 2048, [16], f32)  # 64 bytes of partials: not a TMA copy
+    assert mosaic_lora_up.supports(1, 2, 16, 2048, [16], f32)

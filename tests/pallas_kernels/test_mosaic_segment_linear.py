@@ -1,6 +1,6 @@
 """The Mosaic GPU segment_linear in GPU interpret mode (race detection on, out-of-bounds reads
 raising) against ``segment_linear_reference`` on fresh seeded inputs: one segment and several
-reading different inputs, widths sharing only a divisor of 16 (LoRA downs), 1 to 3 K splits,
+reading different inputs, widths sharing only a divisor of 16 or 32 (LoRA downs), 1 to 3 K splits,
 deep pipelines (more K tiles than stages), M = 1, 3 (padded rows written as zeros) and 16
 (the narrowed tiles); float32 (exact: no TF32), bfloat16, float16. Needs jax >= 0.11."""
 from __future__ import annotations
@@ -29,7 +29,7 @@ def _inputs(seed: int, M: int, K: int, Ns, n_in: int, dtype):
 
 
 @pytest.mark.parametrize("M,K,Ns,inputs,splits,dtype", [
-    (1, 128, [32, 16], [0, 1], None, jnp.float32),
+    (1, 128, [32, 64], [0, 1], None, jnp.float32),
     (3, 512, [64, 32, 16, 48], [2, 0, 1, 1], 2, jnp.bfloat16),
     (1, 2048, [128], [0], 1, jnp.float16),  # 16 K tiles through 6 pipeline slots
     (16, 256, [64, 32], [0, 0], 2, jnp.float32),
@@ -53,8 +53,8 @@ def test_mosaic_segment_linear_matches_reference(M, K, Ns, inputs, splits, dtype
 
 
 def test_mosaic_segment_linear_declines_what_the_triton_kernel_keeps():
-    """Quantized weights, more than MAX_M rows, widths without a divisor of 8 or K without one
-    of 64 are not served (``rwkv_jax.mosaic_ops`` runs the Triton kernel for them)."""
+    """Quantized weights, more than MAX_M rows, widths without a divisor of 8, K without one
+    of 64, or an output block that is not a whole multiple of 128 bytes are not served (``rwkv_jax.mosaic_ops`` runs the Triton kernel for them)."""
     _, ws = _inputs(1, 1, 256, [64], 1, jnp.float32)
     assert mosaic_segment_linear.supports(1, [64], 256, ws)
     int8 = QuantizedWeight(jnp.zeros((64, 256), jnp.int8), jnp.ones((64, 2), jnp.float32))
@@ -62,6 +62,8 @@ def test_mosaic_segment_linear_declines_what_the_triton_kernel_keeps():
     assert not mosaic_segment_linear.supports(mosaic_segment_linear.MAX_M + 1, [64], 256)
     assert not mosaic_segment_linear.supports(1, [64, 12], 256)
     assert not mosaic_segment_linear.supports(1, [64], 96)
+    assert not mosaic_segment_linear.supports(1, [64, 16], 256)  # one row of 16 float32: a 64-byte TMA copy
+    assert mosaic_segment_linear.supports(2, [64, 16], 256)      # 16 padded rows of them
 
 
 def test_mosaic_segment_linear_tiles_fit_the_registers():

@@ -69,6 +69,12 @@ def test_mosaic_shift_mix_rows_are_padded_to_warpgroup_vectors():
     assert [mosaic_shift_mix.padded(C) for C in (128, 192, 2048, 2560)] == [128, 256, 2048, 2560]
 
 
+def test_mosaic_shift_mix_serves_rows_of_whole_tma_copies():
+    """A row's TMA pieces (<= 256 elements) must each move a multiple of 128 bytes."""
+    assert mosaic_shift_mix.supports(192, {2, 4}) and mosaic_shift_mix.supports(2560, {2})
+    assert not mosaic_shift_mix.supports(200, {2}) and not mosaic_shift_mix.supports(2048 + 16, {4})
+
+
 def test_mosaic_shift_mix_rejects_a_shift_of_another_dtype():
     h, shift, ln_w, ln_b, mix, _ = _inputs(0, 1, 128, 1, None, jnp.float32)
     with pytest.raises(ValueError, match="shift must be"):
