@@ -2,8 +2,9 @@
 (``pallas_kernels.shift_mix``'s contract and reference, ``shift_mix_reference``).
 
 One program (one warpgroup) per row: TMA copies bring the row of h, its delta (a [B, C] row or
-the previous product's split-K partials), its token-shift row, the LayerNorm vectors and the
-mixes into shared memory under one barrier; the results go back by TMA, the new shift row to the
+the previous product's split-K partials: in groups of splits that fit ``PARTIALS_SMEM``, summed
+in split order, each group copied once the previous one is read), its token-shift row, the
+LayerNorm vectors and the mixes into shared memory; the results go back by TMA, the new shift row to the
 same place in the whole state leaf (a ``jax.new_ref``: updated in place). A warpgroup vector
 must hold a multiple of 128 elements, so every row lives in shared memory padded to
 Cp = C rounded up to 128 (C = 192 -> 256): the buffers are zeroed before the copies land in
@@ -23,11 +24,12 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 from rwkv7_core.constants import LN_EPS
 
 from ..common import require
-from ..segment_linear import SplitSum, sum_splits
+from ..segment_linear import SplitSum
 from .common import interpret_params, pieces, tma_ok
 
 F32 = jnp.float32
 LANES = 128  # a warpgroup vector holds a multiple of this many elements
+PARTIALS_SMEM = 64 * 1024  # shared memory for a delta's split-K partials (more splits: in groups)
 
 
 def padded(C: int) -> int:
@@ -41,13 +43,23 @@ def supports(C: int, itemsizes) -> bool:
     return all(tma_ok(cols.size, item) for cols in pieces(C) for item in itemsizes)
 
 
+def split_group(splits: int, Cp: int) -> int:
+    """Splits of the partials held in shared memory at once: the largest divisor of `splits`
+    whose float32 rows fit PARTIALS_SMEM (at least 1)."""
+    return max(g for g in range(1, splits + 1) if splits % g == 0 and (g == 1 or g * Cp * 4 <= PARTIALS_SMEM))
+
+
 def _body(*refs, n_mix: int, C: int, delta_kind: str, layer: int | None):
+    d_bar = None
     if delta_kind == "none":
         h_ref, lw_ref, lb_ref, mix_ref, s_ref, h_out_ref, mixed_ref, h_sm, v_sm, mix_sm, s_sm, o_sm, bar = refs
         d_ref = d_sm = None
-    else:
+    elif delta_kind == "rows":
         (h_ref, d_ref, lw_ref, lb_ref, mix_ref, s_ref, h_out_ref, mixed_ref,
          h_sm, d_sm, v_sm, mix_sm, s_sm, o_sm, bar) = refs
+    else:
+        (h_ref, d_ref, lw_ref, lb_ref, mix_ref, s_ref, h_out_ref, mixed_ref,
+         h_sm, d_sm, v_sm, mix_sm, s_sm, o_sm, bar, d_bar) = refs
     b = jax.lax.axis_index("b")
     shift = s_ref.at[b] if layer is None else s_ref.at[b, layer]
     dtype = h_out_ref.dtype
@@ -57,12 +69,20 @@ def _body(*refs, n_mix: int, C: int, delta_kind: str, layer: int | None):
         if buf is not None and buf.shape[-1] != C:
             buf[...] = jnp.zeros(buf.shape, buf.dtype)
     plgpu.commit_smem()
+
+    def copy_splits(g: int):
+        """The partials of split group g into d_sm (one split a copy: shared memory pieces
+        are contiguous), on barrier g."""
+        group = d_sm.shape[0]
+        for s in range(g * group, (g + 1) * group):
+            for cols in pieces(C):
+                plgpu.copy_gmem_to_smem(d_ref.at[s, b, cols], d_sm.at[s - g * group, cols], d_bar.at[g])
+
+    if delta_kind == "partials":
+        copy_splits(0)
     for cols in pieces(C):  # TMA copies of at most TMA_BOX elements a row
         plgpu.copy_gmem_to_smem(h_ref.at[pl.ds(b, 1), cols], h_sm.at[:, cols], bar)
-        if delta_kind == "partials":  # shared memory pieces are contiguous: one split a copy
-            for s in range(d_sm.shape[0]):
-                plgpu.copy_gmem_to_smem(d_ref.at[s, b, cols], d_sm.at[s, cols], bar)
-        elif delta_kind == "rows":
+        if delta_kind == "rows":
             plgpu.copy_gmem_to_smem(d_ref.at[pl.ds(b, 1), cols], d_sm.at[:, cols], bar)
         plgpu.copy_gmem_to_smem(lw_ref.at[cols], v_sm.at[0, cols], bar)
         plgpu.copy_gmem_to_smem(lb_ref.at[cols], v_sm.at[1, cols], bar)
@@ -80,8 +100,17 @@ def _body(*refs, n_mix: int, C: int, delta_kind: str, layer: int | None):
         return plgpu.load(ref, layout=layout, optimized=False)
 
     h = row(h_sm.at[0])
-    if delta_kind == "partials":
-        h = h + sum_splits(lambda s: row(d_sm.at[s]), d_sm.shape[0], dtype).astype(dtype)
+    if delta_kind == "partials":  # summed in split order, group by group through d_sm
+        total = None
+        for g in range(d_ref.shape[0] // d_sm.shape[0]):
+            if g:
+                plgpu.commit_smem()  # the previous group's reads before these copies overwrite d_sm
+                copy_splits(g)
+            plgpu.barrier_wait(d_bar.at[g])
+            for j in range(d_sm.shape[0]):
+                split = row(d_sm.at[j])
+                total = split if total is None else total + split
+        h = h + total.astype(dtype)  # rounded as sum_splits rounds the reference's product
     elif delta_kind == "rows":
         h = h + row(d_sm.at[0]).astype(dtype)
     o_sm[0] = h
@@ -133,11 +162,14 @@ def shift_mix(h, delta, shift, ln_w, ln_b, mix, *, layer: int | None = None, int
     Cp = padded(C)
     delta_kind = "none" if delta is None else ("partials" if partials else "rows")
     scratch = [plgpu.SMEM((1, Cp), dtype)]
-    delta_rows = 0 if delta is None else (delta.shape[0] if partials else 1)
+    group = split_group(delta.shape[0], Cp) if partials else 1
     if delta is not None:
-        scratch.append(plgpu.SMEM((delta_rows, Cp), delta.dtype))
+        scratch.append(plgpu.SMEM((group, Cp), delta.dtype))
+    rows_delta = delta is not None and not partials
     scratch += [plgpu.SMEM((2, Cp), ln_w.dtype), plgpu.SMEM((n_mix, Cp), mix.dtype), plgpu.SMEM((1, Cp), dtype),
-                plgpu.SMEM((1 + n_mix, Cp), dtype), plgpu.Barrier(num_arrivals=(4 + n_mix + delta_rows) * len(pieces(C)))]
+                plgpu.SMEM((1 + n_mix, Cp), dtype), plgpu.Barrier(num_arrivals=(4 + n_mix + rows_delta) * len(pieces(C)))]
+    if partials:
+        scratch.append(plgpu.Barrier(num_arrivals=group * len(pieces(C)), num_barriers=delta.shape[0] // group))
     kernel = plgpu.kernel(
         functools.partial(_body, n_mix=n_mix, C=C, delta_kind=delta_kind, layer=layer),
         out_type=(jax.ShapeDtypeStruct((B, C), dtype), jax.ShapeDtypeStruct((n_mix, B, C), dtype)),

@@ -2,7 +2,8 @@
 against ``shift_mix_reference`` on fresh seeded inputs: C = 192 (a row padded to two warpgroup
 vectors), 128 and 2048; no delta, a [B, C] delta and split-K partials with padded rows; one
 row, several rows and the whole [B, L, C] shift leaf updated in place (the other layers
-untouched); float32 and bfloat16; 6 mixes (time-mix) and 1 (channel-mix). Needs jax >= 0.11."""
+untouched); 32 split-K partials summed in groups through shared memory; float32 and
+bfloat16; 6 mixes (time-mix) and 1 (channel-mix). Needs jax >= 0.11."""
 from __future__ import annotations
 
 import jax
@@ -37,13 +38,15 @@ def _inputs(seed: int, B: int, C: int, n: int, L: int | None, dtype):
     (1, 128, 1, None, None, jnp.float32),
     (3, 2048, 1, "rows", None, jnp.float32),
     (1, 192, 6, "rows", None, jnp.float32),
+    (2, 2048, 6, "many splits", 2, jnp.bfloat16),
 ])
 def test_mosaic_shift_mix_matches_reference(B, C, n, delta, L, dtype):
     mosaic_common.reset_interpreter()
     h, shift, ln_w, ln_b, mix, key = _inputs(B * 11 + C + n, B, C, n, L, dtype)
     layer = None if L is None else L - 2
-    if delta == "partials":  # 3 splits over B + 2 padded rows (the padding is not read)
-        given = jax.random.normal(key, (3, B + 2, C))
+    if delta in ("partials", "many splits"):  # over B + 2 padded rows (the padding is not read)
+        # 3 splits fit shared memory at once; 32 at C = 2048 go through it in groups of 8
+        given = jax.random.normal(key, (3 if delta == "partials" else 32, B + 2, C))
         wrap = lambda d: SplitSum(d, B, dtype)  # noqa: E731
         want_delta = wrap(given).total()
     else:
@@ -67,6 +70,11 @@ def test_mosaic_shift_mix_matches_reference(B, C, n, delta, L, dtype):
 
 def test_mosaic_shift_mix_rows_are_padded_to_warpgroup_vectors():
     assert [mosaic_shift_mix.padded(C) for C in (128, 192, 2048, 2560)] == [128, 256, 2048, 2560]
+
+
+def test_mosaic_shift_mix_holds_as_many_splits_as_fit():
+    assert mosaic_shift_mix.split_group(3, 2048) == 3 and mosaic_shift_mix.split_group(32, 2048) == 8
+    assert mosaic_shift_mix.split_group(7, 2560) == 1
 
 
 def test_mosaic_shift_mix_serves_rows_of_whole_tma_copies():
