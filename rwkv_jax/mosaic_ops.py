@@ -70,22 +70,25 @@ MOSAIC_TABLE: tuple[OpChoice, ...] = (
     OpChoice("residual + LayerNorm + token-shift mixes (shift_mix)", Lowering.MOSAIC, Lowering.MOSAIC,
              "pallas_kernels/mosaic/shift_mix.py: one warpgroup per row; the row, its delta (row or split-K "
              "partials), LayerNorm vectors and mixes copied by TMA into shared memory padded to a multiple of "
-             "128 elements (C = 192 -> 256: zeroed padding, the variance corrected for it); the shift row "
-             "written back in place; a shift leaf of another dtype than h takes the Triton kernel"),
+             "128 elements (C = 192 -> 256: zeroed padding, the variance corrected for it), a delta's split-K "
+             "partials in groups that fit 64 KiB; the shift row written back in place; a shift leaf of another "
+             "dtype than h, or a row whose TMA pieces are not whole multiples of 128 bytes, takes the Triton kernel"),
     OpChoice("small-M products: r/k/v + LoRA downs, output, FFN key (segment_linear)", Lowering.MOSAIC,
              Lowering.MOSAIC,
              "pallas_kernels/mosaic/segment_linear.py for plain bfloat16 / float16 / float32 weights and "
              "M <= 16 rows: an emit_pipeline of TMA-copied [bn, bk] weight tiles per segment (depth from the "
              "shared-memory budget), read transposed in the WGMMA layout so segment widths need a divisor of "
              "8 (LoRA widths 16, 32, 96), CUDA-core products (exact in float32: no TF32, which a float32 "
-             "wgmma would use); int8 / fp8 / int4 weights and M > 16 rows (where a wgmma product with "
-             "64-row tiles pays off; not ported) take the Triton kernel"),
+             "wgmma would use); int8 / fp8 / int4 weights, M > 16 rows (where a wgmma product with "
+             "64-row tiles pays off; not ported) and an output block under a whole 128 bytes (one row of a "
+             "16-wide segment: TMA) take the Triton kernel"),
     OpChoice("LoRA ups (lora_up)", Lowering.MOSAIC, Lowering.MOSAIC,
              "pallas_kernels/mosaic/lora_up.py for M <= 16 rows: one warpgroup per 64 output columns, the "
              "pairs' down partials and up blocks copied by TMA under one barrier, each up block in the WGMMA "
              "layout with the LoRA width as its columns (pieces of <= 64, multiples of 8: widths 16, 48, 96 "
-             "unpadded); widths not a multiple of 8 or over 256 (TMA's box), C not a multiple of 64, more "
-             "rows, or buffers over 200 KiB of shared memory take the Triton kernel"),
+             "unpadded); widths not a multiple of 8 or over 256 (TMA's box), a pair's partials under a whole "
+             "128 bytes, C not a multiple of 64, more rows, or buffers over 200 KiB of shared memory take the "
+             "Triton kernel"),
     OpChoice("channel-mix value product (ffn_value)", Lowering.MOSAIC, Lowering.MOSAIC,
              "pallas_kernels/mosaic/ffn_value.py, the dense product, plain bfloat16 / float16 / float32 "
              "weights, M <= 16 rows: an emit_pipeline of TMA-copied key partials and [bf, bc] value tiles "
