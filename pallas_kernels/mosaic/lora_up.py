@@ -4,7 +4,8 @@ as split-K partials (``pallas_kernels.lora_up``'s contract; reference ``lora_up_
 One program (one warpgroup) per 64 output columns: TMA copies bring, under one barrier, each
 pair's down partials [splits, Mp, d_i] and its up weight block [64, d_i] into shared memory.
 Per pair the partials are summed and rounded to the model dtype, passed through the pair's
-activation (``time_mix.LORA_ACTIVATIONS``) and multiplied by the up block: the block sits in the
+activation (``time_mix.LORA_ACTIVATIONS``) and multiplied by the up block, one row at a time
+(the block re-read from shared memory for each: fewer live registers): the block sits in the
 WGMMA register layout (64 rows; its columns, the LoRA width, in pieces of at most 64, each a
 multiple of 8, so widths such as 16, 48 or 96 need no padding), each row's activations in that
 layout's column vectors, and a reduction along the columns gives the row's 64 outputs
@@ -64,19 +65,17 @@ def _body(p_ref, *refs, offsets, widths, kinds, M, dtype):
     splits, Mp = p_sms[0].shape[:2]
     for i, (d, kind) in enumerate(zip(widths, kinds)):
         act = LORA_ACTIVATIONS[kind]
-        accs = [None] * M
-        for start in range(0, d, PIECE):
-            piece = pl.ds(start, min(PIECE, d - start))
-            u = plgpu.load(u_sms[i].at[:, piece], layout=plgpu.Layout.WGMMA, optimized=False).astype(F32)
-            for m in range(M):
+        for m in range(Mp):  # one row at a time (the up block re-read from shared memory): few live registers
+            acc = plgpu.layout_cast(jnp.zeros((BLOCK_C,), F32), ROW)
+            for start in range(0, d, PIECE) if m < M else ():
+                piece = pl.ds(start, min(PIECE, d - start))
+                u = plgpu.load(u_sms[i].at[:, piece], layout=plgpu.Layout.WGMMA, optimized=False).astype(F32)
                 h = sum_splits(lambda s: plgpu.load(p_sms[i].at[s, m, piece], layout=COL, optimized=False),  # noqa: B023 - called in this iteration
                                splits, dtype)
                 if act is not None:
                     h = act(h).astype(dtype).astype(F32)
-                part = jnp.sum(u * jax.lax.broadcast_in_dim(h, u.shape, (1,)), axis=1)
-                accs[m] = part if accs[m] is None else accs[m] + part
-        for m in range(Mp):
-            o_sm[i, m] = (accs[m] if m < M else plgpu.layout_cast(jnp.zeros((BLOCK_C,), F32), ROW)).astype(dtype)
+                acc = acc + jnp.sum(u * jax.lax.broadcast_in_dim(h, u.shape, (1,)), axis=1)
+            o_sm[i, m] = acc.astype(dtype)
     plgpu.commit_smem()
     plgpu.copy_smem_to_gmem(o_sm, o_ref.at[:, :, cols])
     plgpu.wait_smem_to_gmem(0)
