@@ -22,7 +22,8 @@ PYTEST = -m pytest -n 2 --dist worksteal -q --durations=25
 # the engines under the scheduler, Python 3.12's protocol checks on replicas, the GPU script.
 GPU_STACK_TESTS := tests/rwkv_jax tests/pallas_kernels tests/rwkv_torch_ref tests/integration \
 	tests/rwkv7_apps/test_replica_capabilities.py tests/rwkv7_apps/test_data_parallel_cli.py \
-	tests/rwkv7_apps/test_gpu_compile.py tests/benchmarks/test_gpu_check_smoke.py
+	tests/rwkv7_apps/test_gpu_compile.py tests/benchmarks/test_gpu_check_smoke.py \
+	tests/benchmarks/test_decode_mosaic_report_smoke.py
 # Tests share one JAX compilation cache per stack (in-process compiles and every CLI
 # subprocess): the same tiny-model executables are compiled by many tests.
 TEST_ENV = JAX_PLATFORMS=cpu RWKV7_CUDA_PLUGIN_DIR=$(abspath $(call PLUGIN,$(1))) \

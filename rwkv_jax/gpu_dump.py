@@ -241,14 +241,21 @@ def ptxas_resources(ptx_files, arch: str = "sm_90a",
             errors.append(f"ptxas {release[0]}.{release[1]} ({exe}) rejected {os.path.basename(path)} "
                           f"(PTX ISA {ptx_version(path)}): {' '.join(text.split())[:300]}")
             continue
-        for name, body in re.findall(r"Compiling entry function '(\w+)'.*?\n(.*?)(?=Compiling entry|\Z)", text, re.S):
-            stack = re.search(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads", body)
-            regs = re.search(r"Used (\d+) registers", body)
-            smem = re.search(r"(\d+) bytes smem", body)
-            out[name] = PtxasResources(registers=int(regs[1]) if regs else 0, stack_bytes=int(stack[1]) if stack else 0,
-                                       spill_bytes=int(stack[2]) + int(stack[3]) if stack else 0,
-                                       static_shared_bytes=int(smem[1]) if smem else 0)
+        out.update(parse_ptxas(text))
     return out, errors
+
+
+def parse_ptxas(text: str) -> dict[str, PtxasResources]:
+    """{entry name: PtxasResources} from the text of ``ptxas -v``."""
+    out = {}
+    for name, body in re.findall(r"Compiling entry function '(\w+)'.*?\n(.*?)(?=Compiling entry|\Z)", text, re.S):
+        stack = re.search(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads", body)
+        regs = re.search(r"Used (\d+) registers", body)
+        smem = re.search(r"(\d+) bytes smem", body)
+        out[name] = PtxasResources(registers=int(regs[1]) if regs else 0, stack_bytes=int(stack[1]) if stack else 0,
+                                   spill_bytes=int(stack[2]) + int(stack[3]) if stack else 0,
+                                   static_shared_bytes=int(smem[1]) if smem else 0)
+    return out
 
 
 def ptx_entries(path: str) -> list[str]:

@@ -46,7 +46,6 @@ from pallas_kernels import wkv_operands as operands_kernel
 from pallas_kernels import wkv_output as output_kernel
 from pallas_kernels import wkv_seq as wkv_seq_kernel
 from pallas_kernels import wkv_step as wkv_step_kernel
-from pallas_kernels import wkv_tail as wkv_tail_kernel
 from pallas_kernels.quantized import QuantizedWeight
 from pallas_kernels.time_mix import time_mix_reference, wkv_operands_reference, wkv_output_reference
 
@@ -179,33 +178,36 @@ def wkv_step(r, w, k, v, kk, a, S, *, interpret: bool):
     return y, _like(S, new)
 
 
-def in_place_shift_mix(h, delta, shift: LayerSlice, ln_w, ln_b, mix, *, interpret: bool):
-    """Contract shift_mix on a LayerSlice shift (the whole leaf, updated in place)."""
-    h, mixed, full = shift_mix_kernel.shift_mix(h, delta, shift.full, ln_w, ln_b, mix, layer=shift.layer,
-                                                interpret=interpret)
+def in_place_shift_mix(h, delta, shift: LayerSlice, ln_w, ln_b, mix, *, interpret: bool,
+                       kernel=shift_mix_kernel.shift_mix):
+    """Contract shift_mix on a LayerSlice shift (the whole leaf, updated in place); `kernel`:
+    ``shift_mix.shift_mix``'s contract (the Triton one, or ``pallas_kernels.mosaic.shift_mix``)."""
+    h, mixed, full = kernel(h, delta, shift.full, ln_w, ln_b, mix, layer=shift.layer, interpret=interpret)
     return h, mixed, LayerSlice(full, shift.layer)
 
 
 def in_place_time_mix(mixed, wts, S: LayerSlice, v_first, *, first: bool, wkv, linear, interpret: bool,
-                      tail=wkv_tail_kernel.wkv_tail):
-    """Contract time_mix on a LayerSlice state: the four fused launches (`tail`: the wkv tail
-    kernel, see ``fused_time_mix``), or (for shapes they do not serve) the reference on the
+                      kernels: fused_time_mix_kernel.FusedKernels = fused_time_mix_kernel.TRITON):
+    """Contract time_mix on a LayerSlice state: the four fused launches (`kernels`: the set they
+    launch, see ``fused_time_mix``), or (for shapes they do not serve) the reference on the
     layer's rows written back."""
     if fused_time_mix_kernel.supports(mixed.shape[1], wts):
         out, full, v_first = fused_time_mix_kernel.fused_time_mix(
-            mixed, wts, S.full, v_first, first=first, layer=S.layer, interpret=interpret, tail=tail)
+            mixed, wts, S.full, v_first, first=first, layer=S.layer, interpret=interpret,
+            kernels=kernels)
         return out, LayerSlice(full, S.layer), v_first
     out, rows, v_first = time_mix_reference(mixed, wts, S.rows(), v_first, first=first, linear=linear, wkv=wkv)
     return out, S.replace(rows), v_first
 
 
-def fused_channel_mix(xk, w_key, w_val_t, *, fallback, interpret: bool):
-    """Contract channel_mix (a SplitSum result) by the fused kernels, else `fallback`; the value
-    rows of zero activations are skipped while rows <= SPARSE_MAX_ROWS, as in `channel_mix`."""
+def fused_channel_mix(xk, w_key, w_val_t, *, fallback, interpret: bool,
+                      kernels: fused_time_mix_kernel.FusedKernels = fused_time_mix_kernel.TRITON):
+    """Contract channel_mix (a SplitSum result) by the fused kernels (`kernels`), else `fallback`;
+    the value rows of zero activations are skipped while rows <= SPARSE_MAX_ROWS, as in `channel_mix`."""
     M = xk.shape[0]
     if fused_time_mix_kernel.channel_mix_supported(M, w_key, w_val_t):
         return fused_time_mix_kernel.fused_channel_mix(xk, w_key, w_val_t, skip=M <= SPARSE_MAX_ROWS,
-                                                       interpret=interpret)
+                                                       interpret=interpret, kernels=kernels)
     return fallback(xk, w_key, w_val_t)
 
 
