@@ -22,6 +22,11 @@ import threading
 import time
 import urllib.request
 
+import numpy as np
+import uvicorn
+
+from scheduler.replicas.replica_set import ReplicaSet
+
 from ..engines import random_model_path
 from ..options import (
     add_engine_options,
@@ -31,11 +36,19 @@ from ..options import (
     check_engine_args,
     sampling_defaults,
 )
+from ..scheduler_setup import build_scheduler
 from ..states import register_states, state_option
+from . import structured
+from .app import create_app
 from .connections import add_connection_options, connection_limits, guarded_protocol
+from .job import Context, Limits
 from .limits import DEFAULT_MAX_REPLY_ENTRIES
+from .metrics import ServerMetrics
+from .replica_metrics import ReplicaCollector
 from .request_ids import LogFilter
-from .response_store import DEFAULT_MAX_COUNT, DEFAULT_MAX_MB
+from .response_store import DEFAULT_MAX_COUNT, DEFAULT_MAX_MB, ResponseStore
+from .service import Service, ServiceClosed
+from .shutdown import DrainingServer
 
 OPENAI_DEFAULTS = {"temperature": 1.0, "top_p": 1.0}
 """rwkv7-serve's sampling defaults where a request omits the fields: OpenAI's (vLLM's too,
@@ -122,16 +135,6 @@ def build_app(sched, model_name: str, defaults: dict, limits, ready, seed: int |
     routes; ``states``: the named initial states ({name: NamedState}); ``responses``: the
     Responses API's ResponseStore (None: default bounds); ``metrics_open``: /metrics without the key;
     ``state_dtype``: the engine's wkv state dtype (reported by /v1/models)."""
-    import numpy as np
-
-    from scheduler.replicas.replica_set import ReplicaSet
-
-    from .app import create_app
-    from .job import Context
-    from .metrics import ServerMetrics
-    from .replica_metrics import ReplicaCollector
-    from .service import Service
-
     metrics = ServerMetrics(sched)
     if isinstance(sched, ReplicaSet):
         metrics.registry.register(ReplicaCollector(sched))
@@ -143,15 +146,6 @@ def build_app(sched, model_name: str, defaults: dict, limits, ready, seed: int |
 
 
 def main(argv: list[str] | None = None) -> int:
-    import uvicorn
-
-    from scheduler.replicas.replica_set import ReplicaSet
-
-    from ..scheduler_setup import build_scheduler
-    from .job import Limits
-    from .response_store import ResponseStore
-    from .shutdown import DrainingServer
-
     parser = build_parser()
     args = parser.parse_args(argv)
     check_args(parser, args)
@@ -194,9 +188,6 @@ def main(argv: list[str] | None = None) -> int:
 def _warm_up(sched, service, server, ready: threading.Event, args: argparse.Namespace, name: str) -> None:
     """The warm-up thread: precompile (unless --no-precompile), start the service, rehearse,
     then set ``ready``; a failed compile fails the service (the server exits with status 1)."""
-    from . import structured
-    from .service import ServiceClosed
-
     log = logging.getLogger("rwkv7_serve")
     try:
         structured.warm_up(sched.tokenizer, sched.engine.vocab_size, sched.engine)
