@@ -1,7 +1,7 @@
 """Whole model with kernels="mosaic-interpret" (the Mosaic GPU kernels in GPU interpret mode with
 race detection: shift_mix, segment_linear, lora_up, wkv tail, the dense value product, the head;
 the other decode ops as pallas-fused-interpret) equals kernels="xla" on the tiny checkpoint
-(float32): logits within 1e-4 and greedy tokens identical over 32 steps at B = 1, and logits and
+(float32): logits within 1e-4 and greedy tokens identical over 64 steps at B = 1, and logits and
 every state leaf at B = 5 (the batched decode path, past the sparse value product's rows). On
 jax < 0.11 naming the Mosaic kernels fails with one line naming the jax needed."""
 from __future__ import annotations
@@ -13,7 +13,7 @@ import rwkv_jax
 from rwkv_jax.kernels import MOSAIC_MIN_JAX, KernelsUnavailable, jax_version
 
 needs_mosaic = pytest.mark.skipif(jax_version() < MOSAIC_MIN_JAX, reason="Mosaic GPU interpret mode needs jax >= 0.11")
-GREEDY_STEPS = 32  # interpret mode simulates every thread: CI time
+GREEDY_STEPS = 64  # as the issue asks; interpret mode simulates every thread (~1 s a step)
 
 
 @pytest.mark.skipif(jax_version() >= MOSAIC_MIN_JAX, reason="this jax has Pallas Mosaic GPU")
@@ -29,7 +29,7 @@ def test_mosaic_interpret_greedy_decode_matches_xla(tiny_ckpt):
     mosaic_common.reset_interpreter()
     xla = rwkv_jax.load(tiny_ckpt, dtype="float32", kernels="xla")
     mosaic = rwkv_jax.load(tiny_ckpt, dtype="float32", kernels="mosaic-interpret")
-    token = np.random.default_rng(64).integers(0, xla.config.vocab_size, (1, 1))
+    token = np.random.default_rng().integers(0, xla.config.vocab_size, (1, 1))
     tokens_x, tokens_m = token, token
     state_x, state_m = xla.init_state(1), mosaic.init_state(1)
     for _ in range(GREEDY_STEPS):
