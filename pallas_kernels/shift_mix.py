@@ -87,6 +87,22 @@ def _kernel(*refs, n_mix: int, C: int, has_delta: bool):
         store(mixed_ref.at[row], x + diff * load(mix_ref.at[row]))
 
 
+def checked_operands(B: int, C: int, delta, ln_w, ln_b, mix):
+    """shift_mix's delta as the kernels read it (None, [B, C], or a SplitSum's partials
+    [splits, >= B, C]) once delta, ln_w, ln_b [C] and mix [n, C] are checked against B rows
+    of width C (ValueError naming the operand otherwise); shared by every lowering."""
+    if isinstance(delta, SplitSum):
+        require(delta.M == B and delta.partials.shape[1] >= B and delta.partials.shape[2] == C,
+                f"shift_mix: delta partials must be [splits, >= {B}, {C}], got {delta.partials.shape}")
+        delta = delta.partials
+    else:
+        require(delta is None or delta.shape == (B, C),
+                f"shift_mix: delta must be None, a SplitSum or [B, C]={B, C}, got {getattr(delta, 'shape', None)}")
+    require(ln_w.shape == (C,) and ln_b.shape == (C,), "shift_mix: ln_w and ln_b must be [C]")
+    require(mix.ndim == 2 and mix.shape[1] == C, f"shift_mix: mix must be [n, C], got {mix.shape}")
+    return delta
+
+
 def shift_mix(h, delta, shift, ln_w, ln_b, mix, *, layer: int | None = None, interpret: bool = False):
     """Pallas version of `shift_mix_reference`; the new shift state aliases `shift`. delta may
     be a SplitSum (the previous product's split-K partials, summed here: no reduction launch).
@@ -101,14 +117,7 @@ def shift_mix(h, delta, shift, ln_w, ln_b, mix, *, layer: int | None = None, int
     require(shift.shape == shift_shape, f"shift_mix: shift must be {shift_shape}, got {shift.shape}")
     require(layer is None or shift.dtype == h.dtype, "shift_mix: an in-place shift leaf must have h's dtype")
     partials = isinstance(delta, SplitSum)
-    if partials:
-        require(delta.M == B and delta.partials.shape[1] >= B and delta.partials.shape[2] == C,
-                f"shift_mix: delta partials must be [splits, >= {B}, {C}], got {delta.partials.shape}")
-        delta = delta.partials
-    require(delta is None or partials or delta.shape == (B, C),
-            f"shift_mix: delta must be None, a SplitSum or [B, C]={B, C}, got {getattr(delta, 'shape', None)}")
-    require(ln_w.shape == (C,) and ln_b.shape == (C,), "shift_mix: ln_w and ln_b must be [C]")
-    require(mix.ndim == 2 and mix.shape[1] == C, f"shift_mix: mix must be [n, C], got {mix.shape}")
+    delta = checked_operands(B, C, delta, ln_w, ln_b, mix)
     Cp = next_pow2(C)
     row = pl.BlockSpec((None, Cp), lambda b: (b, 0))
     vec = pl.BlockSpec((Cp,), lambda b: (0,))

@@ -25,6 +25,7 @@ from rwkv7_core.constants import LN_EPS
 
 from ..common import require
 from ..segment_linear import SplitSum
+from ..shift_mix import checked_operands
 from .common import interpret_params, pieces, tma_ok
 
 F32 = jnp.float32
@@ -148,14 +149,7 @@ def shift_mix(h, delta, shift, ln_w, ln_b, mix, *, layer: int | None = None, int
     require(shift.shape == shift_shape and shift.dtype == dtype,
             f"shift_mix (Mosaic): shift must be {dtype} {shift_shape}, got {shift.dtype} {shift.shape}")
     partials = isinstance(delta, SplitSum)
-    if partials:
-        require(delta.M == B and delta.partials.shape[1] >= B and delta.partials.shape[2] == C,
-                f"shift_mix: delta partials must be [splits, >= {B}, {C}], got {delta.partials.shape}")
-        delta = delta.partials
-    require(delta is None or partials or delta.shape == (B, C),
-            f"shift_mix: delta must be None, a SplitSum or [B, C]={B, C}, got {getattr(delta, 'shape', None)}")
-    require(ln_w.shape == (C,) and ln_b.shape == (C,), "shift_mix: ln_w and ln_b must be [C]")
-    require(mix.ndim == 2 and mix.shape[1] == C, f"shift_mix: mix must be [n, C], got {mix.shape}")
+    delta = checked_operands(B, C, delta, ln_w, ln_b, mix)
     require(ln_w.dtype == ln_b.dtype, "shift_mix: ln_w and ln_b must share a dtype")
     itemsizes = {x.dtype.itemsize for x in (h, ln_w, mix) + (() if delta is None else (delta,))}
     require(supports(C, itemsizes), f"shift_mix (Mosaic): a row of C={C} makes a TMA copy of a partial 128 bytes")
