@@ -228,13 +228,15 @@ def test_a_named_state_changes_the_output_as_the_batch_cli_does(server, client, 
     prompt = np.random.default_rng().integers(1, 65536, 5).tolist()
     served = {}
     for state in ("tuned", None):
-        out = client.completions.create(model=MODEL, prompt=prompt, temperature=0, max_tokens=TOKENS,
+        out = client.completions.create(model=MODEL, prompt=prompt, temperature=0, max_tokens=TOKENS, logprobs=1,
                                         extra_body={"return_token_ids": True, "state": state})
         served[state] = out.choices[0].model_extra["token_ids"]
+        served["logprobs", state] = out.choices[0].logprobs.token_logprobs
         reply = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi there"}],
                                                temperature=0, max_tokens=TOKENS, extra_body={"state": state})
         served["chat", state] = reply.choices[0].message.content
-    assert served["tuned"] != served[None]
+    # the state moves the logits (a random model's greedy tokens may still coincide)
+    assert served["logprobs", "tuned"] != served["logprobs", None]
     with pytest.raises(openai.BadRequestError, match=r"state: unknown state 'other' \(registered: tuned\)"):
         client.completions.create(model=MODEL, prompt=prompt, max_tokens=1, extra_body={"state": "other"})
     rows = [{"id": "s", "tokens": prompt, "state": "tuned"}, {"id": "z", "tokens": prompt},
