@@ -11,7 +11,6 @@ import asyncio
 import re
 from typing import Literal
 
-import pydantic
 import pytest
 
 agents = pytest.importorskip("agents")
@@ -21,17 +20,10 @@ openai = pytest.importorskip("openai")
 from langchain_core.messages import HumanMessage, ToolMessage  # noqa: E402
 from langchain_core.tools import tool  # noqa: E402
 
+from tests.rwkv7_apps.agent_types import CITIES, Verdict  # noqa: E402
 from tests.rwkv7_apps.serve_harness import running_server  # noqa: E402
 
 MODEL = "tiny-agents"
-CITIES = ("Oslo", "Paris", "Rome")
-
-
-class Verdict(pydantic.BaseModel):
-    """A verdict."""
-    model_config = pydantic.ConfigDict(extra="forbid")
-    mood: Literal["good", "bad"]
-    score: Literal[1, 2, 3]
 
 
 @pytest.fixture(scope="module")

@@ -8,29 +8,22 @@ from __future__ import annotations
 
 import json
 import uuid
-from typing import Literal
 
-import pydantic
 import pytest
 
 openai = pytest.importorskip("openai")
 
+from tests.rwkv7_apps.agent_types import CITIES, Verdict  # noqa: E402
 from tests.rwkv7_apps.serve_harness import running_server  # noqa: E402
 
 MODEL = "tiny-agent"
-CITY = {"type": "string", "enum": ["Oslo", "Paris", "Rome"]}
+CITY = {"type": "string", "enum": list(CITIES)}
 WEATHER = {"type": "function", "name": "weather", "description": "The weather of a city", "strict": True,
            "parameters": {"type": "object", "properties": {"city": CITY}, "required": ["city"],
                           "additionalProperties": False}}
 TIME = {"type": "function", "name": "time", "description": "The time in a city", "strict": True,
         "parameters": {"type": "object", "properties": {"city": CITY, "zone": {"enum": ["utc", "local"]}},
                        "required": ["city", "zone"], "additionalProperties": False}}
-
-
-class Verdict(pydantic.BaseModel):
-    model_config = pydantic.ConfigDict(extra="forbid")
-    mood: Literal["good", "bad"]
-    score: Literal[1, 2, 3]
 
 
 @pytest.fixture(scope="module")
