@@ -20,7 +20,7 @@ PLUGIN = $(1)/cuda-plugin
 PYTEST = -m pytest -n 2 --dist worksteal -q --durations=25
 # What the stack changes: jax and Pallas (model, kernels, deviceless compiles), torch/Triton,
 # the engines under the scheduler, Python 3.12's protocol checks on replicas, the GPU script.
-GPU_STACK_TESTS := tests/rwkv_jax tests/pallas_kernels tests/rwkv_torch_ref tests/integration \
+GPU_STACK_TESTS := tests/rwkv_jax tests/pallas_kernels tests/cpu_kernels tests/rwkv_torch_ref tests/integration \
 	tests/rwkv7_apps/test_replica_capabilities.py tests/rwkv7_apps/test_data_parallel_cli.py \
 	tests/rwkv7_apps/test_gpu_compile.py tests/benchmarks/test_gpu_check_smoke.py \
 	tests/benchmarks/test_decode_mosaic_report_smoke.py

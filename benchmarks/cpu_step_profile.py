@@ -72,7 +72,7 @@ def instruction_groups(hlo: str) -> dict[str, str]:
     bodies = {m.group(1): m.group(2) for m in re.finditer(r"^%?([\w.\-]+) [^\n]*\{\n(.*?)\n\}", hlo, re.M | re.S)}
     groups = {}
     for name, _, op, operands, _, calls in INSTRUCTION.findall(hlo):
-        has_dot = op == "dot" or (op == "fusion" and " dot(" in bodies.get(calls, ""))
+        has_dot = op in ("dot", "custom-call") or (op == "fusion" and " dot(" in bodies.get(calls, ""))
         if has_dot:
             weights = re.findall(r"%params_(\w+?)\.\d+", operands)  # params__blocks___0___att____key__
             kinds = {classify_weight([k for k in w.split("_") if k]) for w in weights} - {"other"}
@@ -84,11 +84,11 @@ def instruction_groups(hlo: str) -> dict[str, str]:
     return groups
 
 
-def profile(params: dict, config, B: int, steps: int, options: dict) -> dict:
+def profile(params: dict, config, B: int, steps: int, options: dict, kernels: str = "xla") -> dict:
     dtype = jnp.bfloat16 if params["emb"].dtype == jnp.bfloat16 else jnp.float32
     fn = jax.jit(rwkv_jax.forward_fn, static_argnames=("config", "path", "kernels"), donate_argnames=("state",))
     tokens = jnp.zeros((B, 1), jnp.int32)
-    kw = dict(config=config, path=rwkv_jax.select_path(B, 1), kernels="xla")
+    kw = dict(config=config, path=rwkv_jax.select_path(B, 1), kernels=kernels)
     exe = fn.lower(params, tokens, rwkv_jax.init_state(config, B, dtype), **kw).compile(options)
     groups = instruction_groups(exe.as_text())
     state = rwkv_jax.init_state(config, B, dtype)
@@ -136,6 +136,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--batches", default="1,32")
     ap.add_argument("--formats", default="float32,int8,bfloat16")
     ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--kernels", default="xla", help="xla | native (rwkv_jax.Kernels)")
     ap.add_argument("--options", default=None, help="XLA compile options as JSON (default: the engine's)")
     ap.add_argument("--output", type=Path, default=RESULTS)
     args = ap.parse_args(argv)
@@ -149,9 +150,9 @@ def main(argv: list[str] | None = None) -> None:
         params = params_for(config, fmt)
         weight_bytes = group_bytes(params)
         for B in (int(b) for b in args.batches.split(",")):
-            res = profile(params, config, B, args.steps, options)
-            out["cases"][f"{fmt} B={B}"] = {**res, "weight_bytes": weight_bytes}
-            block = table(fmt, B, res, weight_bytes)
+            res = profile(params, config, B, args.steps, options, args.kernels)
+            out["cases"][f"{fmt} {args.kernels} B={B}"] = {**res, "weight_bytes": weight_bytes}
+            block = table(f"{fmt}, kernels={args.kernels}", B, res, weight_bytes)
             print("\n".join(block), flush=True)
             lines += block
         del params

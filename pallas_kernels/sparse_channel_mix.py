@@ -37,12 +37,13 @@ def relu_square(pre: jax.Array, dtype) -> jax.Array:
     return jnp.square(jnp.maximum(pre.astype(jnp.float32), 0.0)).astype(out_dtype)
 
 
-def channel_mix_reference(xk, w_key, w_val_t):
+def channel_mix_reference(xk, w_key, w_val_t, matmul=matmul_f32):
     """Dense plain-jnp channel-mix (the model's XLA op). xk [M, C]; w_key [F, C]; w_val_t [F, C]
     (the transpose of the checkpoint's ffn.value [C, F]). Returns relu(xk @ w_key.T)**2 @ w_val_t
-    in xk.dtype, the square in float32."""
-    hidden = relu_square(matmul_f32(xk, w_key), xk.dtype)
-    return matmul_f32(hidden, w_val_t, w_in_axis=0).astype(xk.dtype)
+    in xk.dtype, the square in float32. matmul is the product (``matmul_f32``'s contract; the
+    native CPU kernels pass theirs)."""
+    hidden = relu_square(matmul(xk, w_key), xk.dtype)
+    return matmul(hidden, w_val_t, w_in_axis=0).astype(xk.dtype)
 
 
 def choose_splits(F: int, C: int, block_c: int, target: int = TARGET_PROGRAMS) -> int:

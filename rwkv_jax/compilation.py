@@ -22,16 +22,19 @@ CPU_COMPILER_OPTIONS = {"xla_backend_optimization_level": 1, "xla_cpu_copy_inser
 
 def slow_weights_note(platform: str, dtype) -> str | None:
     """A one-line note when weights of ``dtype`` decode slower than float32 ones on ``platform``
-    (None otherwise). On XLA:CPU a product with bfloat16 / float16 weights converts every weight
-    before its arithmetic (there is no 16-bit matrix-vector kernel; a one-row product even runs
-    as two rows, ``pallas_kernels.small_m_linear.matmul_f32``), which costs more than the halved
-    bytes save: a single sequence decodes slower than with float32 weights (docs/benchmarks.md)."""
+    with the ``xla`` kernels (None otherwise; the caller asks only for those). On XLA:CPU a
+    product with bfloat16 / float16 weights converts every weight before its arithmetic (there is
+    no 16-bit matrix-vector kernel; a one-row product even runs as two rows,
+    ``pallas_kernels.small_m_linear.matmul_f32``), which costs more than the halved bytes save: a
+    single sequence decodes slower than with float32 weights (docs/benchmarks.md). The ``native``
+    kernels widen bfloat16 in registers (float16 stays on XLA's path)."""
     name = jnp.dtype(dtype).name
     if platform != "cpu" or name not in ("bfloat16", "float16"):
         return None
-    return (f"{name} weights on the CPU: XLA:CPU converts each weight inside every matrix product, so decoding "
-            "one or a few sequences runs slower than with float32 weights; for speed load dtype='float32', or "
-            "quantization='int8' for a quarter of the bytes")
+    fix = "kernels='native' (or 'auto')" if name == "bfloat16" else "dtype='bfloat16' with kernels='native'"
+    return (f"{name} weights on the CPU with kernels='xla': XLA:CPU converts each weight inside every matrix "
+            f"product, so decoding one or a few sequences runs slower than with float32 weights; for speed load "
+            f"{fix}, dtype='float32', or quantization='int8'")
 
 
 def compiler_options(platform: str) -> dict:

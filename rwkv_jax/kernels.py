@@ -28,7 +28,8 @@ class Kernels(str, enum.Enum):
     by the Pallas interpreter (any backend, for checks); PALLAS_FUSED (+ _INTERPRET): the
     fewer-launch decode kernels (``rwkv_jax.pallas_ops.fused_ops``); MOSAIC (+ _INTERPRET, the
     Mosaic kernels in Mosaic GPU's interpret mode): those with the Mosaic GPU kernels swapped in
-    (``rwkv_jax.mosaic_ops``); AUTO: see ``AUTO_CHOICE``."""
+    (``rwkv_jax.mosaic_ops``); NATIVE: XLA with the matrix products of a few rows run by the
+    native CPU kernels (``cpu_kernels``, built on first use; CPU only); AUTO: see ``AUTO_CHOICE``."""
 
     XLA = "xla"
     PALLAS = "pallas"
@@ -37,6 +38,7 @@ class Kernels(str, enum.Enum):
     PALLAS_FUSED_INTERPRET = "pallas-fused-interpret"
     MOSAIC = "mosaic"
     MOSAIC_INTERPRET = "mosaic-interpret"
+    NATIVE = "native"
     AUTO = "auto"
 
     @property
@@ -53,6 +55,17 @@ class KernelsUnavailable(ValueError):
 # (``InterpretGPUParams``) and the state refs (``jax.new_ref``) the Mosaic kernels update in place.
 MOSAIC_MIN_JAX = (0, 11)
 REQUIRES: dict[Kernels, tuple[int, int]] = {Kernels.MOSAIC: MOSAIC_MIN_JAX, Kernels.MOSAIC_INTERPRET: MOSAIC_MIN_JAX}
+
+
+# The platforms a family runs on, where it does not run on all (its kernels exist only there).
+PLATFORMS: dict[Kernels, tuple[str, ...]] = {Kernels.NATIVE: ("cpu",)}
+
+
+def require_platform(kind: Kernels, platform: str) -> None:
+    """Raise KernelsUnavailable (one line) if `kind` cannot run on `platform` ("cpu", "gpu", ...)."""
+    allowed = PLATFORMS.get(kind)
+    if allowed is not None and platform not in allowed:
+        raise KernelsUnavailable(f"kernels={kind.value} runs only on {', '.join(allowed)}; this model is on {platform}")
 
 
 def jax_version() -> tuple[int, int]:
@@ -78,8 +91,11 @@ class Guard(NamedTuple):
 
 # What AUTO becomes per backend (declared, not probed). The fused decode path compiles to ~8
 # launches a layer against ~44 (benchmarks/results/decode_nodes.md) but had never run on a
-# GPU: guarded. DENSE runs the same kernels under both.
-AUTO_CHOICE: dict[str, Kernels | Guard] = {"gpu": Guard(Kernels.PALLAS_FUSED, Kernels.PALLAS)}
+# GPU: guarded. DENSE runs the same kernels under both. On the CPU the native kernels are built
+# on first use by the host's C++ compiler: guarded, so a host without one (or whose build
+# fails) runs XLA with one log line saying why.
+AUTO_CHOICE: dict[str, Kernels | Guard] = {"gpu": Guard(Kernels.PALLAS_FUSED, Kernels.PALLAS),
+                                           "cpu": Guard(Kernels.NATIVE, Kernels.XLA)}
 
 SelfCheck = Callable[[Kernels], "str | None"]  # candidate -> None if it passes, else why not
 log = logging.getLogger(__name__)
@@ -140,6 +156,9 @@ def ops_for(path: Path, kernels: str | Kernels) -> Ops:
     kind = resolve(kernels)
     if kind is Kernels.XLA:
         return XLA_OPS
+    if kind is Kernels.NATIVE:
+        from .native_ops import native_ops
+        return native_ops(path)
     # The Pallas Ops load only for Pallas runs; the Triton lowering is imported with any
     # rwkv_jax import, by the pallas_kernels modules whose reference ops rwkv_jax.ops uses.
     # The Mosaic Ops import Pallas Mosaic GPU, which jax < 0.11 lacks (resolve refused those).

@@ -17,7 +17,7 @@ from rwkv7_core.state import DEFAULT_STATE_DTYPE, check_state_dtype, check_token
 
 from .compilation import compiler_options, platform_of, slow_weights_note
 from .forward import forward_fn
-from .kernels import Kernels, ops_for, resolve
+from .kernels import Kernels, ops_for, require_platform, resolve
 from .modules import RWKV7
 from .paths import Path, select_path
 from .self_check import cached_check
@@ -43,11 +43,12 @@ class Model:
         self.device = device
         self.params = params if device is None else jax.device_put(params, device)
         self.config, self.dtype, self.state_dtype = config, dtype, state_dtype
-        note = slow_weights_note(platform_of(self.params), dtype)
-        if note is not None:
-            log.warning(note)
         self.kernels = resolve(kernels, self_check=functools.partial(cached_check, self.params, config, dtype,
                                                                      device=device))
+        require_platform(self.kernels, platform_of(self.params))
+        note = slow_weights_note(platform_of(self.params), dtype) if self.kernels is Kernels.XLA else None
+        if note is not None:
+            log.warning(note)
         self.last_path: Path | None = None
         self.path_counts: Counter = Counter()
         self._forward = jax.jit(forward_fn, static_argnames=("config", "path", "kernels", "full_output"),
@@ -84,9 +85,10 @@ def load(path: str | os.PathLike, dtype: str = "float32", kernels: str | Kernels
     directory (.safetensors and directories need no torch).
 
     dtype: float32 | bfloat16 | float16 weights and activations (the wkv recurrence, decay, kk
-    and relu^2 stay float32). kernels: xla | pallas | pallas-fused | pallas-interpret |
-    pallas-fused-interpret | auto (on a GPU pallas-fused once its self-check passes, else pallas;
-    xla elsewhere; resolved by Model). device: where the weights are put once and every
+    and relu^2 stay float32). kernels: xla | native (CPU: the native CPU kernels, ``cpu_kernels``) |
+    pallas | pallas-fused | pallas-interpret | pallas-fused-interpret | mosaic | mosaic-interpret |
+    auto (on a GPU pallas-fused once its self-check passes, else pallas; on the CPU native once
+    its self-check passes, else xla; resolved by Model). device: where the weights are put once and every
     executable runs: a jax.Device, an index into ``jax.local_devices()``, or None (JAX's
     default device). quantization: none | int8 | int4 | fp8 weight-only quantization of the
     large projections (``rwkv7_core.quantization``; group_size: int8 / int4 input channels per

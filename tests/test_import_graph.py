@@ -2,7 +2,8 @@
 what a package may import):
 
     pallas_kernels, rwkv_torch_ref, scheduler  ->  rwkv7_core
-    rwkv_jax  ->  rwkv7_core, pallas_kernels
+    cpu_kernels  ->  rwkv7_core, pallas_kernels (the jnp references its kernels keep the contract of)
+    rwkv_jax  ->  rwkv7_core, pallas_kernels, cpu_kernels
     rwkv7_apps  ->  all of the above
 
 Every import statement of every module is read from its syntax tree (imports inside
@@ -21,9 +22,10 @@ ALLOWED = {
     "rwkv7_core": set(),
     "pallas_kernels": {"rwkv7_core"},
     "rwkv_torch_ref": {"rwkv7_core"},
-    "rwkv_jax": {"rwkv7_core", "pallas_kernels"},
+    "cpu_kernels": {"rwkv7_core", "pallas_kernels"},
+    "rwkv_jax": {"rwkv7_core", "pallas_kernels", "cpu_kernels"},
     "scheduler": {"rwkv7_core"},
-    "rwkv7_apps": {"rwkv7_core", "pallas_kernels", "rwkv_torch_ref", "rwkv_jax", "scheduler"},
+    "rwkv7_apps": {"rwkv7_core", "pallas_kernels", "cpu_kernels", "rwkv_torch_ref", "rwkv_jax", "scheduler"},
 }
 
 

@@ -31,10 +31,14 @@ def model(tiny_ckpt):
     return rwkv_jax.load(tiny_ckpt, dtype="float32", kernels="xla")
 
 
-def test_auto_on_the_cpu_is_xla_without_a_check():
+def test_auto_on_the_cpu_is_the_native_kernels_once_checked(model, caplog):
     def never(candidate):
-        raise AssertionError("no self-check on the CPU")
-    assert jax.default_backend() == "cpu" and resolve("auto", never) is Kernels.XLA
+        raise AssertionError("a named choice is not checked")
+    check = functools.partial(cached_check, model.params, model.config, model.dtype)
+    assert jax.default_backend() == "cpu" and resolve("auto", check) is Kernels.NATIVE
+    with caplog.at_level(logging.WARNING, logger="rwkv_jax.kernels"):
+        assert resolve("auto", lambda candidate: "no compiler here") is Kernels.XLA
+    assert "native failed its self-check on this device (no compiler here); using xla" in caplog.records[0].message
     assert resolve("pallas-fused", never) is Kernels.PALLAS_FUSED  # a named choice is forced
 
 

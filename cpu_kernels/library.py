@@ -1,0 +1,100 @@
+"""Build, cache and register the native CPU kernels (``linear.cc``) as XLA FFI targets.
+
+The C++ source ships with the package and is compiled on first use with the host's C++
+compiler (``$CXX``, else ``g++`` / ``c++``) at ``-O3 -march=native`` against the XLA FFI
+headers of the installed jaxlib (``jax.ffi.include_dir()``), so the vector width is the host's
+(AVX-512, AVX2, NEON...). The shared library is cached under ``$RWKV7_CPU_KERNELS_DIR`` (default
+``~/.cache/rwkv7-engine/cpu-kernels``), keyed by the source, the jax version, the compiler and
+the host CPU's model and flags; it is written to a temporary name and renamed, so processes
+building at once never see half a file. ``load()`` builds (a few seconds, once), loads and
+registers every target for the ``cpu`` platform once per process; anything that stops it (no
+compiler, a failed compile) is a ``NativeKernelsUnavailable`` naming the cause in one line.
+"""
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import jax
+
+SOURCE = Path(__file__).with_name("linear.cc")
+TARGETS = ("rwkv7_linear_f32", "rwkv7_linear_bf16", "rwkv7_linear_int8", "rwkv7_linear_kn_f32",
+           "rwkv7_linear_kn_bf16", "rwkv7_wkv_step")
+FLAGS = ("-O3", "-march=native", "-std=c++17", "-shared", "-fPIC", "-fno-math-errno")
+
+
+class NativeKernelsUnavailable(RuntimeError):
+    """The native CPU kernels cannot be built or loaded here (the message says why)."""
+
+
+def compiler() -> str:
+    """The C++ compiler to use: ``$CXX`` when set (it must exist), else the first of g++ / c++ on PATH."""
+    named = os.environ.get("CXX")
+    if named:
+        if shutil.which(named) is None:
+            raise NativeKernelsUnavailable(f"native CPU kernels: the C++ compiler $CXX={named!r} is not found")
+        return named
+    for name in ("g++", "c++"):
+        if shutil.which(name):
+            return name
+    raise NativeKernelsUnavailable("native CPU kernels need a C++ compiler: neither g++ nor c++ is on PATH "
+                                   "(or set $CXX)")
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("RWKV7_CPU_KERNELS_DIR", Path.home() / ".cache" / "rwkv7-engine" / "cpu-kernels"))
+
+
+def host_cpu() -> str:
+    """The host CPU's model name and feature flags (what ``-march=native`` compiles for)."""
+    info = Path("/proc/cpuinfo")
+    if info.exists():
+        lines = [line for line in info.read_text().splitlines() if line.startswith(("model name", "flags", "Features"))]
+        return "\n".join(lines[:3])
+    return platform.processor() or platform.machine()
+
+
+def library_path(cxx: str) -> Path:
+    version = subprocess.run([cxx, "--version"], capture_output=True, text=True).stdout.splitlines()[:1]
+    key = hashlib.sha1("\0".join([SOURCE.read_text(), jax.__version__, *version, host_cpu(), *FLAGS]).encode())
+    return cache_dir() / f"linear-{key.hexdigest()[:16]}.so"
+
+
+def build() -> Path:
+    """The compiled library for this host, built now if it is not in the cache."""
+    cxx = compiler()
+    target = library_path(cxx)
+    if target.exists():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
+    os.close(fd)
+    command = [cxx, *FLAGS, "-isystem", jax.ffi.include_dir(), str(SOURCE), "-o", tmp]
+    done = subprocess.run(command, capture_output=True, text=True)
+    if done.returncode != 0:
+        os.unlink(tmp)
+        first = next((line for line in done.stderr.splitlines() if "error" in line), done.stderr.strip()[:200])
+        raise NativeKernelsUnavailable(f"building the native CPU kernels failed ({cxx}): {first}")
+    os.replace(tmp, target)
+    return target
+
+
+@functools.cache
+def load() -> Path:
+    """Build (if needed), load and register every target for the cpu platform; once a process.
+    Returns the library's path."""
+    path = build()
+    try:
+        lib = ctypes.cdll.LoadLibrary(str(path))
+    except OSError as e:
+        raise NativeKernelsUnavailable(f"loading the native CPU kernels {path} failed: {e}") from None
+    for name in TARGETS:
+        jax.ffi.register_ffi_target(name, jax.ffi.pycapsule(getattr(lib, name)), platform="cpu")
+    return path

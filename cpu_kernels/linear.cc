@@ -1,0 +1,328 @@
+// Matrix products of a few rows for XLA:CPU, as XLA FFI handlers (built and registered by
+// cpu_kernels/library.py with -O3 -march=native, so the vector width is the host's).
+//
+// Every handler takes x float32 [M, K] and returns y float32 [M, N] = x @ W, W given as
+//   rwkv7_linear_f32   w float32  [N, K]               (y = x @ w.T)
+//   rwkv7_linear_bf16  w bfloat16 [N, K]
+//   rwkv7_linear_int8  q int8 [N, K], scale float32 [N, K / G]   (w = q * scale per group of G)
+//   rwkv7_linear_kn_f32   w float32  [K, N]            (y = x @ w; rows of x that are exactly
+//   rwkv7_linear_kn_bf16  w bfloat16 [K, N]             zero skip their weight row, M = 1)
+// K a multiple of 16 (and G a multiple of 16 dividing K). Each weight element is read once per
+// pass of up to kMaxRows rows of x, widened to float32 in registers (no float copy of the
+// weight), multiplied in float32 with float32 accumulation. Output rows (or column blocks) are
+// shared out in chunks to the calling thread and XLA's intra-op thread pool: a chunk is taken
+// from an atomic counter, so the caller never waits on a task that has not started (a pool
+// thread busy elsewhere just finds no chunk left when it comes).
+#include <atomic>
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <thread>
+
+#if defined(__AVX2__) || defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+
+#include "xla/ffi/api/ffi.h"
+
+namespace ffi = xla::ffi;
+
+namespace {
+
+constexpr int64_t kLanes = 16;
+constexpr int64_t kMaxRows = 4;  // rows of x per pass over the weight
+// How far ahead of each weight row's reads to prefetch: without it the int8 [65536, 768] head
+// streamed at half the memory bandwidth (docs/benchmarks.md, "Native CPU kernels").
+constexpr int64_t kPrefetchBytes = 8192;
+
+typedef float f32x16 __attribute__((vector_size(64)));
+typedef int8_t i8x16 __attribute__((vector_size(16)));
+typedef uint16_t u16x16 __attribute__((vector_size(32)));
+typedef uint32_t u32x16 __attribute__((vector_size(64)));
+
+inline f32x16 widen(const float* p) {
+  f32x16 v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+
+inline f32x16 widen(const uint16_t* p) {  // bfloat16 bits -> float32: the high half of the word
+#ifdef __AVX512F__
+  __m512i bits = _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))), 16);
+  return reinterpret_cast<f32x16>(bits);
+#else
+  u16x16 h;
+  std::memcpy(&h, p, sizeof h);
+  u32x16 bits = __builtin_convertvector(h, u32x16) << 16;
+  return reinterpret_cast<f32x16>(bits);
+#endif
+}
+
+inline f32x16 widen(const int8_t* p) {  // GCC scalarises a generic int8 -> float conversion
+#if defined(__AVX512F__)
+  return reinterpret_cast<f32x16>(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)))));
+#elif defined(__AVX2__)
+  __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  __m256 lo = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b)), hi = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(b, 8)));
+  f32x16 v;
+  std::memcpy(&v, &lo, sizeof lo);
+  std::memcpy(reinterpret_cast<char*>(&v) + sizeof lo, &hi, sizeof hi);
+  return v;
+#else
+  f32x16 v;
+  for (int i = 0; i < kLanes; ++i) v[i] = p[i];
+  return v;
+#endif
+}
+
+inline f32x16 splat(float s) { return f32x16{} + s; }
+
+inline float lane_sum(f32x16 v) {
+  float s = 0.f;
+  for (int i = 0; i < kLanes; ++i) s += v[i];
+  return s;
+}
+
+// Runs body(chunk) for chunk in [0, chunks) on the caller and up to (pool threads) helpers.
+void parallel_for(ffi::ThreadPool& pool, int64_t chunks, const std::function<void(int64_t)>& body) {
+  struct Job {
+    std::atomic<int64_t> next{0}, done{0};
+    int64_t chunks = 0;
+    std::function<void(int64_t)> body;
+    void work() {
+      for (int64_t c; (c = next.fetch_add(1, std::memory_order_relaxed)) < chunks;) {
+        body(c);
+        done.fetch_add(1, std::memory_order_release);
+      }
+    }
+  };
+  int64_t helpers = std::min<int64_t>(pool.num_threads() - 1, chunks - 1);  // the caller is one worker
+  if (helpers <= 0) {
+    for (int64_t c = 0; c < chunks; ++c) body(c);
+    return;
+  }
+  auto job = std::make_shared<Job>();
+  job->chunks = chunks;
+  job->body = body;
+  for (int64_t i = 0; i < helpers; ++i) pool.Schedule([job] { job->work(); });
+  job->work();
+  while (job->done.load(std::memory_order_acquire) < chunks) std::this_thread::yield();
+}
+
+// y[m, n] for n in [n0, n1), m < MR: w rows [N, K] (scale [N, K / G] when int8, else null).
+template <int MR, int R, class W>
+void rows_block(const float* x, int64_t K, const W* w, const float* scale, int64_t G, float* y,
+                int64_t N, int64_t n0, int64_t n1) {
+  const int64_t groups = scale ? K / G : 1, span = scale ? G : K;
+  int64_t n = n0;
+  for (; n + R <= n1; n += R) {
+    f32x16 acc[MR][R] = {};
+    for (int64_t g = 0; g < groups; ++g) {
+      f32x16 part[MR][R] = {};
+      for (int64_t k = g * span; k < (g + 1) * span; k += kLanes) {
+        f32x16 xv[MR];
+        for (int m = 0; m < MR; ++m) xv[m] = widen(x + m * K + k);
+        for (int r = 0; r < R; ++r) __builtin_prefetch(reinterpret_cast<const char*>(w + (n + r) * K + k) + kPrefetchBytes, 0, 0);
+        for (int r = 0; r < R; ++r) {
+          f32x16 wv = widen(w + (n + r) * K + k);
+          for (int m = 0; m < MR; ++m) part[m][r] += xv[m] * wv;
+        }
+      }
+      for (int r = 0; r < R; ++r) {
+        f32x16 s = splat(scale ? scale[(n + r) * groups + g] : 1.f);
+        for (int m = 0; m < MR; ++m) acc[m][r] += part[m][r] * s;
+      }
+    }
+    for (int m = 0; m < MR; ++m)
+      for (int r = 0; r < R; ++r) y[m * N + n + r] = lane_sum(acc[m][r]);
+  }
+  if (n < n1) rows_block<MR, 1>(x, K, w, scale, G, y, N, n, n1);
+}
+
+template <int MR, class W>
+void rows_pass(const float* x, int64_t K, const W* w, const float* scale, int64_t G, float* y,
+               int64_t N, int64_t n0, int64_t n1) {
+  constexpr int R = MR <= 2 ? 4 : 2;
+  rows_block<MR, R>(x, K, w, scale, G, y, N, n0, n1);
+}
+
+template <class W>
+void linear_nk(ffi::ThreadPool& pool, const float* x, int64_t M, int64_t K, const W* w,
+               const float* scale, int64_t G, float* y, int64_t N) {
+  // A few long runs of rows a thread (not many short ones): each thread then streams one
+  // contiguous stretch of the weight, which the hardware prefetchers follow across pages.
+  const int64_t per_thread = 4, threads = std::max<int64_t>(1, pool.num_threads());
+  const int64_t rows_per_chunk = std::max<int64_t>(16, (N + threads * per_thread - 1) / (threads * per_thread) + 15 & ~int64_t{15});
+  const int64_t chunks = (N + rows_per_chunk - 1) / rows_per_chunk;
+  parallel_for(pool, chunks, [=](int64_t c) {
+    int64_t n0 = c * rows_per_chunk, n1 = std::min(N, n0 + rows_per_chunk);
+    for (int64_t m = 0; m < M; m += kMaxRows) {
+      const float* xm = x + m * K;
+      float* ym = y + m * N;
+      switch (std::min(kMaxRows, M - m)) {
+        case 1: rows_pass<1>(xm, K, w, scale, G, ym, N, n0, n1); break;
+        case 2: rows_pass<2>(xm, K, w, scale, G, ym, N, n0, n1); break;
+        case 3: rows_pass<3>(xm, K, w, scale, G, ym, N, n0, n1); break;
+        default: rows_pass<4>(xm, K, w, scale, G, ym, N, n0, n1); break;
+      }
+    }
+  });
+}
+
+// y[m, c0 .. c0 + 16 * V) = sum_k x[m, k] w[k, c0 ..]: w [K, N]; a zero x skips its row (M = 1).
+template <int MR, int V, class W>
+void columns_block(const float* x, int64_t K, const W* w, float* y, int64_t N, int64_t c0) {
+  f32x16 acc[MR][V] = {};
+  for (int64_t k = 0; k < K; ++k) {
+    if (MR == 1 && x[k] == 0.f) continue;
+    f32x16 xs[MR];
+    for (int m = 0; m < MR; ++m) xs[m] = splat(x[m * K + k]);
+    for (int v = 0; v < V; ++v) {
+      f32x16 wv = widen(w + k * N + c0 + v * kLanes);
+      for (int m = 0; m < MR; ++m) acc[m][v] += xs[m] * wv;
+    }
+  }
+  for (int m = 0; m < MR; ++m)
+    for (int v = 0; v < V; ++v) std::memcpy(y + m * N + c0 + v * kLanes, &acc[m][v], sizeof(f32x16));
+}
+
+template <class W>
+void linear_kn(ffi::ThreadPool& pool, const float* x, int64_t M, int64_t K, const W* w, float* y,
+               int64_t N) {
+  constexpr int64_t width = 4 * kLanes;  // columns a chunk
+  const int64_t blocks = N / width, tail = (N % width) / kLanes;
+  parallel_for(pool, blocks + tail, [=](int64_t c) {
+    for (int64_t m = 0; m < M; m += kMaxRows) {
+      const float* xm = x + m * K;
+      float* ym = y + m * N;
+      int64_t rows = std::min(kMaxRows, M - m);
+      if (c < blocks) {
+        int64_t c0 = c * width;
+        switch (rows) {
+          case 1: columns_block<1, 4>(xm, K, w, ym, N, c0); break;
+          case 2: columns_block<2, 4>(xm, K, w, ym, N, c0); break;
+          case 3: columns_block<3, 4>(xm, K, w, ym, N, c0); break;
+          default: columns_block<4, 4>(xm, K, w, ym, N, c0); break;
+        }
+      } else {
+        int64_t c0 = blocks * width + (c - blocks) * kLanes;
+        for (int64_t r = 0; r < rows; ++r) columns_block<1, 1>(xm + r * K, K, w, ym + r * N, N, c0);
+      }
+    }
+  });
+}
+
+// One RWKV-7 recurrence step of layer `layer`, in place: S [B, L, H, N, N] float32 (rows =
+// value dim, cols = key dim), r w k v kk a [B, H, N] float32 (w the decay multiplier, kk
+// L2-normalised, k already scaled); per (b, h): sa = S @ -kk, S' = S * w + sa (kk * a)^T + v k^T,
+// y = S' @ r. Each head's 64 x 64 block (16 KB) is read twice from L1 and written once.
+void wkv_heads(const float* r, const float* w, const float* k, const float* v, const float* kk,
+               const float* a, float* S, float* y, int64_t L, int64_t H, int64_t N, int64_t layer,
+               int64_t u0, int64_t u1) {
+  for (int64_t u = u0; u < u1; ++u) {  // u = b * H + h
+    const int64_t b = u / H, h = u % H, vec = u * N;
+    float* Sh = S + ((b * L + layer) * H + h) * N * N;
+    for (int64_t i = 0; i < N; ++i) {
+      f32x16 acc = {};
+      for (int64_t j = 0; j < N; j += kLanes) acc += widen(Sh + i * N + j) * widen(kk + vec + j);
+      const float sa = -lane_sum(acc), vi = v[vec + i];
+      f32x16 out = {};
+      for (int64_t j = 0; j < N; j += kLanes) {
+        f32x16 s = widen(Sh + i * N + j) * widen(w + vec + j) + splat(sa) * (widen(kk + vec + j) * widen(a + vec + j)) +
+                   splat(vi) * widen(k + vec + j);
+        std::memcpy(Sh + i * N + j, &s, sizeof s);
+        out += s * widen(r + vec + j);
+      }
+      y[vec + i] = lane_sum(out);
+    }
+  }
+}
+
+ffi::Error shape_error(const char* what) { return ffi::Error::InvalidArgument(what); }
+
+template <ffi::DataType T, class W>
+ffi::Error LinearNK(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<T> w,
+                    ffi::ResultBuffer<ffi::F32> y) {
+  auto xd = x.dimensions(), wd = w.dimensions();
+  if (xd.size() != 2 || wd.size() != 2 || xd[1] != wd[1] || xd[1] % kLanes)
+    return shape_error("rwkv7_linear: want x [M, K], w [N, K], K a multiple of 16");
+  linear_nk(pool, x.typed_data(), xd[0], xd[1], reinterpret_cast<const W*>(w.untyped_data()),
+            static_cast<const float*>(nullptr), 0, y->typed_data(), wd[0]);
+  return ffi::Error::Success();
+}
+
+ffi::Error LinearInt8(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::S8> q,
+                      ffi::Buffer<ffi::F32> scale, ffi::ResultBuffer<ffi::F32> y) {
+  auto xd = x.dimensions(), qd = q.dimensions(), sd = scale.dimensions();
+  if (xd.size() != 2 || qd.size() != 2 || sd.size() != 2 || xd[1] != qd[1] || sd[0] != qd[0] ||
+      sd[1] <= 0 || qd[1] % sd[1] || (qd[1] / sd[1]) % kLanes)
+    return shape_error("rwkv7_linear_int8: want x [M, K], q [N, K], scale [N, K / G], G a multiple of 16");
+  linear_nk(pool, x.typed_data(), xd[0], xd[1], q.typed_data(), scale.typed_data(), qd[1] / sd[1],
+            y->typed_data(), qd[0]);
+  return ffi::Error::Success();
+}
+
+template <ffi::DataType T, class W>
+ffi::Error LinearKN(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<T> w,
+                    ffi::ResultBuffer<ffi::F32> y) {
+  auto xd = x.dimensions(), wd = w.dimensions();
+  if (xd.size() != 2 || wd.size() != 2 || xd[1] != wd[0] || wd[1] % kLanes)
+    return shape_error("rwkv7_linear_kn: want x [M, K], w [K, N], N a multiple of 16");
+  linear_kn(pool, x.typed_data(), xd[0], xd[1], reinterpret_cast<const W*>(w.untyped_data()),
+            y->typed_data(), wd[1]);
+  return ffi::Error::Success();
+}
+
+
+ffi::Error WkvStep(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> r, ffi::Buffer<ffi::F32> w, ffi::Buffer<ffi::F32> k,
+                   ffi::Buffer<ffi::F32> v, ffi::Buffer<ffi::F32> kk, ffi::Buffer<ffi::F32> a,
+                   ffi::Buffer<ffi::F32> S, ffi::ResultBuffer<ffi::F32> y, ffi::ResultBuffer<ffi::F32> S_out,
+                   int64_t layer) {
+  auto vd = r.dimensions(), sd = S.dimensions();
+  if (vd.size() != 3 || sd.size() != 5 || sd[0] != vd[0] || sd[2] != vd[1] || sd[3] != vd[2] || sd[4] != vd[2] ||
+      vd[2] % kLanes || layer < 0 || layer >= sd[1])
+    return shape_error("rwkv7_wkv_step: want r w k v kk a [B, H, N], S [B, L, H, N, N], N a multiple of 16, 0 <= layer < L");
+  const int64_t B = vd[0], H = vd[1], N = vd[2], L = sd[1];
+  float* out = S_out->typed_data();
+  if (out != S.typed_data()) std::memcpy(out, S.typed_data(), S.size_bytes());  // not aliased: start from S
+  const int64_t units = B * H, threads = std::max<int64_t>(1, pool.num_threads());
+  const int64_t per_chunk = std::max<int64_t>(1, units / (threads * 4)), chunks = (units + per_chunk - 1) / per_chunk;
+  const float *rp = r.typed_data(), *wp = w.typed_data(), *kp = k.typed_data(), *vp = v.typed_data(),
+              *kkp = kk.typed_data(), *ap = a.typed_data();
+  float* yp = y->typed_data();
+  parallel_for(pool, chunks, [=](int64_t c) {
+    wkv_heads(rp, wp, kp, vp, kkp, ap, out, yp, L, H, N, layer, c * per_chunk, std::min(units, (c + 1) * per_chunk));
+  });
+  return ffi::Error::Success();
+}
+}  // namespace
+
+#define RWKV7_BIND_2(T)                                                              \
+  ffi::Ffi::Bind().Ctx<ffi::ThreadPool>().Arg<ffi::Buffer<ffi::F32>>().Arg<ffi::Buffer<T>>() \
+      .Ret<ffi::Buffer<ffi::F32>>()
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(rwkv7_linear_f32, (LinearNK<ffi::F32, float>), RWKV7_BIND_2(ffi::F32));
+XLA_FFI_DEFINE_HANDLER_SYMBOL(rwkv7_linear_bf16, (LinearNK<ffi::BF16, uint16_t>), RWKV7_BIND_2(ffi::BF16));
+XLA_FFI_DEFINE_HANDLER_SYMBOL(rwkv7_linear_kn_f32, (LinearKN<ffi::F32, float>), RWKV7_BIND_2(ffi::F32));
+XLA_FFI_DEFINE_HANDLER_SYMBOL(rwkv7_linear_kn_bf16, (LinearKN<ffi::BF16, uint16_t>), RWKV7_BIND_2(ffi::BF16));
+XLA_FFI_DEFINE_HANDLER_SYMBOL(rwkv7_linear_int8, LinearInt8,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::S8>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Ret<ffi::Buffer<ffi::F32>>());
+XLA_FFI_DEFINE_HANDLER_SYMBOL(rwkv7_wkv_step, WkvStep,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Ret<ffi::Buffer<ffi::F32>>()
+                                  .Ret<ffi::Buffer<ffi::F32>>()
+                                  .Attr<int64_t>("layer"));

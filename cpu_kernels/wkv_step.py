@@ -1,0 +1,30 @@
+"""One recurrence step through the native CPU kernel (``linear.cc``'s ``rwkv7_wkv_step``), in
+the contract of ``pallas_kernels.wkv_step.wkv_step_reference`` on the whole state leaf.
+
+``wkv_step(r, w, k, v, kk, a [B, H, N] float32, S [B, L, H, N, N] float32, layer) -> (y [B, H, N]
+float32, S')``: S' is S with layer ``layer`` stepped, written in place (the leaf is aliased to the
+result, so a donated state is never copied). ``supports`` says which states it takes (float32,
+N a multiple of 16); others run the reference on the layer's rows.
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from . import library
+
+LANES = 16
+
+
+def supports(S) -> bool:
+    """Whether the native step takes the state leaf S [B, L, H, N, N]."""
+    return S.dtype == jnp.float32 and S.shape[-1] % LANES == 0
+
+
+def wkv_step(r, w, k, v, kk, a, S, layer: int):
+    """See module doc; S must satisfy ``supports``."""
+    library.load()
+    out = (jax.ShapeDtypeStruct(r.shape, jnp.float32), jax.ShapeDtypeStruct(S.shape, S.dtype))
+    call = jax.ffi.ffi_call("rwkv7_wkv_step", out, input_output_aliases={6: 1})
+    return call(*(x.astype(jnp.float32) for x in (r, w, k, v, kk, a)), S, layer=np.int64(layer))

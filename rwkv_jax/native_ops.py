@@ -1,0 +1,50 @@
+"""The ``native`` kernels' Ops: XLA's, with the native CPU kernels (``cpu_kernels``) swapped in.
+
+Every path: the matrix products of a few rows (the projections, the LoRA products, the
+channel-mix and the head) run ``cpu_kernels.linear``; more rows fall back to XLA's GEMM inside
+the same op. Decode paths (B1T1, BATCHED_DECODE) also step the recurrence with
+``cpu_kernels.wkv_step`` on the whole wkv leaf in place (``InPlaceState``), and write each new
+shift row back into its leaf (``LayerSlice.replace``), so the step slices no state.
+"""
+from __future__ import annotations
+
+import functools
+
+from cpu_kernels import library
+from cpu_kernels import wkv_step as wkv_kernel
+from cpu_kernels.linear import linear, matmul_f32
+from pallas_kernels.shift_mix import shift_mix_reference
+from pallas_kernels.sparse_channel_mix import channel_mix_reference
+from pallas_kernels.time_mix import time_mix_reference
+from pallas_kernels.wkv_step import wkv_step_reference
+
+from .ops import XLA_OPS, Ops
+from .paths import Path
+from .state_views import InPlaceState, LayerSlice
+
+
+def wkv_step(r, w, k, v, kk, a, S: LayerSlice):
+    """Contract wkv_step on a LayerSlice state: the native step in place, or (for states it does
+    not take, ``cpu_kernels.wkv_step.supports``) the reference on the layer's rows written back."""
+    if wkv_kernel.supports(S.full):
+        y, full = wkv_kernel.wkv_step(r, w, k, v, kk, a, S.full, S.layer)
+        return y, LayerSlice(full, S.layer)
+    y, rows = wkv_step_reference(r, w, k, v, kk, a, S.rows())
+    return y, S.replace(rows)
+
+
+def shift_mix(h, delta, shift: LayerSlice, ln_w, ln_b, mix):
+    """Contract shift_mix on a LayerSlice shift: the reference, its new shift row written back."""
+    h, mixed, x_ln = shift_mix_reference(h, delta, shift.rows(), ln_w, ln_b, mix)
+    return h, mixed, shift.replace(x_ln)
+
+
+def native_ops(path: Path) -> Ops:
+    """The Ops of the ``native`` kernels for `path`; builds the library first (``library.load``),
+    so a host that cannot build it fails here with ``NativeKernelsUnavailable``."""
+    library.load()
+    ops = XLA_OPS._replace(linear=linear, channel_mix=functools.partial(channel_mix_reference, matmul=matmul_f32),
+                           time_mix=functools.partial(time_mix_reference, linear=linear))
+    if path is Path.DENSE:
+        return ops
+    return ops._replace(wkv_step=wkv_step, shift_mix=shift_mix, state_views=InPlaceState)

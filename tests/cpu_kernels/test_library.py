@@ -1,0 +1,36 @@
+"""Building the native kernels: cached by source and host, and a host that cannot build them
+gets one line saying why (a missing or failing compiler), with nothing left in the cache."""
+from __future__ import annotations
+
+import pytest
+
+from cpu_kernels import library
+
+
+def test_a_build_is_cached(tmp_path, monkeypatch):
+    monkeypatch.setenv("RWKV7_CPU_KERNELS_DIR", str(tmp_path))
+    first = library.build()
+    assert first.parent == tmp_path and first.suffix == ".so"
+    stamp = first.stat().st_mtime_ns
+    assert library.build() == first and first.stat().st_mtime_ns == stamp
+    assert [p.name for p in tmp_path.iterdir()] == [first.name]
+
+
+def test_a_missing_compiler_is_named(tmp_path, monkeypatch):
+    monkeypatch.setenv("RWKV7_CPU_KERNELS_DIR", str(tmp_path))
+    monkeypatch.setenv("CXX", str(tmp_path / "no-such-c++"))
+    with pytest.raises(library.NativeKernelsUnavailable, match="no-such-c\\+\\+.*not found"):
+        library.build()
+
+
+def test_a_failing_compile_leaves_nothing(tmp_path, monkeypatch):
+    fake = tmp_path / "bin" / "c++"
+    fake.parent.mkdir()
+    fake.write_text("#!/bin/sh\necho 'fake 1.0'\n[ \"$1\" = --version ] && exit 0\necho 'linear.cc:1: error: no' >&2\nexit 1\n")
+    fake.chmod(0o755)
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("RWKV7_CPU_KERNELS_DIR", str(cache))
+    monkeypatch.setenv("CXX", str(fake))
+    with pytest.raises(library.NativeKernelsUnavailable, match="building the native CPU kernels failed.*error: no"):
+        library.build()
+    assert list(cache.iterdir()) == []

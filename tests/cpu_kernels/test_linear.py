@@ -1,0 +1,81 @@
+"""The native CPU products against their jnp reference (``matmul_f32``) on fresh random inputs:
+every weight kind and layout, row counts around the kernels' 4-row passes, odd output widths
+(the tail rows and column blocks), and the shapes the kernels leave to the reference."""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from cpu_kernels import linear as native
+from pallas_kernels.quantized import QuantizedWeight
+from pallas_kernels.small_m_linear import matmul_f32
+
+
+def random_weight(rng, kind: str, N: int, K: int, axis: int, group: int = 32):
+    if kind == "int8":
+        return QuantizedWeight(jnp.asarray(rng.integers(-127, 128, (N, K)), jnp.int8),
+                               jnp.asarray(rng.random((N, K // group)) * 0.02 + 1e-3, jnp.float32))
+    w = jnp.asarray(rng.standard_normal((N, K) if axis == 1 else (K, N)), jnp.float32)
+    return w.astype(jnp.bfloat16) if kind == "bf16" else w
+
+
+def check(x, w, axis: int) -> None:
+    got = np.asarray(jax.jit(lambda x, w: native.matmul_f32(x, w, axis))(x, w))
+    want = np.asarray(jax.jit(lambda x, w: matmul_f32(x, w, axis))(x, w))
+    assert got.dtype == np.float32 and got.shape == want.shape
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
+
+
+@pytest.mark.parametrize("M", [1, 2, 3, 4, 5, 8])
+@pytest.mark.parametrize("kind,axis", [("f32", 1), ("bf16", 1), ("int8", 1), ("f32", 0), ("bf16", 0)])
+def test_matches_the_reference(M, kind, axis):
+    rng = np.random.default_rng()
+    N = int(rng.choice([16, 48, 112])) if axis == 0 else int(rng.integers(1, 140))
+    K = 16 * int(rng.integers(1, 40)) if kind != "int8" else 64 * int(rng.integers(1, 8))
+    x = jnp.asarray(rng.standard_normal((M, K)), jnp.float32)
+    assert native.supports(x, random_weight(rng, kind, N, K, axis), axis)
+    check(x, random_weight(rng, kind, N, K, axis), axis)
+
+
+@pytest.mark.parametrize("group", [16, 64, 128])
+def test_int8_group_sizes(group):
+    rng = np.random.default_rng()
+    x = jnp.asarray(rng.standard_normal((3, 256)), jnp.float32)
+    check(x, random_weight(rng, "int8", 37, 256, 1, group), 1)
+
+
+def test_rows_of_zeros_skip_their_weight_rows_exactly():
+    """A one-row [K, N] product skips the weight rows of zero inputs (relu^2 leaves most hidden
+    units at zero): the result is the product over the other rows."""
+    rng = np.random.default_rng()
+    x = rng.standard_normal((1, 512)).astype(np.float32)
+    x[:, rng.random(512) < 0.7] = 0.0
+    w = random_weight(rng, "f32", 96, 512, 0)
+    check(jnp.asarray(x), w, 0)
+
+
+def test_a_bfloat16_input_is_widened():
+    rng = np.random.default_rng()
+    x = jnp.asarray(rng.standard_normal((2, 128)), jnp.bfloat16)
+    check(x, random_weight(rng, "bf16", 40, 128, 1), 1)
+
+
+@pytest.mark.parametrize("case", ["too many rows", "K not a multiple of 16", "float16 weight", "int4"])
+def test_shapes_it_does_not_take_run_the_reference(case):
+    rng = np.random.default_rng()
+    M, K, w = 2, 64, random_weight(rng, "f32", 24, 64, 1)
+    if case == "too many rows":
+        M = native.MAX_ROWS + 1
+    elif case == "K not a multiple of 16":
+        K, w = 40, random_weight(rng, "f32", 24, 40, 1)
+    elif case == "float16 weight":
+        w = w.astype(jnp.float16)
+    else:
+        w = QuantizedWeight(jnp.zeros((24, 32), jnp.uint8), jnp.ones((24, 2), jnp.float32))
+    x = jnp.asarray(rng.standard_normal((M, K)), jnp.float32)
+    assert not native.supports(x, w)
+    lowered = jax.jit(native.matmul_f32).lower(x, w).as_text()
+    assert "rwkv7_" not in lowered
+    np.testing.assert_array_equal(np.asarray(native.matmul_f32(x, w)), np.asarray(matmul_f32(x, w)))

@@ -1,0 +1,98 @@
+"""The whole model with kernels="native" against kernels="xla" on fresh random tokens and
+states: float32 (greedy tokens equal over many steps), int8 and bfloat16 weights, single and
+batched decode and a short prefill, and ``auto`` on a host that cannot build the kernels."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import jax
+import numpy as np
+import pytest
+
+import rwkv_jax
+from rwkv_jax.kernels import Kernels, KernelsUnavailable, require_platform
+from rwkv_jax.self_check import TOLERANCE
+
+
+def pair(ckpt, **kw):
+    return rwkv_jax.load(ckpt, kernels="xla", **kw), rwkv_jax.load(ckpt, kernels="native", **kw)
+
+
+def random_state(model, B, rng):
+    state = model.init_state(B)
+    return type(state)(*(jax.numpy.asarray(0.5 * rng.standard_normal(leaf.shape), leaf.dtype) for leaf in state))
+
+
+def relative(got, want) -> float:
+    got, want = np.asarray(got, np.float32), np.asarray(want, np.float32)
+    return float(np.abs(got - want).max() / max(np.abs(want).max(), 1e-30))
+
+
+def test_float32_greedy_tokens_equal_xla_over_64_steps(tiny_ckpt):
+    xla, native = pair(tiny_ckpt)
+    rng = np.random.default_rng()
+    start = random_state(xla, 1, rng)
+    token = rng.integers(0, xla.config.vocab_size, (1, 1)).astype(np.int32)
+    runs = []
+    for model in (xla, native):
+        state, tok, chosen = jax.tree.map(jax.numpy.copy, start), token, []
+        for _ in range(64):
+            logits, state = model.forward(tok, state)
+            tok = np.asarray(logits).argmax(-1).reshape(1, 1).astype(np.int32)
+            chosen.append(int(tok[0, 0]))
+        runs.append((chosen, state))
+    assert runs[0][0] == runs[1][0]
+    for got, want in zip(runs[1][1], runs[0][1]):
+        assert relative(got, want) < 1e-4
+
+
+@pytest.mark.parametrize("dtype,quantization,B", [("float32", "none", 3), ("float32", "int8", 1),
+                                                  ("float32", "int8", 6), ("bfloat16", "none", 2),
+                                                  ("float32", "none", 12)])
+def test_decode_steps_equal_xla(tiny_ckpt, dtype, quantization, B):
+    xla, native = pair(tiny_ckpt, dtype=dtype, quantization=quantization)
+    rng = np.random.default_rng()
+    start = random_state(xla, B, rng)
+    tokens = rng.integers(0, xla.config.vocab_size, (3, B, 1)).astype(np.int32)
+    results = []
+    for model in (xla, native):
+        state, logits = jax.tree.map(jax.numpy.copy, start), []
+        for t in tokens:
+            out, state = model.forward(t, state)
+            logits.append(np.asarray(out))
+        results.append((np.stack(logits), state))
+    tolerance = TOLERANCE[dtype]
+    assert relative(results[1][0], results[0][0]) < tolerance
+    for got, want in zip(results[1][1], results[0][1]):
+        assert relative(got, want) < tolerance
+    assert native.last_path is rwkv_jax.select_path(B, 1)
+
+
+def test_a_short_prefill_equals_xla(tiny_ckpt):
+    xla, native = pair(tiny_ckpt)
+    rng = np.random.default_rng()
+    tokens = rng.integers(0, xla.config.vocab_size, (2, 4)).astype(np.int32)  # 8 rows: the native products
+    (lx, sx), (ln, sn) = (m.forward(tokens, m.init_state(2), full_output=True) for m in (xla, native))
+    assert relative(ln, lx) < 1e-4
+    for got, want in zip(sn, sx):
+        assert relative(got, want) < 1e-4
+
+
+def test_native_runs_only_on_the_cpu():
+    require_platform(Kernels.NATIVE, "cpu")
+    with pytest.raises(KernelsUnavailable, match="kernels=native runs only on cpu; this model is on gpu"):
+        require_platform(Kernels.NATIVE, "gpu")
+
+
+def test_auto_without_a_compiler_runs_xla_and_says_why(tiny_ckpt, tmp_path):
+    code = ("import rwkv_jax, sys; m = rwkv_jax.load(sys.argv[1], kernels='auto'); "
+            "print('kernels', m.kernels.value)")
+    env = {**os.environ, "CXX": str(tmp_path / "missing-c++"), "RWKV7_CPU_KERNELS_DIR": str(tmp_path / "cache"),
+           "JAX_PLATFORMS": "cpu", "JAX_COMPILATION_CACHE_DIR": str(tmp_path / "jax-cache")}
+    done = subprocess.run([sys.executable, "-c", code, str(tiny_ckpt)], env=env, capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0, done.stderr
+    assert "kernels xla" in done.stdout
+    assert "native failed its self-check" in done.stderr and "missing-c++" in done.stderr
