@@ -175,11 +175,11 @@ def timed(fn: Callable[[], object], seconds: float, min_calls: int = 3) -> float
 class Ours:
     """Our JAX model on the checkpoint, with its decode and prefill executables compiled."""
 
-    def __init__(self, checkpoint: Path, dtype: str, quantization: str, group_size: int | None):
+    def __init__(self, checkpoint: Path, dtype: str, quantization: str, group_size: int | None, kernels: str):
         import rwkv_jax
         from rwkv_jax.engine import JaxEngine
         self.engine = JaxEngine(rwkv_jax.load(checkpoint, dtype=dtype, quantization=quantization,
-                                              group_size=group_size))
+                                              group_size=group_size, kernels=kernels))
         for B, T in ((1, 1), (BATCH, 1), (1, PREFILL_T)):
             self.engine.executables.get(("forward", (B, T, False)))
 
@@ -213,7 +213,7 @@ FORMATS = {  # ours (dtype, quantization, group size) -> llama.cpp GGUF type
 }
 
 
-def run(lc: LlamaCpp, workdir: Path, rounds: int, seconds: float, gen: int, reps: int) -> dict:
+def run(lc: LlamaCpp, workdir: Path, rounds: int, seconds: float, gen: int, reps: int, kernels: str) -> dict:
     from rwkv7_apps.tools.convert import main as convert_main
     from rwkv7_core.config import named_config
     from rwkv7_core.random_weights import write_random_checkpoint
@@ -224,7 +224,7 @@ def run(lc: LlamaCpp, workdir: Path, rounds: int, seconds: float, gen: int, reps
     if not hf.exists():
         convert_main([str(pth), "--to", "hf", "--out", str(hf)])
     ggufs = {f: lc.to_gguf(hf, t, workdir / f"m-{t}.gguf") for f, (_, t) in FORMATS.items()}
-    ours = {f: Ours(pth, *spec) for f, (spec, _) in FORMATS.items()}
+    ours = {f: Ours(pth, *spec, kernels) for f, (spec, _) in FORMATS.items()}
 
     with tempfile.TemporaryDirectory() as tmp:
         tokens, theirs = lc.last_logits(ggufs["float32"], "The quick brown fox jumps over the lazy dog.", Path(tmp))
@@ -259,6 +259,7 @@ def run(lc: LlamaCpp, workdir: Path, rounds: int, seconds: float, gen: int, reps
     for case in failures:
         del runs[case]
     return {"host": host(), "llamacpp_source": LLAMACPP_SOURCE, "threads": THREADS, "rounds": rounds,
+            "kernels": {f: o.engine.model.kernels.value for f, o in ours.items()},
             "seconds_per_measurement": seconds, "llama_bench_gen_tokens": gen, "llama_bench_reps": reps,
             "logits_max_abs_diff_f32": logits_diff, "logits_tokens": tokens.tolist(),
             "runs": runs, "llamacpp_failures": failures, "load_average_at_end": os.getloadavg()}
@@ -324,6 +325,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--seconds", type=float, default=3.0, help="our side: seconds per measurement")
     ap.add_argument("--gen", type=int, default=32, help="llama.cpp: tokens generated per measurement")
     ap.add_argument("--reps", type=int, default=2, help="llama-bench repetitions per measurement")
+    ap.add_argument("--kernels", default="auto", help="our kernels (rwkv_jax.Kernels; auto: native on the CPU "
+                                                         "once its self-check passes)")
     ap.add_argument("--output", type=Path, default=RESULTS)
     args = ap.parse_args(argv)
     lc = LlamaCpp.at(args.cache)
@@ -333,7 +336,7 @@ def main(argv: list[str] | None = None) -> None:
         return
     work = lc.root / "work"
     work.mkdir(parents=True, exist_ok=True)
-    out = run(lc, work, args.rounds, args.seconds, args.gen, args.reps)
+    out = run(lc, work, args.rounds, args.seconds, args.gen, args.reps, args.kernels)
     summary = summarise(out)
     out.update(summary)
     args.output.parent.mkdir(parents=True, exist_ok=True)

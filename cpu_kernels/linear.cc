@@ -35,6 +35,7 @@ constexpr int64_t kMaxRows = 4;  // rows of x per pass over the weight
 // How far ahead of each weight row's reads to prefetch: without it the int8 [65536, 768] head
 // streamed at half the memory bandwidth (docs/benchmarks.md, "Native CPU kernels").
 constexpr int64_t kPrefetchBytes = 8192;
+constexpr int64_t kTileBytes = 32768;  // weight rows a tile, for products of more than kMaxRows rows
 
 typedef float f32x16 __attribute__((vector_size(64)));
 typedef int8_t i8x16 __attribute__((vector_size(16)));
@@ -153,18 +154,25 @@ void linear_nk(ffi::ThreadPool& pool, const float* x, int64_t M, int64_t K, cons
   // A few long runs of rows a thread (not many short ones): each thread then streams one
   // contiguous stretch of the weight, which the hardware prefetchers follow across pages.
   const int64_t per_thread = 4, threads = std::max<int64_t>(1, pool.num_threads());
-  const int64_t rows_per_chunk = std::max<int64_t>(16, (N + threads * per_thread - 1) / (threads * per_thread) + 15 & ~int64_t{15});
+  const int64_t rows_per_chunk =
+      std::max<int64_t>(16, (N + threads * per_thread - 1) / (threads * per_thread) + 15 & ~int64_t{15});
   const int64_t chunks = (N + rows_per_chunk - 1) / rows_per_chunk;
+  // With more than kMaxRows rows of x, each tile of weight rows (~kTileBytes) takes every pass
+  // while it is in L1 / L2, so the weight streams from memory once.
+  const int64_t tile = M <= kMaxRows ? rows_per_chunk : std::max<int64_t>(4, kTileBytes / (K * int64_t{sizeof(W)}) & ~int64_t{3});
   parallel_for(pool, chunks, [=](int64_t c) {
-    int64_t n0 = c * rows_per_chunk, n1 = std::min(N, n0 + rows_per_chunk);
-    for (int64_t m = 0; m < M; m += kMaxRows) {
-      const float* xm = x + m * K;
-      float* ym = y + m * N;
-      switch (std::min(kMaxRows, M - m)) {
-        case 1: rows_pass<1>(xm, K, w, scale, G, ym, N, n0, n1); break;
-        case 2: rows_pass<2>(xm, K, w, scale, G, ym, N, n0, n1); break;
-        case 3: rows_pass<3>(xm, K, w, scale, G, ym, N, n0, n1); break;
-        default: rows_pass<4>(xm, K, w, scale, G, ym, N, n0, n1); break;
+    const int64_t n0 = c * rows_per_chunk, n1 = std::min(N, n0 + rows_per_chunk);
+    for (int64_t t0 = n0; t0 < n1; t0 += tile) {
+      const int64_t t1 = std::min(n1, t0 + tile);
+      for (int64_t m = 0; m < M; m += kMaxRows) {
+        const float* xm = x + m * K;
+        float* ym = y + m * N;
+        switch (std::min(kMaxRows, M - m)) {
+          case 1: rows_pass<1>(xm, K, w, scale, G, ym, N, t0, t1); break;
+          case 2: rows_pass<2>(xm, K, w, scale, G, ym, N, t0, t1); break;
+          case 3: rows_pass<3>(xm, K, w, scale, G, ym, N, t0, t1); break;
+          default: rows_pass<4>(xm, K, w, scale, G, ym, N, t0, t1); break;
+        }
       }
     }
   });

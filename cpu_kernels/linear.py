@@ -6,7 +6,7 @@ or x @ w for w [K, N] (w_in_axis=0), w float32 or bfloat16, or an int8 ``Quantiz
 (q int8 [N, K], scale float32 [N, K / G]). x is widened to float32; the weight is widened in
 registers as it streams, so a product reads each weight byte once per pass of up to 4 rows
 and writes no float copy of it. Shapes the kernels do not take (``supports``: more than
-``MAX_ROWS`` rows, K or N not a multiple of 16, other weight dtypes, int4 / fp8) run the
+``MAX_ROWS`` rows for the weight kind, K or N not a multiple of 16, other weight dtypes, int4 / fp8) run the
 reference. The results differ from the reference only by float32 summation order.
 """
 from __future__ import annotations
@@ -20,20 +20,24 @@ from pallas_kernels.small_m_linear import matmul_f32 as reference_matmul_f32
 from . import library
 
 LANES = 16
-MAX_ROWS = 8  # rows up to which the native product runs; more go to XLA's GEMM (docs/benchmarks.md)
-WEIGHT_NAMES = {jnp.dtype(jnp.float32): "f32", jnp.dtype(jnp.bfloat16): "bf16"}
+WEIGHT_NAMES = {jnp.dtype(jnp.float32): "f32", jnp.dtype(jnp.bfloat16): "bf16", jnp.dtype(jnp.int8): "int8"}
+# Rows up to which the native product runs, by weight kind; more go to XLA's op. Measured on the
+# 0.1b decode step (docs/benchmarks.md, "Native CPU kernels"): float32 and bfloat16 weights are
+# faster through XLA's GEMM (YNNPACK) from 16 rows; int8 weights, which XLA dequantizes into a
+# float32 scratch first, are faster native up to 32 rows (784 vs 626 tok/s at B = 32) and even at 64-128.
+MAX_ROWS = {"f32": 8, "bf16": 8, "int8": 32}
 
 
 def supports(x, w, w_in_axis: int = 1) -> bool:
     """Whether the native kernels take x [M, K] and w (see module doc)."""
     M, K = x.shape
-    if M > MAX_ROWS or K % LANES:
+    kind = WEIGHT_NAMES.get(jnp.dtype(w.q.dtype if isinstance(w, QuantizedWeight) else w.dtype))
+    if kind is None or M > MAX_ROWS[kind] or K % LANES:
         return False
     if isinstance(w, QuantizedWeight):
         groups = w.scale.shape[1]
-        return w.q.dtype == jnp.int8 and K % groups == 0 and (K // groups) % LANES == 0
-    N = w.shape[1 - w_in_axis]
-    return jnp.dtype(w.dtype) in WEIGHT_NAMES and (w_in_axis == 1 or N % LANES == 0)
+        return K % groups == 0 and (K // groups) % LANES == 0
+    return kind != "int8" and (w_in_axis == 1 or w.shape[1] % LANES == 0)
 
 
 def matmul_f32(x, w, w_in_axis: int = 1):

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-PACKAGES = {"rwkv7_core", "rwkv_torch_ref", "rwkv_jax", "pallas_kernels", "scheduler", "rwkv7_apps"}
+PACKAGES = {"rwkv7_core", "rwkv_torch_ref", "rwkv_jax", "pallas_kernels", "cpu_kernels", "scheduler", "rwkv7_apps"}
 
 
 @pytest.fixture(scope="module")
@@ -35,6 +35,7 @@ def test_wheel_holds_every_project_package_and_nothing_else(wheel):
             assert source.relative_to(ROOT).as_posix() in names
     assert "rwkv_torch_ref/triton_kernels/wkv7_step.py" in names
     assert "rwkv7_apps/data/example_prompts.jsonl" in names
+    assert "cpu_kernels/linear.cc" in names  # the native CPU kernels are built from it on first use
     assert {"rwkv_jax/gpu_targets/h200.txtpb", "rwkv_jax/gpu_targets/h100.txtpb"} <= set(names)  # rwkv7-gpu-compile
     assert not any(n.startswith(("tests/", "benchmarks/")) for n in names)
 
