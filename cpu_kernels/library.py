@@ -7,8 +7,11 @@ headers of the installed jaxlib (``jax.ffi.include_dir()``), so the vector width
 ``~/.cache/rwkv7-engine/cpu-kernels``), keyed by the source, the jax version, the compiler and
 the host CPU's model and flags; it is written to a temporary name and renamed, so processes
 building at once never see half a file. ``load()`` builds (a few seconds, once), loads and
-registers every target for the ``cpu`` platform once per process; anything that stops it (no
-compiler, a failed compile) is a ``NativeKernelsUnavailable`` naming the cause in one line.
+registers every target for the ``cpu`` platform once per process and returns the ``Library``:
+its path and the capabilities the build declares beyond the targets every build has
+(``BF16_DOT``: bfloat16 products by the CPU's bfloat16 dot-product instruction, AVX512_BF16);
+anything that stops it (no compiler, a failed compile) is a ``NativeKernelsUnavailable``
+naming the cause in one line.
 """
 from __future__ import annotations
 
@@ -21,17 +24,27 @@ import shutil
 import subprocess
 import tempfile
 from pathlib import Path
+from typing import NamedTuple
 
 import jax
 
 SOURCE = Path(__file__).with_name("linear.cc")
 TARGETS = ("rwkv7_linear_f32", "rwkv7_linear_bf16", "rwkv7_linear_int8", "rwkv7_linear_kn_f32",
            "rwkv7_linear_kn_bf16", "rwkv7_wkv_step")
+BF16_DOT = "bf16_dot"
+CAPABILITIES = {BF16_DOT: (1, ("rwkv7_linear_bf16_dot",))}  # name -> (bit in rwkv7_capabilities(), its targets)
 FLAGS = ("-O3", "-march=native", "-std=c++17", "-shared", "-fPIC", "-fno-math-errno")
 
 
 class NativeKernelsUnavailable(RuntimeError):
     """The native CPU kernels cannot be built or loaded here (the message says why)."""
+
+
+class Library(NamedTuple):
+    """The loaded library: its path and the capabilities its build declares (see module doc)."""
+
+    path: Path
+    capabilities: frozenset[str]
 
 
 def compiler() -> str:
@@ -87,14 +100,16 @@ def build() -> Path:
 
 
 @functools.cache
-def load() -> Path:
-    """Build (if needed), load and register every target for the cpu platform; once a process.
-    Returns the library's path."""
+def load() -> Library:
+    """Build (if needed), load and register every target for the cpu platform; once a process."""
     path = build()
     try:
         lib = ctypes.cdll.LoadLibrary(str(path))
     except OSError as e:
         raise NativeKernelsUnavailable(f"loading the native CPU kernels {path} failed: {e}") from None
-    for name in TARGETS:
+    declared = lib.rwkv7_capabilities()
+    capabilities = frozenset(name for name, (bit, _) in CAPABILITIES.items() if declared & bit)
+    targets = [*TARGETS, *(t for name in capabilities for t in CAPABILITIES[name][1])]
+    for name in targets:
         jax.ffi.register_ffi_target(name, jax.ffi.pycapsule(getattr(lib, name)), platform="cpu")
-    return path
+    return Library(path, capabilities)

@@ -21,7 +21,7 @@
 #include <thread>
 #include <type_traits>
 
-#if defined(__AVX2__) || defined(__AVX512F__)
+#if defined(__AVX2__) || defined(__AVX512F__) || defined(__AVX512BF16__)
 #include <immintrin.h>
 #endif
 
@@ -188,8 +188,40 @@ void rows_pass(const float* x, int64_t K, const W* w, const float* scale, int64_
   rows_block<MR, R>(x, K, w, scale, G, y, N, n0, n1);
 }
 
-template <class W>
-void linear_nk(ffi::ThreadPool& pool, const float* x, int64_t M, int64_t K, const W* w,
+#ifdef __AVX512BF16__
+// bfloat16 x and weight: each vdpbf16ps multiplies 32 pairs exactly and adds them into 16
+// float32 lanes (no widening); K a multiple of 32.
+template <int MR, int R>
+void rows_block_dot(const uint16_t* x, int64_t K, const uint16_t* w, float* y, int64_t N, int64_t n0, int64_t n1) {
+  int64_t n = n0;
+  for (; n + R <= n1; n += R) {
+    __m512 acc[MR][R];
+    for (int m = 0; m < MR; ++m)
+      for (int r = 0; r < R; ++r) acc[m][r] = _mm512_setzero_ps();
+    for (int64_t k = 0; k < K; k += 2 * kLanes) {
+      for (int r = 0; r < R; ++r) __builtin_prefetch(reinterpret_cast<const char*>(w + (n + r) * K + k) + kPrefetchBytes, 0, 0);
+      __m512bh xv[MR];
+      for (int m = 0; m < MR; ++m) xv[m] = reinterpret_cast<__m512bh>(_mm512_loadu_si512(x + m * K + k));
+      for (int r = 0; r < R; ++r) {
+        __m512bh wv = reinterpret_cast<__m512bh>(_mm512_loadu_si512(w + (n + r) * K + k));
+        for (int m = 0; m < MR; ++m) acc[m][r] = _mm512_dpbf16_ps(acc[m][r], wv, xv[m]);
+      }
+    }
+    for (int m = 0; m < MR; ++m)
+      for (int r = 0; r < R; ++r) y[m * N + n + r] = _mm512_reduce_add_ps(acc[m][r]);
+  }
+  if (n < n1) rows_block_dot<MR, 1>(x, K, w, y, N, n, n1);
+}
+
+template <int MR>
+void rows_pass(const uint16_t* x, int64_t K, const uint16_t* w, const float*, int64_t, float* y, int64_t N,
+               int64_t n0, int64_t n1) {
+  rows_block_dot<MR, MR <= 2 ? 4 : 2>(x, K, w, y, N, n0, n1);
+}
+#endif
+
+template <class X, class W>
+void linear_nk(ffi::ThreadPool& pool, const X* x, int64_t M, int64_t K, const W* w,
                const float* scale, int64_t G, float* y, int64_t N) {
   // A few long runs of rows a thread (not many short ones): each thread then streams one
   // contiguous stretch of the weight, which the hardware prefetchers follow across pages.
@@ -206,7 +238,7 @@ void linear_nk(ffi::ThreadPool& pool, const float* x, int64_t M, int64_t K, cons
     for (int64_t t0 = n0; t0 < n1; t0 += tile) {
       const int64_t t1 = std::min(n1, t0 + tile);
       for (int64_t m = 0; m < M; m += kMaxRows) {
-        const float* xm = x + m * K;
+        const X* xm = x + m * K;
         float* ym = y + m * N;
         switch (std::min(kMaxRows, M - m)) {
           case 1: rows_pass<1>(xm, K, w, scale, G, ym, N, t0, t1); break;
@@ -352,7 +384,29 @@ ffi::Error WkvStep(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> r, ffi::Buffer<ff
   });
   return ffi::Error::Success();
 }
+#ifdef __AVX512BF16__
+ffi::Error LinearBf16Dot(ffi::ThreadPool pool, ffi::Buffer<ffi::BF16> x, ffi::Buffer<ffi::BF16> w,
+                         ffi::ResultBuffer<ffi::F32> y) {
+  auto xd = x.dimensions(), wd = w.dimensions();
+  if (xd.size() != 2 || wd.size() != 2 || xd[1] != wd[1] || xd[1] % (2 * kLanes))
+    return shape_error("rwkv7_linear_bf16_dot: want x [M, K], w [N, K] bfloat16, K a multiple of 32");
+  linear_nk(pool, reinterpret_cast<const uint16_t*>(x.untyped_data()), xd[0], xd[1],
+            reinterpret_cast<const uint16_t*>(w.untyped_data()), static_cast<const float*>(nullptr), 0,
+            y->typed_data(), wd[0]);
+  return ffi::Error::Success();
+}
+#endif
+
 }  // namespace
+
+// What this build of the library can do beyond the always-built targets (read by library.py).
+extern "C" int rwkv7_capabilities() {
+#ifdef __AVX512BF16__
+  return 1;  // rwkv7_linear_bf16_dot
+#else
+  return 0;
+#endif
+}
 
 #define RWKV7_BIND_2(T)                                                              \
   ffi::Ffi::Bind().Ctx<ffi::ThreadPool>().Arg<ffi::Buffer<ffi::F32>>().Arg<ffi::Buffer<T>>() \
@@ -382,3 +436,12 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(rwkv7_wkv_step, WkvStep,
                                   .Ret<ffi::Buffer<ffi::F32>>()
                                   .Ret<ffi::Buffer<ffi::F32>>()
                                   .Attr<int64_t>("layer"));
+
+#ifdef __AVX512BF16__
+XLA_FFI_DEFINE_HANDLER_SYMBOL(rwkv7_linear_bf16_dot, LinearBf16Dot,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<ffi::Buffer<ffi::BF16>>()
+                                  .Arg<ffi::Buffer<ffi::BF16>>()
+                                  .Ret<ffi::Buffer<ffi::F32>>());
+#endif

@@ -3,7 +3,9 @@ contract of their plain-jnp reference ``pallas_kernels.small_m_linear.matmul_f32
 
 ``matmul_f32(x [M, K], w, w_in_axis=1) -> [M, N] float32``: x @ w.T for w [N, K] (w_in_axis=1)
 or x @ w for w [K, N] (w_in_axis=0), w float32 or bfloat16, or an int8 ``QuantizedWeight``
-(q int8 [N, K], scale float32 [N, K / G]). x is widened to float32; the weight is widened in
+(q int8 [N, K], scale float32 [N, K / G]). x is widened to float32 (a bfloat16 x with a
+bfloat16 weight stays bfloat16 where the build has ``library.BF16_DOT``: pairs multiplied
+exactly by the CPU's bfloat16 dot product, K a multiple of 32); the weight is widened in
 registers as it streams, so a product reads each weight byte once per pass of up to 4 rows
 and writes no float copy of it. Shapes the kernels do not take (``supports``: more than
 ``MAX_ROWS`` rows for the weight kind, K or N not a multiple of 16, other weight dtypes, int4 / fp8) run the
@@ -20,12 +22,13 @@ from pallas_kernels.small_m_linear import matmul_f32 as reference_matmul_f32
 from . import library
 
 LANES = 16
+BF16_DOT_ROWS = 32  # the 0.1b bfloat16 step at B = 32: 1,169 tok/s by the dot product, 700 through XLA's GEMM
 WEIGHT_NAMES = {jnp.dtype(jnp.float32): "f32", jnp.dtype(jnp.bfloat16): "bf16", jnp.dtype(jnp.int8): "int8"}
 # Rows up to which the native product runs, by weight kind; more go to XLA's op. Measured on the
 # 0.1b decode step (docs/benchmarks.md, "Native CPU kernels"): float32 and bfloat16 weights are
 # faster through XLA's GEMM (YNNPACK) from 16 rows; int8 weights, which XLA dequantizes into a
 # float32 scratch first, are faster native up to 32 rows (784 vs 626 tok/s at B = 32) and even at 64-128.
-MAX_ROWS = {"f32": 8, "bf16": 8, "int8": 32}
+MAX_ROWS = {"f32": 8, "bf16": 8, "int8": 32, "bf16_dot": BF16_DOT_ROWS}
 
 
 def supports(x, w, w_in_axis: int = 1) -> bool:
@@ -40,8 +43,18 @@ def supports(x, w, w_in_axis: int = 1) -> bool:
     return kind != "int8" and (w_in_axis == 1 or w.shape[1] % LANES == 0)
 
 
+def bf16_dot(x, w, w_in_axis: int = 1) -> bool:
+    """Whether x @ w runs the bfloat16 dot-product kernel (see module doc)."""
+    M, K = x.shape
+    return (x.dtype == jnp.bfloat16 and not isinstance(w, QuantizedWeight) and w.dtype == jnp.bfloat16
+            and w_in_axis == 1 and K % (2 * LANES) == 0 and M <= MAX_ROWS["bf16_dot"]
+            and library.BF16_DOT in library.load().capabilities)
+
+
 def matmul_f32(x, w, w_in_axis: int = 1):
     """x [M, K] @ w -> [M, N] float32 (the reference's contract, see module doc)."""
+    if bf16_dot(x, w, w_in_axis):
+        return jax.ffi.ffi_call("rwkv7_linear_bf16_dot", jax.ShapeDtypeStruct((x.shape[0], w.shape[0]), jnp.float32))(x, w)
     if not supports(x, w, w_in_axis):
         return reference_matmul_f32(x, w, w_in_axis)
     library.load()

@@ -8,6 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from cpu_kernels import library
 from cpu_kernels import linear as native
 from pallas_kernels.quantized import QuantizedWeight
 from pallas_kernels.small_m_linear import matmul_f32
@@ -58,10 +59,20 @@ def test_rows_of_zeros_skip_their_weight_rows_exactly():
     check(jnp.asarray(x), w, 0)
 
 
-def test_a_bfloat16_input_is_widened():
+@pytest.mark.parametrize("M,K", [(1, 128), (3, 768), (32, 64), (2, 48)])
+def test_bfloat16_inputs_with_bfloat16_weights(M, K):
+    """By the bfloat16 dot-product kernel where the build has it and K is a multiple of 32
+    (exact pair products: only the order of the float32 sums differs), else widened."""
     rng = np.random.default_rng()
-    x = jnp.asarray(rng.standard_normal((2, 128)), jnp.bfloat16)
-    check(x, random_weight(rng, "bf16", 40, 128, 1), 1)
+    x = jnp.asarray(rng.standard_normal((M, K)), jnp.bfloat16)
+    w = random_weight(rng, "bf16", int(rng.integers(1, 100)), K, 1)
+    dot = library.BF16_DOT in library.load().capabilities and K % 32 == 0
+    assert native.bf16_dot(x, w) == dot
+    lowered = jax.jit(native.matmul_f32).lower(x, w).as_text()
+    assert ("rwkv7_linear_bf16_dot" in lowered) == dot
+    if not dot:
+        assert ("rwkv7_linear_bf16" in lowered) == (M <= native.MAX_ROWS["bf16"])
+    check(x, w, 1)
 
 
 @pytest.mark.parametrize("case", ["too many rows", "K not a multiple of 16", "float16 weight", "int4"])
