@@ -290,12 +290,18 @@ def summarise(out: dict) -> dict:
     goals["ours B=32 best / B=1 best"] = {"ratio": best["ours"] / best_b1, "goal": GOAL_B32_OVER_B1}
     for g in goals.values():
         g["met"] = g["ratio"] is not None and g["ratio"] >= g["goal"]
-    return {"table": table, "goals": goals}
+    # the batching factor of each format on its own (the goal above divides across formats)
+    per_format = {f: {side: table[f"decode B={BATCH} {f} vs {t}"][f"{side}_median"]
+                      / table[f"decode B=1 {f} vs {t}"][f"{side}_median"] for side in ("ours", "llamacpp")}
+                  for f, (_, t) in FORMATS.items()
+                  if f"decode B={BATCH} {f} vs {t}" in table and f"decode B=1 {f} vs {t}" in table}
+    return {"table": table, "goals": goals, "b32_over_b1_per_format": per_format}
 
 
 def markdown(out: dict, summary: dict) -> str:
     h = out["host"]
-    lines = [f"Ours (JAX, XLA:CPU) vs llama.cpp ({out['llamacpp_source']}, built here), same random 0.1b "
+    kernels = ", ".join(sorted(set(out.get("kernels", {}).values()))) or "xla"
+    lines = [f"Ours (JAX, XLA:CPU, kernels {kernels}) vs llama.cpp ({out['llamacpp_source']}, built here), same random 0.1b "
              f"checkpoint, {out['threads']} threads each, {out['rounds']} interleaved rounds; host {h['cpu']}, "
              f"{h['cpus']} CPUs, jax {h['jax']}; load average at the end "
              f"{', '.join(f'{x:.1f}' for x in out['load_average_at_end'])} (a shared machine: ratios per round "
@@ -309,6 +315,9 @@ def markdown(out: dict, summary: dict) -> str:
     for name, g in summary["goals"].items():
         ratio = "-" if g["ratio"] is None else f"{g['ratio']:.2f}"
         lines.append(f"| {name} | {ratio} | >= {g['goal']} | {'yes' if g['met'] else 'no'} |")
+    if summary.get("b32_over_b1_per_format"):
+        lines += ["", "B=32 / B=1 per format, ours (llama.cpp's): " + ", ".join(
+            f"{f} {r['ours']:.1f}x ({r['llamacpp']:.1f}x)" for f, r in summary["b32_over_b1_per_format"].items()) + "."]
     for case, why in out.get("llamacpp_failures", {}).items():
         lines.append(f"| {case} | - | llama.cpp failed: {why} | - | - |")
     lines += ["", f"Last-position logits, llama.cpp f32 vs ours float32 on the same {len(out['logits_tokens'])} "
