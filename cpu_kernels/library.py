@@ -31,6 +31,7 @@ import jax
 SOURCE = Path(__file__).with_name("linear.cc")
 TARGETS = ("rwkv7_linear_f32", "rwkv7_linear_bf16", "rwkv7_linear_int8", "rwkv7_linear_kn_f32",
            "rwkv7_linear_kn_bf16", "rwkv7_wkv_step")
+LANES = 16  # float32 lanes of linear.cc's vectors: the widths its kernels take are multiples of this
 BF16_DOT = "bf16_dot"
 CAPABILITIES = {BF16_DOT: (1, ("rwkv7_linear_bf16_dot",))}  # name -> (bit in rwkv7_capabilities(), its targets)
 FLAGS = ("-O3", "-march=native", "-std=c++17", "-shared", "-fPIC", "-fno-math-errno")

@@ -1,13 +1,16 @@
 // Matrix products of a few rows for XLA:CPU, as XLA FFI handlers (built and registered by
 // cpu_kernels/library.py with -O3 -march=native, so the vector width is the host's).
 //
-// Every handler takes x float32 [M, K] and returns y float32 [M, N] = x @ W, W given as
+// The products take x float32 [M, K] and return y float32 [M, N] = x @ W, W given as
 //   rwkv7_linear_f32   w float32  [N, K]               (y = x @ w.T)
 //   rwkv7_linear_bf16  w bfloat16 [N, K]
 //   rwkv7_linear_int8  q int8 [N, K], scale float32 [N, K / G]   (w = q * scale per group of G)
 //   rwkv7_linear_kn_f32   w float32  [K, N]            (y = x @ w; rows of x that are exactly
 //   rwkv7_linear_kn_bf16  w bfloat16 [K, N]             zero skip their weight row, M = 1)
-// K a multiple of 16 (and G a multiple of 16 dividing K). Each weight element is read once per
+//   rwkv7_linear_bf16_dot  x and w bfloat16 [N, K], K a multiple of 32 (built only with
+//                          AVX512_BF16; rwkv7_capabilities() says so)
+// K a multiple of 16 (and G a multiple of 16 dividing K). rwkv7_wkv_step steps one layer of
+// the recurrence in place (see wkv_heads). Each weight element is read once per
 // pass of up to kMaxRows rows of x, widened to float32 in registers (no float copy of the
 // weight), multiplied in float32 with float32 accumulation. Output rows (or column blocks) are
 // shared out in chunks to the calling thread and XLA's intra-op thread pool: a chunk is taken

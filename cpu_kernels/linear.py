@@ -20,15 +20,15 @@ from pallas_kernels.quantized import QuantizedWeight
 from pallas_kernels.small_m_linear import matmul_f32 as reference_matmul_f32
 
 from . import library
+from .library import LANES
 
-LANES = 16
-BF16_DOT_ROWS = 32  # the 0.1b bfloat16 step at B = 32: 1,169 tok/s by the dot product, 700 through XLA's GEMM
 WEIGHT_NAMES = {jnp.dtype(jnp.float32): "f32", jnp.dtype(jnp.bfloat16): "bf16", jnp.dtype(jnp.int8): "int8"}
 # Rows up to which the native product runs, by weight kind; more go to XLA's op. Measured on the
 # 0.1b decode step (docs/benchmarks.md, "Native CPU kernels"): float32 and bfloat16 weights are
 # faster through XLA's GEMM (YNNPACK) from 16 rows; int8 weights, which XLA dequantizes into a
-# float32 scratch first, are faster native up to 32 rows (784 vs 626 tok/s at B = 32) and even at 64-128.
-MAX_ROWS = {"f32": 8, "bf16": 8, "int8": 32, "bf16_dot": BF16_DOT_ROWS}
+# float32 scratch first, are faster native up to 32 rows (784 vs 626 tok/s at B = 32) and even at 64-128;
+# bfloat16 x bfloat16 by the dot product too (the bfloat16 step at B = 32: 1,169 tok/s, 700 through XLA's GEMM).
+MAX_ROWS = {"f32": 8, "bf16": 8, "int8": 32, "bf16_dot": 32}
 
 
 def supports(x, w, w_in_axis: int = 1) -> bool:
@@ -66,7 +66,3 @@ def matmul_f32(x, w, w_in_axis: int = 1):
     out = jax.ShapeDtypeStruct((M, w.shape[1 - w_in_axis]), jnp.float32)
     return jax.ffi.ffi_call(layout + WEIGHT_NAMES[jnp.dtype(w.dtype)], out)(x, w)
 
-
-def linear(x, w, out_dtype=None):
-    """x [M, K] @ w [N, K].T accumulated in float32; result in out_dtype (default x.dtype)."""
-    return matmul_f32(x, w).astype(out_dtype or x.dtype)

@@ -13,8 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from . import library
-
-LANES = 16
+from .library import LANES
 
 
 def supports(S) -> bool:

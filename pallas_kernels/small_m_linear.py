@@ -45,10 +45,11 @@ def matmul_f32(x, w, w_in_axis: int = 1):
     return dot(x)
 
 
-def linear_reference(x, w, out_dtype=None):
+def linear_reference(x, w, out_dtype=None, matmul=matmul_f32):
     """x [M, K] @ w [N, K].T accumulated in float32; result in out_dtype (default x.dtype).
-    The model's XLA op."""
-    return matmul_f32(x, w).astype(out_dtype or x.dtype)
+    The model's XLA op; matmul is the product (``matmul_f32``'s contract; the native CPU
+    kernels pass theirs)."""
+    return matmul(x, w).astype(out_dtype or x.dtype)
 
 
 def block_k_for(M: int, K: int, dtype) -> int:

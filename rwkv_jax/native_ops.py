@@ -14,8 +14,9 @@ import functools
 
 from cpu_kernels import library
 from cpu_kernels import wkv_step as wkv_kernel
-from cpu_kernels.linear import linear, matmul_f32
+from cpu_kernels.linear import matmul_f32
 from pallas_kernels.shift_mix import shift_mix_reference
+from pallas_kernels.small_m_linear import linear_reference
 from pallas_kernels.sparse_channel_mix import channel_mix_reference
 from pallas_kernels.time_mix import time_mix_reference
 from pallas_kernels.wkv_step import wkv_step_reference
@@ -45,6 +46,7 @@ def native_ops(path: Path) -> Ops:
     """The Ops of the ``native`` kernels for `path`; builds the library first (``library.load``),
     so a host that cannot build it fails here with ``NativeKernelsUnavailable``."""
     library.load()
+    linear = functools.partial(linear_reference, matmul=matmul_f32)
     ops = XLA_OPS._replace(linear=linear, channel_mix=functools.partial(channel_mix_reference, matmul=matmul_f32),
                            time_mix=functools.partial(time_mix_reference, linear=linear))
     if path is Path.DENSE:
