@@ -133,13 +133,14 @@ class Ahead:
             self._done.update(("gather", (a, b)) for a in buckets for b in buckets if a != b)
 
     # ---- compiling -------------------------------------------------------------------------
-    def compile_now(self, current: int, b: int) -> None:
+    def compile_now(self, current: int, b: int) -> bool:
         """Compile what moving from ``current`` to ``b`` needs, in this thread (waiting for
-        what the compile thread has in progress)."""
+        what the compile thread has in progress). Returns whether anything was missing (False:
+        all was ready, nothing was compiled or waited for)."""
         with self._cond:
             missing = [p for p in self._parts(current, b) if p not in self._done]
         if not missing:
-            return
+            return False
         pair = [current, b] if current and current != b else [b]
         if any(kind in ("bucket", "gather") for kind, _ in missing):
             self.compile_buckets(pair)
@@ -155,6 +156,7 @@ class Ahead:
             self._report(start, seconds)
             with self._cond:
                 self._done.add((kind, b))
+        return True
 
     def compile_buckets(self, buckets: Sequence[int]) -> None:
         """``Engine.compile(buckets)`` (reported as "bucket N" events by an engine that does not

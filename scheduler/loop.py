@@ -213,17 +213,19 @@ class StepLoop:
         return masks
 
     # ---- batch ------------------------------------------------------------------------
-    def _ensure_compiled(self, buckets) -> None:
-        """An engine without Capability.COMPILES: ``compile`` each new bucket (it does nothing)."""
+    def _ensure_compiled(self, buckets) -> bool:
+        """An engine without Capability.COMPILES: ``compile`` each new bucket (it does nothing).
+        Returns whether there was one."""
         todo = [b for b in buckets if b not in self._compiled]
         if not todo:
-            return
+            return False
         start = time.perf_counter()
         seconds = self.engine.compile(todo)
         if Capability.REPORTS_COMPILES not in self.engine.capabilities:  # else its listener reported them
             for b in todo:
                 self.stats.record_compile(CompileEvent(start, f"bucket {b}", seconds[b]))
         self._compiled.update(todo)
+        return True
 
     def _ready(self, bucket: int) -> bool:
         """Moving the batch to ``bucket`` waits for no compile."""
@@ -302,17 +304,17 @@ class StepLoop:
         thread waits, ``BucketSwitch.compile_wait``), live rows compacted to the front."""
         start, own = time.perf_counter(), self.stats.compiled_in_this_thread()
         if self._ahead is None:
-            self._ensure_compiled([target])
+            compiled = self._ensure_compiled([target])
         else:
-            self._ahead.compile_now(self._slots.bucket, target)
-            self.stats.record_blocked(max(0.0, time.perf_counter() - start
-                                          - (self.stats.compiled_in_this_thread() - own)))
+            compiled = self._ahead.compile_now(self._slots.bucket, target)
+        waited = time.perf_counter() - start if compiled else 0.0  # a ready switch waited for nothing
+        if compiled and self._ahead is not None:
+            self.stats.record_blocked(max(0.0, waited - (self.stats.compiled_in_this_thread() - own)))
         keep = self._slots.live_slots()
         clock = self.stats.start_call()
         self.engine.resize(keep, target)
         seconds = self.stats.call_seconds(clock)
-        self.stats.record_switch(BucketSwitch(clock[1], self._slots.bucket, target, len(keep), seconds,
-                                              time.perf_counter() - start - seconds))
+        self.stats.record_switch(BucketSwitch(clock[1], self._slots.bucket, target, len(keep), seconds, waited))
         self._slots.resize(target, keep)
 
     def _fail_batch(self, admitted: list[Entry], error: BaseException) -> None:
