@@ -7,8 +7,9 @@ or x @ w for w [K, N] (w_in_axis=0), w float32 or bfloat16, or an int8 ``Quantiz
 bfloat16 weight stays bfloat16 where the build has ``library.BF16_DOT``: pairs multiplied
 exactly by the CPU's bfloat16 dot product, K a multiple of 32); the weight is widened in
 registers as it streams, so a product reads each weight byte once per pass of up to 4 rows
-and writes no float copy of it. Shapes the kernels do not take (``supports``: more than
-``MAX_ROWS`` rows for the weight kind, K or N not a multiple of 16, other weight dtypes, int4 / fp8) run the
+and writes no float copy of it (more rows with ``library.MANY_ROWS``: a tile of weight rows at
+a time, bfloat16 widened once into a float32 buffer that stays in cache while every row of x passes). Shapes the kernels do not take (``supports``: more than
+``max_rows`` for the weight kind and layout, K or N not a multiple of 16, other weight dtypes, int4 / fp8) run the
 reference. The results differ from the reference only by float32 summation order.
 """
 from __future__ import annotations
@@ -23,19 +24,37 @@ from . import library
 from .library import LANES
 
 WEIGHT_NAMES = {jnp.dtype(jnp.float32): "f32", jnp.dtype(jnp.bfloat16): "bf16", jnp.dtype(jnp.int8): "int8"}
-# Rows up to which the native product runs, by weight kind; more go to XLA's op. Measured on the
-# 0.1b decode step (docs/benchmarks.md, "Native CPU kernels"): float32 and bfloat16 weights are
-# faster through XLA's GEMM (YNNPACK) from 16 rows; int8 weights, which XLA dequantizes into a
-# float32 scratch first, are faster native up to 32 rows (784 vs 626 tok/s at B = 32) and even at 64-128;
-# bfloat16 x bfloat16 by the dot product too (the bfloat16 step at B = 32: 1,169 tok/s, 700 through XLA's GEMM).
+# Rows up to which the native product runs, by weight kind ([N, K] weights; more go to XLA's op),
+# measured on the 0.1b products (docs/benchmarks.md, "Native CPU kernels"). Without
+# ``library.MANY_ROWS`` float32 and bfloat16 weights are faster through XLA's GEMM (YNNPACK) from
+# 16 rows; int8 weights, which XLA dequantizes into a float32 scratch first, are faster native up
+# to 32 rows (784 vs 626 tok/s at B = 32) and even at 64-128; bfloat16 x bfloat16 by the dot
+# product too (560-600 GFLOP/s at 32 rows, XLA's 360-440).
 MAX_ROWS = {"f32": 8, "bf16": 8, "int8": 32, "bf16_dot": 32}
+# With ``library.MANY_ROWS`` (4 rows of x against 6 weight rows a step): at 32 rows 260-310
+# GFLOP/s against XLA's 200-240 with float32 weights, 220-260 against 60 with bfloat16 weights
+# and float32 x; level with XLA at 64-128 rows.
+MANY_ROWS = 32
+# [K, N] weights (the channel-mix value): XLA's GEMM is faster from 16 rows (270 against 180
+# GFLOP/s at 32 rows, float32).
+MAX_ROWS_KN = 8
+
+
+def max_rows(kind: str, w_in_axis: int = 1) -> int:
+    """Rows up to which the native product of a ``kind`` weight ("f32" | "bf16" | "int8" |
+    "bf16_dot") in layout ``w_in_axis`` runs on this build."""
+    if w_in_axis == 0:
+        return MAX_ROWS_KN
+    if kind in ("f32", "bf16") and library.MANY_ROWS in library.load().capabilities:
+        return MANY_ROWS
+    return MAX_ROWS[kind]
 
 
 def supports(x, w, w_in_axis: int = 1) -> bool:
     """Whether the native kernels take x [M, K] and w (see module doc)."""
     M, K = x.shape
     kind = WEIGHT_NAMES.get(jnp.dtype(w.q.dtype if isinstance(w, QuantizedWeight) else w.dtype))
-    if kind is None or M > MAX_ROWS[kind] or K % LANES:
+    if kind is None or M > max_rows(kind, w_in_axis) or K % LANES:
         return False
     if isinstance(w, QuantizedWeight):
         groups = w.scale.shape[1]
@@ -47,7 +66,7 @@ def bf16_dot(x, w, w_in_axis: int = 1) -> bool:
     """Whether x @ w runs the bfloat16 dot-product kernel (see module doc)."""
     M, K = x.shape
     return (x.dtype == jnp.bfloat16 and not isinstance(w, QuantizedWeight) and w.dtype == jnp.bfloat16
-            and w_in_axis == 1 and K % (2 * LANES) == 0 and M <= MAX_ROWS["bf16_dot"]
+            and w_in_axis == 1 and K % (2 * LANES) == 0 and M <= max_rows("bf16_dot")
             and library.BF16_DOT in library.load().capabilities)
 
 

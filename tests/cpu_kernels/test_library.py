@@ -34,3 +34,11 @@ def test_a_failing_compile_leaves_nothing(tmp_path, monkeypatch):
     with pytest.raises(library.NativeKernelsUnavailable, match="building the native CPU kernels failed.*error: no"):
         library.build()
     assert list(cache.iterdir()) == []
+
+
+def test_the_declared_capabilities_follow_the_host_instruction_set():
+    """The build declares what -march=native gave it (the host's flags), nothing probed at run time."""
+    flags = set(library.host_cpu().split())
+    capabilities = library.load().capabilities
+    assert (library.MANY_ROWS in capabilities) == ("avx512f" in flags)
+    assert (library.BF16_DOT in capabilities) == ("avx512_bf16" in flags)

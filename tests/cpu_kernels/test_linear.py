@@ -1,6 +1,8 @@
 """The native CPU products against their jnp reference (``matmul_f32``) on fresh random inputs:
-every weight kind and layout, row counts around the kernels' 4-row passes, odd output widths
-(the tail rows and column blocks), and the shapes the kernels leave to the reference."""
+every weight kind and layout, row counts around the kernels' 4-row passes and the many-row
+path's (rows of x left over after passes of 4; weight rows left over after blocks of 6 and
+tiles), odd output widths (the tail rows and column blocks), and the shapes the kernels leave
+to the reference."""
 from __future__ import annotations
 
 import jax
@@ -29,17 +31,37 @@ def check(x, w, axis: int) -> None:
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
 
 
-@pytest.mark.parametrize("M", [1, 2, 3, 4, 5, 8, 32])
+@pytest.mark.parametrize("M", [1, 2, 3, 4, 5, 8, 14, 19, 32])
 @pytest.mark.parametrize("kind,axis", [("f32", 1), ("bf16", 1), ("int8", 1), ("f32", 0), ("bf16", 0)])
 def test_matches_the_reference(M, kind, axis):
-    if M > native.MAX_ROWS[kind]:
-        pytest.skip(f"{kind} weights run the native product up to {native.MAX_ROWS[kind]} rows")
+    limit = native.max_rows(kind, axis)
+    if M > limit:
+        pytest.skip(f"{kind} weights {'[N, K]' if axis == 1 else '[K, N]'} run the native product up to {limit} rows")
     rng = np.random.default_rng()
     N = int(rng.choice([112, 272])) if axis == 0 else int(rng.integers(1, 140))  # [K, N]: whole chunks and a tail
     K = 16 * int(rng.integers(1, 40)) if kind != "int8" else 64 * int(rng.integers(1, 8))
     x = jnp.asarray(rng.standard_normal((M, K)), jnp.float32)
     assert native.supports(x, random_weight(rng, kind, N, K, axis), axis)
     check(x, random_weight(rng, kind, N, K, axis), axis)
+
+
+@pytest.mark.parametrize("kind,M", [("f32", 9), ("bf16", 6), ("int8", 21)])
+def test_many_rows_of_wide_weights(kind, M):
+    if M > native.max_rows(kind):
+        pytest.skip(f"{kind} weights run the native product up to {native.max_rows(kind)} rows on this build")
+    """Weight rows wider than a tile's bytes allow for more than one block (a tile of 6 rows)."""
+    rng = np.random.default_rng()
+    K, N = 64 * int(rng.integers(33, 49)), int(rng.integers(20, 60))
+    x = jnp.asarray(rng.standard_normal((M, K)), jnp.float32)
+    check(x, random_weight(rng, kind, N, K, 1, 64), 1)
+
+
+def test_more_rows_than_the_kn_layout_takes_run_xla():
+    rng = np.random.default_rng()
+    w = random_weight(rng, "f32", 48, 64, 0)
+    x = jnp.asarray(rng.standard_normal((native.MAX_ROWS_KN + 1, 64)), jnp.float32)
+    assert not native.supports(x, w, 0) and native.supports(x[:native.MAX_ROWS_KN], w, 0)
+    assert "rwkv7_" not in jax.jit(lambda x, w: native.matmul_f32(x, w, 0)).lower(x, w).as_text()
 
 
 @pytest.mark.parametrize("group", [16, 64, 128])
@@ -71,7 +93,7 @@ def test_bfloat16_inputs_with_bfloat16_weights(M, K):
     lowered = jax.jit(native.matmul_f32).lower(x, w).as_text()
     assert ("rwkv7_linear_bf16_dot" in lowered) == dot
     if not dot:
-        assert ("rwkv7_linear_bf16" in lowered) == (M <= native.MAX_ROWS["bf16"])
+        assert ("rwkv7_linear_bf16" in lowered) == (M <= native.max_rows("bf16"))
     check(x, w, 1)
 
 
@@ -80,7 +102,7 @@ def test_shapes_it_does_not_take_run_the_reference(case):
     rng = np.random.default_rng()
     M, K, w = 2, 64, random_weight(rng, "f32", 24, 64, 1)
     if case == "too many rows":
-        M = native.MAX_ROWS["f32"] + 1
+        M = native.max_rows("f32") + 1
     elif case == "K not a multiple of 16":
         K, w = 40, random_weight(rng, "f32", 24, 40, 1)
     elif case == "float16 weight":
