@@ -221,11 +221,11 @@ void rows_block_dot(const uint16_t* x, int64_t K, const uint16_t* w, float* y, i
       __m512bh xv[MR];
       for (int m = 0; m < MR; ++m) {
         xv[m] = reinterpret_cast<__m512bh>(_mm512_loadu_si512(x + m * K + k));
-        in_register(xv[m]);
+        if constexpr (MR > 2) in_register(xv[m]);  // one or two rows: as GCC schedules them (measured)
       }
       for (int r = 0; r < R; ++r) {
         __m512bh wv = reinterpret_cast<__m512bh>(_mm512_loadu_si512(w + (n + r) * K + k));
-        in_register(wv);
+        if constexpr (MR > 2) in_register(wv);
         for (int m = 0; m < MR; ++m) acc[m][r] = _mm512_dpbf16_ps(acc[m][r], wv, xv[m]);
       }
     }
