@@ -64,7 +64,8 @@ def median_seconds(fns: dict, args, reps: int) -> dict[str, float]:
 def peak(binary: str | None) -> str:
     if not binary:
         return "not measured (--peak)"
-    return "; ".join(subprocess.run([binary], capture_output=True, text=True, check=True).stdout.strip().splitlines())
+    lines = subprocess.run([binary], capture_output=True, text=True, check=True).stdout.splitlines()
+    return "; ".join(line for line in lines if "GFLOP/s" in line)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -38,13 +38,20 @@ MANY_ROWS = 32
 # [K, N] weights (the channel-mix value): XLA's GEMM is faster from 16 rows (270 against 180
 # GFLOP/s at 32 rows, float32).
 MAX_ROWS_KN = 8
+# Narrow products (K under NARROW_K: the LoRA up products, K = 32 / 64): each output is a short
+# dot product whose final sum across the vector lanes costs as much as its few steps, so XLA's
+# GEMM is faster from 4 rows (K = 32 at 4 rows: 25 against 38 GFLOP/s; K = 64 at 32 rows: 156
+# against 242, bfloat16 dot 129 against 275); one or two rows stay native.
+NARROW_K, MAX_ROWS_NARROW = 128, 2
 
 
-def max_rows(kind: str, w_in_axis: int = 1) -> int:
+def max_rows(kind: str, K: int, w_in_axis: int = 1) -> int:
     """Rows up to which the native product of a ``kind`` weight ("f32" | "bf16" | "int8" |
-    "bf16_dot") in layout ``w_in_axis`` runs on this build."""
+    "bf16_dot") with K input channels in layout ``w_in_axis`` runs on this build."""
     if w_in_axis == 0:
         return MAX_ROWS_KN
+    if K < NARROW_K and kind != "int8":
+        return MAX_ROWS_NARROW
     if kind in ("f32", "bf16") and library.MANY_ROWS in library.load().capabilities:
         return MANY_ROWS
     return MAX_ROWS[kind]
@@ -54,7 +61,7 @@ def supports(x, w, w_in_axis: int = 1) -> bool:
     """Whether the native kernels take x [M, K] and w (see module doc)."""
     M, K = x.shape
     kind = WEIGHT_NAMES.get(jnp.dtype(w.q.dtype if isinstance(w, QuantizedWeight) else w.dtype))
-    if kind is None or M > max_rows(kind, w_in_axis) or K % LANES:
+    if kind is None or M > max_rows(kind, K, w_in_axis) or K % LANES:
         return False
     if isinstance(w, QuantizedWeight):
         groups = w.scale.shape[1]
@@ -66,7 +73,7 @@ def bf16_dot(x, w, w_in_axis: int = 1) -> bool:
     """Whether x @ w runs the bfloat16 dot-product kernel (see module doc)."""
     M, K = x.shape
     return (x.dtype == jnp.bfloat16 and not isinstance(w, QuantizedWeight) and w.dtype == jnp.bfloat16
-            and w_in_axis == 1 and K % (2 * LANES) == 0 and M <= max_rows("bf16_dot")
+            and w_in_axis == 1 and K % (2 * LANES) == 0 and M <= max_rows("bf16_dot", K)
             and library.BF16_DOT in library.load().capabilities)
 
 

@@ -34,12 +34,14 @@ def check(x, w, axis: int) -> None:
 @pytest.mark.parametrize("M", [1, 2, 3, 4, 5, 8, 14, 19, 32])
 @pytest.mark.parametrize("kind,axis", [("f32", 1), ("bf16", 1), ("int8", 1), ("f32", 0), ("bf16", 0)])
 def test_matches_the_reference(M, kind, axis):
-    limit = native.max_rows(kind, axis)
+    limit = native.max_rows(kind, native.NARROW_K, axis)
     if M > limit:
         pytest.skip(f"{kind} weights {'[N, K]' if axis == 1 else '[K, N]'} run the native product up to {limit} rows")
     rng = np.random.default_rng()
     N = int(rng.choice([112, 272])) if axis == 0 else int(rng.integers(1, 140))  # [K, N]: whole chunks and a tail
     K = 16 * int(rng.integers(1, 40)) if kind != "int8" else 64 * int(rng.integers(1, 8))
+    if M > native.max_rows(kind, K, axis):  # a narrow K (the narrow bound is tested below)
+        K = native.NARROW_K + 16 * int(rng.integers(0, 32))
     x = jnp.asarray(rng.standard_normal((M, K)), jnp.float32)
     assert native.supports(x, random_weight(rng, kind, N, K, axis), axis)
     check(x, random_weight(rng, kind, N, K, axis), axis)
@@ -47,13 +49,24 @@ def test_matches_the_reference(M, kind, axis):
 
 @pytest.mark.parametrize("kind,M", [("f32", 9), ("bf16", 6), ("int8", 21)])
 def test_many_rows_of_wide_weights(kind, M):
-    if M > native.max_rows(kind):
-        pytest.skip(f"{kind} weights run the native product up to {native.max_rows(kind)} rows on this build")
+    if M > native.max_rows(kind, 2048):
+        pytest.skip(f"{kind} weights run the native product up to {native.max_rows(kind, 2048)} rows on this build")
     """Weight rows wider than a tile's bytes allow for more than one block (a tile of 6 rows)."""
     rng = np.random.default_rng()
     K, N = 64 * int(rng.integers(33, 49)), int(rng.integers(20, 60))
     x = jnp.asarray(rng.standard_normal((M, K)), jnp.float32)
     check(x, random_weight(rng, kind, N, K, 1, 64), 1)
+
+
+@pytest.mark.parametrize("kind", ["f32", "bf16"])
+def test_narrow_products_of_more_rows_run_xla(kind):
+    """K under NARROW_K (the LoRA up products): native for one or two rows, XLA's op above."""
+    rng = np.random.default_rng()
+    K = 16 * int(rng.integers(1, native.NARROW_K // 16))
+    w = random_weight(rng, kind, int(rng.integers(1, 100)), K, 1)
+    x = jnp.asarray(rng.standard_normal((native.MAX_ROWS_NARROW + 1, K)), jnp.float32)
+    assert not native.supports(x, w) and native.supports(x[:native.MAX_ROWS_NARROW], w)
+    check(x[:native.MAX_ROWS_NARROW], w, 1)
 
 
 def test_more_rows_than_the_kn_layout_takes_run_xla():
@@ -88,12 +101,12 @@ def test_bfloat16_inputs_with_bfloat16_weights(M, K):
     rng = np.random.default_rng()
     x = jnp.asarray(rng.standard_normal((M, K)), jnp.bfloat16)
     w = random_weight(rng, "bf16", int(rng.integers(1, 100)), K, 1)
-    dot = library.BF16_DOT in library.load().capabilities and K % 32 == 0
+    dot = library.BF16_DOT in library.load().capabilities and K % 32 == 0 and M <= native.max_rows("bf16_dot", K)
     assert native.bf16_dot(x, w) == dot
     lowered = jax.jit(native.matmul_f32).lower(x, w).as_text()
     assert ("rwkv7_linear_bf16_dot" in lowered) == dot
     if not dot:
-        assert ("rwkv7_linear_bf16" in lowered) == (M <= native.max_rows("bf16"))
+        assert ("rwkv7_linear_bf16" in lowered) == (M <= native.max_rows("bf16", K))
     check(x, w, 1)
 
 
@@ -102,7 +115,7 @@ def test_shapes_it_does_not_take_run_the_reference(case):
     rng = np.random.default_rng()
     M, K, w = 2, 64, random_weight(rng, "f32", 24, 64, 1)
     if case == "too many rows":
-        M = native.max_rows("f32") + 1
+        M = native.max_rows("f32", K) + 1
     elif case == "K not a multiple of 16":
         K, w = 40, random_weight(rng, "f32", 24, 40, 1)
     elif case == "float16 weight":
