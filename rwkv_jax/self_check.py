@@ -8,7 +8,9 @@ that search (``check_search``) against XLA's on random rows. ``cached_check`` ke
 in a JSON file beside the persistent compilation cache (``jax_compilation_cache_dir``; in
 memory without one), keyed by device kind, jax version,
 model shape, dtype, quantization (scheme and group size) and candidate, so a process pays the
-check (a few compiles and milliseconds) once per combination.
+check (a few compiles and milliseconds) once per combination. A kept pass of the native CPU
+kernels still needs them built in this process (``cpu_kernels.library.load``): where they no
+longer can be (the compiler gone), the candidate fails with that reason instead.
 """
 from __future__ import annotations
 
@@ -21,6 +23,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from cpu_kernels import library
 from cpu_kernels.library import NativeKernelsUnavailable
 from pallas_kernels import radix_search
 from rwkv7_core.config import ModelConfig
@@ -121,6 +124,11 @@ def verdicts_path() -> FsPath | None:
 def cached_check(params: dict, config: ModelConfig, dtype, candidate: Kernels, *, forward=forward_fn,
                  search=radix_search.smallest_key, device: jax.Device | None = None) -> str | None:
     """`check_decode`'s verdict, run once per `verdict_key` (kept in `verdicts_path()`)."""
+    if candidate is Kernels.NATIVE:
+        try:  # a kept verdict says the kernels passed, not that this process can still build them
+            library.load()
+        except NativeKernelsUnavailable as e:
+            return str(e)
     key = verdict_key(config, dtype, candidate, quant_spec_of(params))
     path = verdicts_path()
     stored = dict(_MEMORY)

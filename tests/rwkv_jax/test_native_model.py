@@ -86,13 +86,28 @@ def test_native_runs_only_on_the_cpu():
         require_platform(Kernels.NATIVE, "gpu")
 
 
-def test_auto_without_a_compiler_runs_xla_and_says_why(tiny_ckpt, tmp_path):
+def load_auto(ckpt, **env_changes) -> subprocess.CompletedProcess:
+    """rwkv_jax.load(ckpt, kernels="auto") in a fresh process; prints the kernels it chose."""
     code = ("import rwkv_jax, sys; m = rwkv_jax.load(sys.argv[1], kernels='auto'); "
             "print('kernels', m.kernels.value)")
-    env = {**os.environ, "CXX": str(tmp_path / "missing-c++"), "RWKV7_CPU_KERNELS_DIR": str(tmp_path / "cache"),
-           "JAX_PLATFORMS": "cpu", "JAX_COMPILATION_CACHE_DIR": str(tmp_path / "jax-cache")}
-    done = subprocess.run([sys.executable, "-c", code, str(tiny_ckpt)], env=env, capture_output=True, text=True,
-                          timeout=600)
+    done = subprocess.run([sys.executable, "-c", code, str(ckpt)], env={**os.environ, "JAX_PLATFORMS": "cpu", **env_changes},
+                          capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr
+    return done
+
+
+def test_auto_without_a_compiler_runs_xla_and_says_why(tiny_ckpt, tmp_path):
+    done = load_auto(tiny_ckpt, CXX=str(tmp_path / "missing-c++"), RWKV7_CPU_KERNELS_DIR=str(tmp_path / "cache"),
+                     JAX_COMPILATION_CACHE_DIR=str(tmp_path / "jax-cache"))
     assert "kernels xla" in done.stdout
     assert "native failed its self-check" in done.stderr and "missing-c++" in done.stderr
+
+
+def test_a_kept_pass_without_a_compiler_now_runs_xla(tiny_ckpt, tmp_path):
+    """The verdict file says native passed (an earlier run), but this process cannot build the
+    kernels any more: auto falls back to xla with the reason instead of failing at trace."""
+    jax_cache = str(tmp_path / "jax-cache")
+    assert "kernels native" in load_auto(tiny_ckpt, JAX_COMPILATION_CACHE_DIR=jax_cache).stdout
+    done = load_auto(tiny_ckpt, CXX=str(tmp_path / "missing-c++"), RWKV7_CPU_KERNELS_DIR=str(tmp_path / "cache"),
+                     JAX_COMPILATION_CACHE_DIR=jax_cache)
+    assert "kernels xla" in done.stdout and "missing-c++" in done.stderr
