@@ -5,7 +5,7 @@ compiler (``$CXX``, else ``g++`` / ``c++``) at ``-O3 -march=native`` against the
 headers of the installed jaxlib (``jax.ffi.include_dir()``), so the vector width is the host's
 (AVX-512, AVX2, NEON...). The shared library is cached under ``$RWKV7_CPU_KERNELS_DIR`` (default
 ``~/.cache/rwkv7-engine/cpu-kernels``), keyed by the source, the jax version, the compiler and
-the host CPU's model and flags; it is written to a temporary name and renamed, so processes
+the host CPU's model and flags (a build unused for ``STALE_DAYS`` is removed when another is made); it is written to a temporary name and renamed, so processes
 building at once never see half a file. ``load()`` builds (a few seconds, once), loads and
 registers every target for the ``cpu`` platform once per process and returns the ``Library``:
 its path and the capabilities the build declares beyond the targets every build has
@@ -25,6 +25,7 @@ import platform
 import shutil
 import subprocess
 import tempfile
+import time
 from pathlib import Path
 from typing import NamedTuple
 
@@ -39,6 +40,7 @@ MANY_ROWS = "many_rows"
 # name -> (bit in rwkv7_capabilities(), the targets it adds)
 CAPABILITIES = {BF16_DOT: (1, ("rwkv7_linear_bf16_dot",)), MANY_ROWS: (2, ())}
 FLAGS = ("-O3", "-march=native", "-std=c++17", "-shared", "-fPIC", "-fno-math-errno")
+STALE_DAYS = 30  # a cached build unused this long is removed when another is built
 
 
 class NativeKernelsUnavailable(RuntimeError):
@@ -85,13 +87,27 @@ def library_path(cxx: str) -> Path:
     return cache_dir() / f"linear-{key.hexdigest()[:16]}.so"
 
 
+def prune(keep: Path) -> None:
+    """Remove cached builds other than ``keep`` unused for STALE_DAYS (each use marks its build:
+    ``build``); builds of other sources, jax versions or compilers pile up otherwise."""
+    horizon = time.time() - STALE_DAYS * 86400
+    for old in keep.parent.glob("linear-*.so"):
+        try:
+            if old != keep and old.stat().st_mtime < horizon:
+                old.unlink()
+        except OSError:  # another process pruned or rebuilt it meanwhile
+            pass
+
+
 def build() -> Path:
     """The compiled library for this host, built now if it is not in the cache."""
     cxx = compiler()
     target = library_path(cxx)
     if target.exists():
+        os.utime(target)  # in use: not stale
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
+    prune(target)
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
     os.close(fd)
     command = [cxx, *FLAGS, "-isystem", jax.ffi.include_dir(), str(SOURCE), "-o", tmp]

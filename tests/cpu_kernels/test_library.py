@@ -2,6 +2,9 @@
 gets one line saying why (a missing or failing compiler), with nothing left in the cache."""
 from __future__ import annotations
 
+import os
+import time
+
 import pytest
 
 from cpu_kernels import library
@@ -11,9 +14,22 @@ def test_a_build_is_cached(tmp_path, monkeypatch):
     monkeypatch.setenv("RWKV7_CPU_KERNELS_DIR", str(tmp_path))
     first = library.build()
     assert first.parent == tmp_path and first.suffix == ".so"
-    stamp = first.stat().st_mtime_ns
-    assert library.build() == first and first.stat().st_mtime_ns == stamp
+    inode = first.stat().st_ino  # a rebuild renames a new file over it
+    assert library.build() == first and first.stat().st_ino == inode
     assert [p.name for p in tmp_path.iterdir()] == [first.name]
+
+
+def test_stale_builds_are_pruned_when_another_is_built(tmp_path, monkeypatch):
+    monkeypatch.setenv("RWKV7_CPU_KERNELS_DIR", str(tmp_path))
+    stale, recent = tmp_path / "linear-0000000000000000.so", tmp_path / "linear-1111111111111111.so"
+    for path, days in ((stale, library.STALE_DAYS + 1), (recent, library.STALE_DAYS - 1)):
+        path.write_bytes(b"")
+        old = time.time() - days * 86400
+        os.utime(path, (old, old))
+    built = library.build()
+    assert sorted(tmp_path.iterdir()) == sorted([built, recent])
+    os.utime(built, (0, 0))
+    assert library.build() == built and built.stat().st_mtime > time.time() - 60  # a use marks it
 
 
 def test_a_missing_compiler_is_named(tmp_path, monkeypatch):
