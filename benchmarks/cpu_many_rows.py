@@ -16,9 +16,7 @@ Run: ``PYTHONPATH=. python benchmarks/cpu_many_rows.py [--rows 8,16,32,64] [--pe
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import platform
 import statistics
 import subprocess
 import time
@@ -28,6 +26,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from benchmarks.results_io import cpu_model, write_results
 from cpu_kernels import library
 from pallas_kernels.small_m_linear import matmul_f32
 
@@ -91,8 +90,7 @@ def main(argv: list[str] | None = None) -> None:
                 r = rows[-1]
                 print(f"{kind} {label} M={M}: native {r['native_gflops']:.0f}, xla {r['xla_gflops']:.0f} GFLOP/s",
                       flush=True)
-    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                if line.startswith("model name")), platform.processor()) if Path("/proc/cpuinfo").exists() else ""
+    cpu = cpu_model()
     out = {"host": {"cpu": cpu, "cpus": os.cpu_count(), "jax": jax.__version__,
                     "capabilities": sorted(lib.capabilities)}, "peak": peak(args.peak), "reps": args.reps, "rows": rows}
     lines = [f"Native many-row products vs XLA's op, GFLOP/s (median of {args.reps} interleaved repetitions); host "
@@ -101,10 +99,7 @@ def main(argv: list[str] | None = None) -> None:
              "| weights | product | rows | native | xla | native / xla |", "|---|---|---|---|---|---|"]
     lines += [f"| {r['kind']} | {r['shape']} | {r['rows']} | {r['native_gflops']:.0f} | {r['xla_gflops']:.0f} | "
               f"**{r['native_gflops'] / r['xla_gflops']:.2f}** |" for r in rows]
-    args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.write_text(json.dumps(out, indent=1) + "\n")
-    args.output.with_suffix(".md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    write_results(args.output, out, lines)
 
 
 if __name__ == "__main__":

@@ -11,9 +11,7 @@ Run: ``PYTHONPATH=. python benchmarks/cpu_native_decode.py [--batches 1,4,8,32] 
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import platform
 import statistics
 import tempfile
 import time
@@ -24,6 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import rwkv_jax
+from benchmarks.results_io import cpu_model, write_results
 from rwkv7_core.config import named_config
 from rwkv7_core.random_weights import write_random_checkpoint
 from rwkv_jax.engine import JaxEngine
@@ -75,8 +74,7 @@ def main(argv: list[str] | None = None) -> None:
             del engines
     table = {c: {**{f"{k}_median": statistics.median(v[k]) for k in KERNELS},
                  "ratio_median": statistics.median(n / x for n, x in zip(v["native"], v["xla"]))} for c, v in runs.items()}
-    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                if line.startswith("model name")), platform.processor()) if Path("/proc/cpuinfo").exists() else ""
+    cpu = cpu_model()
     out = {"host": {"cpu": cpu, "cpus": os.cpu_count(), "jax": jax.__version__}, "rounds": args.rounds,
            "seconds_per_measurement": args.seconds, "load_average_at_end": os.getloadavg(), "runs": runs, "table": table}
     lines = [f"Decode step of a random 0.1b-shape model, kernels=native vs kernels=xla; host {cpu}, {os.cpu_count()} "
@@ -85,10 +83,7 @@ def main(argv: list[str] | None = None) -> None:
              "| case | xla tok/s | native tok/s | native / xla (median of rounds) |", "|---|---|---|---|"]
     lines += [f"| {c} | {v['xla_median']:.1f} | {v['native_median']:.1f} | **{v['ratio_median']:.2f}** |"
               for c, v in table.items()]
-    args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.write_text(json.dumps(out, indent=1) + "\n")
-    args.output.with_suffix(".md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    write_results(args.output, out, lines)
 
 
 if __name__ == "__main__":

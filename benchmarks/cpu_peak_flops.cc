@@ -16,35 +16,33 @@ constexpr long kSteps = 100000000;
 float sink[2];
 
 #define REPEAT12(X) X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7) X(8) X(9) X(10) X(11)
-#define SUM(i) s = _mm512_add_ps(s, a##i);
 
 #ifdef __AVX512F__
-void fma_f32(int id) {
-#define INIT(i) __m512 a##i = _mm512_set1_ps(i * 0.001f);
-  REPEAT12(INIT)
-  const __m512 b = _mm512_set1_ps(0.9999f), c = _mm512_set1_ps(1e-7f);
+// kSteps x 12 independent chains a = step(a), the chains summed into sink[id].
+template <class Step>
+void chains(int id, Step step) {
+#define START(i) __m512 a##i = _mm512_set1_ps(i * 1e-3f);  // distinct, so no two chains fold into one
+  REPEAT12(START)
   for (long n = 0; n < kSteps; ++n) {
-#define FMA(i) a##i = _mm512_fmadd_ps(a##i, b, c);
-    REPEAT12(FMA)
+#define STEP(i) a##i = step(a##i);
+    REPEAT12(STEP)
   }
   __m512 s = _mm512_setzero_ps();
+#define SUM(i) s = _mm512_add_ps(s, a##i);
   REPEAT12(SUM)
   sink[id] = _mm512_reduce_add_ps(s);
+}
+
+void fma_f32(int id) {
+  const __m512 b = _mm512_set1_ps(0.9999f), c = _mm512_set1_ps(1e-7f);
+  chains(id, [=](__m512 a) { return _mm512_fmadd_ps(a, b, c); });
 }
 #endif
 
 #ifdef __AVX512BF16__
 void dot_bf16(int id) {
-#define ZERO(i) __m512 a##i = _mm512_setzero_ps();
-  REPEAT12(ZERO)
   const __m512bh x = (__m512bh)_mm512_set1_epi16(0x3f80), y = (__m512bh)_mm512_set1_epi16(0x3380);
-  for (long n = 0; n < kSteps; ++n) {
-#define DOT(i) a##i = _mm512_dpbf16_ps(a##i, x, y);
-    REPEAT12(DOT)
-  }
-  __m512 s = _mm512_setzero_ps();
-  REPEAT12(SUM)
-  sink[id] = _mm512_reduce_add_ps(s);
+  chains(id, [=](__m512 a) { return _mm512_dpbf16_ps(a, x, y); });
 }
 #endif
 

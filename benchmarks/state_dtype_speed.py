@@ -10,7 +10,6 @@ benchmarks/results/state_dtype_speed.json/.md. Run: ``python benchmarks/state_dt
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -25,6 +24,7 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 
 import rwkv_jax  # noqa: E402
+from benchmarks.results_io import write_results  # noqa: E402
 from rwkv7_core.config import named_config  # noqa: E402
 from rwkv_jax.random_params import random_params  # noqa: E402
 
@@ -74,10 +74,7 @@ def main(argv=None) -> None:
     for B in map(int, args.batch.split(",")):
         a, b = medians[f"float32 B={B}"], medians[f"bfloat16 B={B}"]
         lines.append(f"| {B} | {a:.1f} | {b:.1f} | {b / a:.2f} |")
-    args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.write_text(json.dumps(out, indent=1) + "\n")
-    args.output.with_suffix(".md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    write_results(args.output, out, lines)
 
 
 if __name__ == "__main__":
