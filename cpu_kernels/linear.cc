@@ -294,22 +294,17 @@ void dot_rows(const float* x, const float* w, int64_t K, float* y, int64_t N, in
   for (; r < rows; ++r) dot_block<MR, 1>(x, w + r * K, K, y + r, N);
 }
 
-// Weight rows [n0, n1) as float32: w itself for float32 weights, else widened (int8: times its
-// group scales, the dequantized weight) into buf [n1 - n0, K].
+// Weight rows [n0, n1) as float32: w itself for float32 weights, bfloat16 ones widened into
+// buf [n1 - n0, K].
 template <class W>
-const float* float_rows(const W* w, const float* scale, int64_t G, int64_t K, int64_t n0, int64_t n1, float* buf) {
+const float* float_rows(const W* w, int64_t K, int64_t n0, int64_t n1, float* buf) {
   if constexpr (std::is_same_v<W, float>) {
     return w + n0 * K;
   } else {
-    const int64_t groups = scale ? K / G : 1, span = scale ? G : K;
-    for (int64_t n = n0; n < n1; ++n)
-      for (int64_t g = 0; g < groups; ++g) {
-        const f32x16 s = splat(scale ? scale[n * groups + g] : 1.f);
-        for (int64_t k = g * span; k < (g + 1) * span; k += kLanes) {
-          f32x16 v = widen(w + n * K + k) * s;
-          std::memcpy(buf + (n - n0) * K + k, &v, sizeof v);
-        }
-      }
+    for (int64_t i = 0; i < (n1 - n0) * K; i += kLanes) {
+      f32x16 v = widen(w + n0 * K + i);
+      std::memcpy(buf + i, &v, sizeof v);
+    }
     return buf;
   }
 }
@@ -326,8 +321,7 @@ constexpr int64_t kFloatTileBytes = 49152, kWidenedTileBytes = 24576;
 
 // y [M, N] rows n in [n0, n1) for M > kMaxRows: per tile of weight rows, every 4 rows of x.
 template <class W>
-void many_rows(const float* x, int64_t M, int64_t K, const W* w, const float* scale, int64_t G, float* y,
-               int64_t N, int64_t n0, int64_t n1) {
+void many_rows(const float* x, int64_t M, int64_t K, const W* w, float* y, int64_t N, int64_t n0, int64_t n1) {
   constexpr bool in_place = std::is_same_v<W, float>;
   const int64_t bytes = in_place ? kFloatTileBytes : kWidenedTileBytes;
   const int64_t tile = std::max<int64_t>(kBlockRows, bytes / (K * int64_t{sizeof(float)}) / kBlockRows * kBlockRows);
@@ -335,7 +329,7 @@ void many_rows(const float* x, int64_t M, int64_t K, const W* w, const float* sc
   if (!in_place && static_cast<int64_t>(buf.size()) < tile * K) buf.resize(tile * K);
   for (int64_t t0 = n0; t0 < n1; t0 += tile) {
     const int64_t t1 = std::min(n1, t0 + tile), rows = t1 - t0;
-    const float* wt = float_rows(w, scale, G, K, t0, t1, buf.data());
+    const float* wt = float_rows(w, K, t0, t1, buf.data());
     int64_t m = 0;
     for (; m + 4 <= M; m += 4) dot_rows<4>(x + m * K, wt, K, y + m * N + t0, N, rows);
     switch (M - m) {
@@ -362,11 +356,12 @@ void linear_nk(ffi::ThreadPool& pool, const X* x, int64_t M, int64_t K, const W*
   const int64_t bytes = N * K * int64_t{sizeof(W)};
   // Not for int8 weights: the 0.1b int8 decode step at B = 32 ran 12% slower with its tiles
   // dequantized once than with the weight widened in registers on every pass.
-  const bool many = kManyRows && std::is_same_v<X, float> && !std::is_same_v<W, int8_t> && M > kMaxRows;
+  constexpr bool has_many = kManyRows && std::is_same_v<X, float> && !std::is_same_v<W, int8_t>;
+  const bool many = has_many && M > kMaxRows;
   parallel_for(pool, chunks, bytes, [=](int64_t c) {
     const int64_t n0 = c * rows_per_chunk, n1 = std::min(N, n0 + rows_per_chunk);
-    if constexpr (std::is_same_v<X, float>) {
-      if (many) return many_rows(x, M, K, w, scale, G, y, N, n0, n1);
+    if constexpr (has_many) {
+      if (many) return many_rows(x, M, K, w, y, N, n0, n1);
     }
     for (int64_t t0 = n0; t0 < n1; t0 += tile) {
       const int64_t t1 = std::min(n1, t0 + tile);
