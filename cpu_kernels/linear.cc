@@ -92,6 +92,12 @@ inline f32x16 splat(float s) { return f32x16{} + s; }
 // Keeps v in a register: without it GCC re-reads a vector used by several products from L1
 // as a memory operand of each one (20 loads a step of 16 products instead of 8). Only where a
 // 16-lane vector is one register (AVX-512); elsewhere a no-op.
+#ifdef __AVX512F__
+constexpr bool kWide = true;  // 32 vector registers of 16 float32 lanes
+#else
+constexpr bool kWide = false;
+#endif
+
 template <class V>
 inline void in_register(V& v) {
 #ifdef __AVX512F__
@@ -108,6 +114,18 @@ inline float lane_sum(f32x16 v) {  // a tree of halves (a loop over the lanes is
   f32x8 a = __builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7) + __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15);
   f32x4 b = __builtin_shufflevector(a, a, 0, 1, 2, 3) + __builtin_shufflevector(a, a, 4, 5, 6, 7);
   return (b[0] + b[2]) + (b[1] + b[3]);
+}
+
+// [sum a, sum b, sum c, sum d] of four 16-lane vectors (a tree of halves, 4 sums in one vector).
+inline f32x4 lane_sums4(f32x16 a, f32x16 b, f32x16 c, f32x16 d) {
+  auto half = [](f32x16 v) {
+    return __builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7) + __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15);
+  };
+  f32x8 a8 = half(a), b8 = half(b), c8 = half(c), d8 = half(d);
+  f32x8 ab = __builtin_shufflevector(a8, b8, 0, 1, 2, 3, 8, 9, 10, 11) + __builtin_shufflevector(a8, b8, 4, 5, 6, 7, 12, 13, 14, 15);
+  f32x8 cd = __builtin_shufflevector(c8, d8, 0, 1, 2, 3, 8, 9, 10, 11) + __builtin_shufflevector(c8, d8, 4, 5, 6, 7, 12, 13, 14, 15);
+  f32x8 u = __builtin_shufflevector(ab, cd, 0, 1, 8, 9, 4, 5, 12, 13) + __builtin_shufflevector(ab, cd, 2, 3, 10, 11, 6, 7, 14, 15);
+  return __builtin_shufflevector(u, u, 0, 4, 2, 6) + __builtin_shufflevector(u, u, 1, 5, 3, 7);
 }
 
 // Runs body(chunk) for chunk in [0, chunks) on the caller and up to (pool threads - 1) helpers;
@@ -195,12 +213,52 @@ void row_stream(const float* x, int64_t K, const W* w, const float* scale, int64
   }
 }
 
+// int8 weights, 2-4 rows of x (AVX-512): each weight vector dequantized in registers (times its
+// group's scale), MR x R accumulators and no per-group partial sums, x and w kept in registers.
+template <int MR, int R>
+void rows_block_q(const float* x, int64_t K, const int8_t* w, const float* scale, int64_t G, float* y,
+                  int64_t N, int64_t n0, int64_t n1) {
+  const int64_t groups = K / G;
+  int64_t n = n0;
+  for (; n + R <= n1; n += R) {
+    f32x16 acc[MR][R];
+    for (int m = 0; m < MR; ++m)
+      for (int r = 0; r < R; ++r) acc[m][r] = f32x16{};
+    for (int64_t g = 0; g < groups; ++g) {
+      f32x16 s[R];
+      for (int r = 0; r < R; ++r) s[r] = splat(scale[(n + r) * groups + g]);
+      for (int64_t k = g * G; k < (g + 1) * G; k += kLanes) {
+        f32x16 xv[MR];
+        for (int m = 0; m < MR; ++m) {
+          xv[m] = widen(x + m * K + k);
+          in_register(xv[m]);
+        }
+        for (int r = 0; r < R; ++r) __builtin_prefetch(reinterpret_cast<const char*>(w + (n + r) * K + k) + kPrefetchBytes, 0, 0);
+        for (int r = 0; r < R; ++r) {
+          f32x16 wv = widen(w + (n + r) * K + k) * s[r];
+          in_register(wv);
+          for (int m = 0; m < MR; ++m) acc[m][r] += xv[m] * wv;
+        }
+      }
+    }
+    for (int m = 0; m < MR; ++m) {
+      f32x4 sums = lane_sums4(acc[m][0], acc[m][1], acc[m][2], acc[m][3]);
+      std::memcpy(y + m * N + n, &sums, sizeof sums);
+    }
+  }
+  if (n < n1) rows_block<MR, 1>(x, K, w, scale, G, y, N, n, n1);
+}
+
 template <int MR, class W>
 void rows_pass(const float* x, int64_t K, const W* w, const float* scale, int64_t G, float* y,
                int64_t N, int64_t n0, int64_t n1) {
   constexpr int R = MR <= 2 ? 4 : 2;
   if constexpr (MR == 1 && !std::is_same_v<W, int8_t>) {  // measured: float32 / bfloat16 stream faster so,
     row_stream(x, K, w, scale, G, y, n0, n1);               // int8 (whose groups are short) in blocks
+    return;
+  }
+  if constexpr (kWide && MR >= 2 && std::is_same_v<W, int8_t>) {  // measured 5-10% faster at 2 rows,
+    rows_block_q<MR, 4>(x, K, w, scale, G, y, N, n0, n1);           // 15-30% at 4, 25-115% at 32
     return;
   }
   rows_block<MR, R>(x, K, w, scale, G, y, N, n0, n1);
@@ -243,18 +301,6 @@ void rows_pass(const uint16_t* x, int64_t K, const uint16_t* w, const float*, in
 #endif
 
 // ---- more than kMaxRows rows of x: float32 weight tiles against 4 rows of x at a time -----
-// [sum a, sum b, sum c, sum d] of four 16-lane vectors (a tree of halves, 4 sums in one vector).
-inline f32x4 lane_sums4(f32x16 a, f32x16 b, f32x16 c, f32x16 d) {
-  auto half = [](f32x16 v) {
-    return __builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7) + __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15);
-  };
-  f32x8 a8 = half(a), b8 = half(b), c8 = half(c), d8 = half(d);
-  f32x8 ab = __builtin_shufflevector(a8, b8, 0, 1, 2, 3, 8, 9, 10, 11) + __builtin_shufflevector(a8, b8, 4, 5, 6, 7, 12, 13, 14, 15);
-  f32x8 cd = __builtin_shufflevector(c8, d8, 0, 1, 2, 3, 8, 9, 10, 11) + __builtin_shufflevector(c8, d8, 4, 5, 6, 7, 12, 13, 14, 15);
-  f32x8 u = __builtin_shufflevector(ab, cd, 0, 1, 8, 9, 4, 5, 12, 13) + __builtin_shufflevector(ab, cd, 2, 3, 10, 11, 6, 7, 14, 15);
-  return __builtin_shufflevector(u, u, 0, 4, 2, 6) + __builtin_shufflevector(u, u, 1, 5, 3, 7);
-}
-
 // y[m, r] = x[m] . w[r] for m < MR, r < R: x and w rows float32 with stride K, y row stride N.
 // Each step loads MR + R vectors for MR * R products (4 x 6: 10 loads, 24 FMAs, 24 accumulators).
 template <int MR, int R>
@@ -310,11 +356,7 @@ const float* float_rows(const W* w, int64_t K, int64_t n0, int64_t n1, float* bu
 }
 
 // Built with AVX-512 only (32 vector registers hold its 24 accumulators; AVX2's 16 cannot).
-#ifdef __AVX512F__
-constexpr bool kManyRows = true;
-#else
-constexpr bool kManyRows = false;
-#endif
+constexpr bool kManyRows = kWide;
 // Measured on the 0.1b products at 32 rows: float32 tiles of 48 KB (read in place), widened
 // tiles of 24 KB (the copy stays in L1).
 constexpr int64_t kFloatTileBytes = 49152, kWidenedTileBytes = 24576;
