@@ -45,6 +45,8 @@ from typing import Callable, NamedTuple
 
 import numpy as np
 
+from benchmarks.results_io import cpu_model
+
 LLAMACPP_VERSION = "0.3.36"
 LLAMACPP_SOURCE = f"llama-cpp-python=={LLAMACPP_VERSION}"
 TARGETS = ("llama-bench", "llama-batched-bench", "llama-debug")
@@ -267,10 +269,8 @@ def run(lc: LlamaCpp, workdir: Path, rounds: int, seconds: float, gen: int, reps
 
 def host() -> dict:
     import jax
-    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                if line.startswith("model name")), platform.processor())
-    return {"cpu": cpu, "cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version(),
-            "jax": jax.__version__, "numpy": np.__version__, "cpu_fingerprint": cpu_fingerprint()}
+    return {"cpu": cpu_model(), "cpus": os.cpu_count(), "platform": platform.platform(),
+            "python": platform.python_version(), "jax": jax.__version__, "numpy": np.__version__, "cpu_fingerprint": cpu_fingerprint()}
 
 
 def summarise(out: dict) -> dict:

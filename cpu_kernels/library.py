@@ -5,8 +5,9 @@ compiler (``$CXX``, else ``g++`` / ``c++``) at ``-O3 -march=native`` against the
 headers of the installed jaxlib (``jax.ffi.include_dir()``), so the vector width is the host's
 (AVX-512, AVX2, NEON...). The shared library is cached under ``$RWKV7_CPU_KERNELS_DIR`` (default
 ``~/.cache/rwkv7-engine/cpu-kernels``), keyed by the source, the jax version, the compiler and
-the host CPU's model and flags (a build unused for ``STALE_DAYS`` is removed when another is made); it is written to a temporary name and renamed, so processes
-building at once never see half a file. ``load()`` builds (a few seconds, once), loads and
+the host CPU's model and flags (a build unused for ``STALE_DAYS`` is removed when another is
+made); it is written to a temporary name and renamed, so processes building at once never see
+half a file. ``load()`` builds (a few seconds, once), loads and
 registers every target for the ``cpu`` platform once per process and returns the ``Library``:
 its path and the capabilities the build declares beyond the targets every build has
 (``BF16_DOT``: bfloat16 products by the CPU's bfloat16 dot-product instruction, AVX512_BF16;

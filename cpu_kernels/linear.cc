@@ -89,15 +89,17 @@ inline f32x16 widen(const int8_t* p) {  // GCC scalarises a generic int8 -> floa
 
 inline f32x16 splat(float s) { return f32x16{} + s; }
 
-// Keeps v in a register: without it GCC re-reads a vector used by several products from L1
-// as a memory operand of each one (20 loads a step of 16 products instead of 8). Only where a
-// 16-lane vector is one register (AVX-512); elsewhere a no-op.
+// AVX-512: a 16-lane vector is one register, and there are 32 of them (AVX2 has 16 of half the
+// width), so the register-blocked kernels below (up to 24 accumulators) are built only here.
 #ifdef __AVX512F__
-constexpr bool kWide = true;  // 32 vector registers of 16 float32 lanes
+constexpr bool kWide = true;
 #else
 constexpr bool kWide = false;
 #endif
 
+// Keeps v in a register: without it GCC re-reads a vector used by several products from L1
+// as a memory operand of each one (20 loads a step of 16 products instead of 8). A no-op
+// where a 16-lane vector is not one register.
 template <class V>
 inline void in_register(V& v) {
 #ifdef __AVX512F__
@@ -214,10 +216,12 @@ void row_stream(const float* x, int64_t K, const W* w, const float* scale, int64
 }
 
 // int8 weights, 2-4 rows of x (AVX-512): each weight vector dequantized in registers (times its
-// group's scale), MR x R accumulators and no per-group partial sums, x and w kept in registers.
-template <int MR, int R>
+// group's scale) against 4 weight rows a step, MR x 4 accumulators and no per-group partial
+// sums, x and w kept in registers.
+template <int MR>
 void rows_block_q(const float* x, int64_t K, const int8_t* w, const float* scale, int64_t G, float* y,
                   int64_t N, int64_t n0, int64_t n1) {
+  constexpr int R = 4;
   const int64_t groups = K / G;
   int64_t n = n0;
   for (; n + R <= n1; n += R) {
@@ -258,7 +262,7 @@ void rows_pass(const float* x, int64_t K, const W* w, const float* scale, int64_
     return;
   }
   if constexpr (kWide && MR >= 2 && std::is_same_v<W, int8_t>) {  // measured 5-10% faster at 2 rows,
-    rows_block_q<MR, 4>(x, K, w, scale, G, y, N, n0, n1);           // 15-30% at 4, 25-115% at 32
+    rows_block_q<MR>(x, K, w, scale, G, y, N, n0, n1);              // 15-30% at 4, 25-115% at 32
     return;
   }
   rows_block<MR, R>(x, K, w, scale, G, y, N, n0, n1);
@@ -355,8 +359,6 @@ const float* float_rows(const W* w, int64_t K, int64_t n0, int64_t n1, float* bu
   }
 }
 
-// Built with AVX-512 only (32 vector registers hold its 24 accumulators; AVX2's 16 cannot).
-constexpr bool kManyRows = kWide;
 // Measured on the 0.1b products at 32 rows: float32 tiles of 48 KB (read in place), widened
 // tiles of 24 KB (the copy stays in L1).
 constexpr int64_t kFloatTileBytes = 49152, kWidenedTileBytes = 24576;
@@ -398,7 +400,7 @@ void linear_nk(ffi::ThreadPool& pool, const X* x, int64_t M, int64_t K, const W*
   const int64_t bytes = N * K * int64_t{sizeof(W)};
   // Not for int8 weights: the 0.1b int8 decode step at B = 32 ran 12% slower with its tiles
   // dequantized once than with the weight widened in registers on every pass.
-  constexpr bool has_many = kManyRows && std::is_same_v<X, float> && !std::is_same_v<W, int8_t>;
+  constexpr bool has_many = kWide && std::is_same_v<X, float> && !std::is_same_v<W, int8_t>;
   const bool many = has_many && M > kMaxRows;
   parallel_for(pool, chunks, bytes, [=](int64_t c) {
     const int64_t n0 = c * rows_per_chunk, n1 = std::min(N, n0 + rows_per_chunk);
@@ -575,7 +577,7 @@ extern "C" int rwkv7_capabilities() {
 #ifdef __AVX512BF16__
   bits |= 1;  // rwkv7_linear_bf16_dot
 #endif
-  if (kManyRows) bits |= 2;  // the many-row [N, K] products of float32 / bfloat16 weights
+  if (kWide) bits |= 2;  // the many-row [N, K] products of float32 / bfloat16 weights
   return bits;
 }
 

@@ -8,8 +8,9 @@ bfloat16 weight stays bfloat16 where the build has ``library.BF16_DOT``: pairs m
 exactly by the CPU's bfloat16 dot product, K a multiple of 32); the weight is widened in
 registers as it streams, so a product reads each weight byte once per pass of up to 4 rows
 and writes no float copy of it (more rows with ``library.MANY_ROWS``: a tile of weight rows at
-a time, bfloat16 widened once into a float32 buffer that stays in cache while every row of x passes). Shapes the kernels do not take (``supports``: more than
-``max_rows`` for the weight kind and layout, K or N not a multiple of 16, other weight dtypes, int4 / fp8) run the
+a time, bfloat16 widened once into a float32 buffer that stays in cache while every row of x
+passes). Shapes the kernels do not take (``supports``: more than ``max_rows`` for the weight
+kind and layout, K or N not a multiple of 16, other weight dtypes, int4 / fp8) run the
 reference. The results differ from the reference only by float32 summation order.
 """
 from __future__ import annotations
