@@ -76,7 +76,8 @@ def instruction_groups(hlo: str) -> dict[str, str]:
         if has_dot:
             weights = re.findall(r"%params_(\w+?)\.\d+", operands)  # params__blocks___0___att____key__
             kinds = {classify_weight([k for k in w.split("_") if k]) for w in weights} - {"other"}
-            groups[name] = kinds.pop() if len(kinds) == 1 else "other products (recurrence)"
+            # several kinds: one grouped call (cpu_kernels.linear.matmul_group); none: the recurrence
+            groups[name] = " + ".join(sorted(kinds)) if kinds else "other products (recurrence)"
         elif op == "copy":
             groups[name] = "copies"
         else:

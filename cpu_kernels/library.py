@@ -34,7 +34,7 @@ import jax
 
 SOURCE = Path(__file__).with_name("linear.cc")
 TARGETS = ("rwkv7_linear_f32", "rwkv7_linear_bf16", "rwkv7_linear_int8", "rwkv7_linear_kn_f32",
-           "rwkv7_linear_kn_bf16", "rwkv7_wkv_step")
+           "rwkv7_linear_kn_bf16", "rwkv7_linear_group", "rwkv7_wkv_step")
 LANES = 16  # float32 lanes of linear.cc's vectors: the widths its kernels take are multiples of this
 BF16_DOT = "bf16_dot"
 MANY_ROWS = "many_rows"

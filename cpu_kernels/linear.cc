@@ -9,6 +9,7 @@
 //   rwkv7_linear_kn_bf16  w bfloat16 [K, N]             zero skip their weight row, M = 1)
 //   rwkv7_linear_bf16_dot  x and w bfloat16 [N, K], K a multiple of 32 (built only with
 //                          AVX512_BF16; rwkv7_capabilities() says so)
+//   rwkv7_linear_group     several [N, K] products of those kinds in one call (LinearGroup)
 // K a multiple of 16 (and G a multiple of 16 dividing K). rwkv7_wkv_step steps one layer of
 // the recurrence in place (see wkv_heads). Each weight element is read once per
 // pass of up to kMaxRows rows of x, widened to float32 in registers (no float copy of the
@@ -385,9 +386,34 @@ void many_rows(const float* x, int64_t M, int64_t K, const W* w, float* y, int64
   }
 }
 
+// One product's work: chunks of output rows, each computed by chunk(c).
+struct Product {
+  std::function<void(int64_t)> chunk;
+  int64_t chunks = 0, bytes = 0;
+};
+
+// Runs the chunks of every product in `products` on the caller and the pool (parallel_for over
+// their union): a group of short products shares one hand-out, so the pool's thread wakes once
+// for all of them and each thread streams a longer stretch of weights.
+void run(ffi::ThreadPool& pool, const Product* products, int64_t count) {
+  if (count == 1) return parallel_for(pool, products[0].chunks, products[0].bytes, products[0].chunk);
+  std::vector<int64_t> first(count + 1, 0);  // first[i]: the union's index of product i's chunk 0
+  int64_t bytes = 0;
+  for (int64_t i = 0; i < count; ++i) {
+    first[i + 1] = first[i] + products[i].chunks;
+    bytes += products[i].bytes;
+  }
+  parallel_for(pool, first[count], bytes, [&](int64_t c) {
+    int64_t i = 0;
+    while (c >= first[i + 1]) ++i;
+    products[i].chunk(c - first[i]);
+  });
+}
+
+// x [M, K] @ w.T for w [N, K] (scale [N, K / G] when int8) into y [M, N], as chunks of rows.
 template <class X, class W>
-void linear_nk(ffi::ThreadPool& pool, const X* x, int64_t M, int64_t K, const W* w,
-               const float* scale, int64_t G, float* y, int64_t N) {
+Product plan_nk(const ffi::ThreadPool& pool, const X* x, int64_t M, int64_t K, const W* w,
+                const float* scale, int64_t G, float* y, int64_t N) {
   // A few long runs of rows a thread (not many short ones): each thread then streams one
   // contiguous stretch of the weight, which the hardware prefetchers follow across pages.
   const int64_t per_thread = 4, threads = std::max<int64_t>(1, pool.num_threads());
@@ -397,12 +423,11 @@ void linear_nk(ffi::ThreadPool& pool, const X* x, int64_t M, int64_t K, const W*
   // With more than kMaxRows rows of x, each tile of weight rows (~kTileBytes) takes every pass
   // while it is in L1 / L2, so the weight streams from memory once.
   const int64_t tile = M <= kMaxRows ? rows_per_chunk : std::max<int64_t>(4, kTileBytes / (K * int64_t{sizeof(W)}) & ~int64_t{3});
-  const int64_t bytes = N * K * int64_t{sizeof(W)};
   // Not for int8 weights: the 0.1b int8 decode step at B = 32 ran 12% slower with its tiles
   // dequantized once than with the weight widened in registers on every pass.
   constexpr bool has_many = kWide && std::is_same_v<X, float> && !std::is_same_v<W, int8_t>;
   const bool many = has_many && M > kMaxRows;
-  parallel_for(pool, chunks, bytes, [=](int64_t c) {
+  auto chunk = [=](int64_t c) {
     const int64_t n0 = c * rows_per_chunk, n1 = std::min(N, n0 + rows_per_chunk);
     if constexpr (has_many) {
       if (many) return many_rows(x, M, K, w, y, N, n0, n1);
@@ -420,7 +445,15 @@ void linear_nk(ffi::ThreadPool& pool, const X* x, int64_t M, int64_t K, const W*
         }
       }
     }
-  });
+  };
+  return Product{chunk, chunks, N * K * int64_t{sizeof(W)}};
+}
+
+template <class X, class W>
+void linear_nk(ffi::ThreadPool& pool, const X* x, int64_t M, int64_t K, const W* w,
+               const float* scale, int64_t G, float* y, int64_t N) {
+  Product p = plan_nk(pool, x, M, K, w, scale, G, y, N);
+  run(pool, &p, 1);
 }
 
 // y[m, c0 .. c0 + 16 * V) = sum_k x[m, k] w[k, c0 ..]: w [K, N]; a zero x skips its row (M = 1).
@@ -512,6 +545,70 @@ ffi::Error LinearNK(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<T
   return ffi::Error::Success();
 }
 
+// Kinds of rwkv7_linear_group's products (its `kinds` attribute): the weight's dtype, and for
+// kGroupBf16Dot a bfloat16 x multiplied by the bfloat16 dot product (AVX512_BF16 builds only).
+enum GroupKind : int64_t { kGroupF32 = 0, kGroupBf16 = 1, kGroupInt8 = 2, kGroupBf16Dot = 3 };
+
+// Products x_i [M, K_i] @ w_i.T -> y_i float32 [M, N_i] (operands x_0, w_0 [, scale_0], x_1, ...:
+// a scale after each int8 weight; kinds[i] the product's kind), run as one hand-out of chunks
+// (`run`). Each y_i is what the product's own target (rwkv7_linear_<kind>) gives, bit for bit.
+ffi::Error LinearGroup(ffi::ThreadPool pool, ffi::RemainingArgs args, ffi::RemainingRets rets,
+                       ffi::Span<const int64_t> kinds) {
+  constexpr const char* kWant =
+      "rwkv7_linear_group: want, per kind (0 f32, 1 bf16, 2 int8, 3 bf16 dot), x [M, K] (float32; bfloat16 "
+      "for 3), w [N, K] of the kind (and a float32 scale [N, K / G] after int8), a float32 y [M, N], K a "
+      "multiple of 16 (32 for 3) and G of 16";
+  if (static_cast<size_t>(kinds.size()) != rets.size()) return shape_error(kWant);
+  std::vector<Product> products;
+  products.reserve(kinds.size());
+  size_t a = 0;
+  for (size_t i = 0; i < kinds.size(); ++i) {
+    const int64_t kind = kinds[i];
+    const bool dot = kind == kGroupBf16Dot, int8 = kind == kGroupInt8;
+    const size_t need = int8 ? 3 : 2;
+    if (kind < kGroupF32 || kind > kGroupBf16Dot || a + need > args.size()) return shape_error(kWant);
+#ifndef __AVX512BF16__
+    if (dot) return shape_error("rwkv7_linear_group: this build has no bfloat16 dot product");
+#endif
+    auto x = args.get<ffi::AnyBuffer>(a);
+    auto w = args.get<ffi::AnyBuffer>(a + 1);
+    auto y = rets.get<ffi::Buffer<ffi::F32>>(i);
+    if (!x.has_value() || !w.has_value() || !y.has_value()) return shape_error(kWant);
+    const auto w_dtype = kind == kGroupF32 ? ffi::F32 : int8 ? ffi::S8 : ffi::BF16;
+    auto xd = x->dimensions(), wd = w->dimensions(), yd = (*y)->dimensions();
+    if (xd.size() != 2 || wd.size() != 2 || yd.size() != 2 || xd[1] != wd[1] || yd[0] != xd[0] ||
+        yd[1] != wd[0] || xd[1] % (dot ? 2 * kLanes : kLanes) || w->element_type() != w_dtype ||
+        x->element_type() != (dot ? ffi::BF16 : ffi::F32))
+      return shape_error(kWant);
+    const int64_t M = xd[0], K = xd[1], N = wd[0];
+    float* yp = (*y)->typed_data();
+    const void *xp = x->untyped_data(), *wp = w->untyped_data();
+    if (int8) {
+      auto scale = args.get<ffi::Buffer<ffi::F32>>(a + 2);
+      if (!scale.has_value()) return shape_error(kWant);
+      auto sd = scale->dimensions();
+      if (sd.size() != 2 || sd[0] != N || sd[1] <= 0 || K % sd[1] || (K / sd[1]) % kLanes) return shape_error(kWant);
+      products.push_back(plan_nk(pool, static_cast<const float*>(xp), M, K, static_cast<const int8_t*>(wp),
+                                 scale->typed_data(), K / sd[1], yp, N));
+#ifdef __AVX512BF16__
+    } else if (dot) {
+      products.push_back(plan_nk(pool, static_cast<const uint16_t*>(xp), M, K, static_cast<const uint16_t*>(wp),
+                                 static_cast<const float*>(nullptr), 0, yp, N));
+#endif
+    } else if (kind == kGroupBf16) {
+      products.push_back(plan_nk(pool, static_cast<const float*>(xp), M, K, static_cast<const uint16_t*>(wp),
+                                 static_cast<const float*>(nullptr), 0, yp, N));
+    } else {
+      products.push_back(plan_nk(pool, static_cast<const float*>(xp), M, K, static_cast<const float*>(wp),
+                                 static_cast<const float*>(nullptr), 0, yp, N));
+    }
+    a += need;
+  }
+  if (a != args.size()) return shape_error(kWant);
+  run(pool, products.data(), static_cast<int64_t>(products.size()));
+  return ffi::Error::Success();
+}
+
 ffi::Error LinearInt8(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::S8> q,
                       ffi::Buffer<ffi::F32> scale, ffi::ResultBuffer<ffi::F32> y) {
   auto xd = x.dimensions(), qd = q.dimensions(), sd = scale.dimensions();
@@ -596,6 +693,12 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(rwkv7_linear_int8, LinearInt8,
                                   .Arg<ffi::Buffer<ffi::S8>>()
                                   .Arg<ffi::Buffer<ffi::F32>>()
                                   .Ret<ffi::Buffer<ffi::F32>>());
+XLA_FFI_DEFINE_HANDLER_SYMBOL(rwkv7_linear_group, LinearGroup,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .RemainingArgs()
+                                  .RemainingRets()
+                                  .Attr<ffi::Span<const int64_t>>("kinds"));
 XLA_FFI_DEFINE_HANDLER_SYMBOL(rwkv7_wkv_step, WkvStep,
                               ffi::Ffi::Bind()
                                   .Ctx<ffi::ThreadPool>()

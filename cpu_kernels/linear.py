@@ -12,11 +12,15 @@ a time, bfloat16 widened once into a float32 buffer that stays in cache while ev
 passes). Shapes the kernels do not take (``supports``: more than ``max_rows`` for the weight
 kind and layout, K or N not a multiple of 16, other weight dtypes, int4 / fp8) run the
 reference. The results differ from the reference only by float32 summation order.
+
+``matmul_group([(x_i, w_i)]) -> [y_i]``: several [N, K] products as one call whose results are
+each bit for bit ``matmul_f32``'s (see its doc).
 """
 from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from pallas_kernels.quantized import QuantizedWeight
 from pallas_kernels.small_m_linear import matmul_f32 as reference_matmul_f32
@@ -24,6 +28,8 @@ from pallas_kernels.small_m_linear import matmul_f32 as reference_matmul_f32
 from . import library
 from .library import LANES
 
+# rwkv7_linear_group's weight kinds (linear.cc's GroupKind)
+GROUP_KINDS = {"f32": 0, "bf16": 1, "int8": 2, "bf16_dot": 3}
 WEIGHT_NAMES = {jnp.dtype(jnp.float32): "f32", jnp.dtype(jnp.bfloat16): "bf16", jnp.dtype(jnp.int8): "int8"}
 # Rows up to which the native product runs, by weight kind ([N, K] weights; more go to XLA's op),
 # measured on the 0.1b products (docs/benchmarks.md, "Native CPU kernels"). Without
@@ -93,3 +99,33 @@ def matmul_f32(x, w, w_in_axis: int = 1):
     out = jax.ShapeDtypeStruct((M, w.shape[1 - w_in_axis]), jnp.float32)
     return jax.ffi.ffi_call(layout + WEIGHT_NAMES[jnp.dtype(w.dtype)], out)(x, w)
 
+
+
+def group_kind(x, w) -> int | None:
+    """The ``rwkv7_linear_group`` kind (``GROUP_KINDS``) of x @ w in [N, K] layout, or None for a
+    product the native kernels do not take (it runs alone, as ``matmul_f32`` runs it)."""
+    if bf16_dot(x, w):
+        return GROUP_KINDS["bf16_dot"]
+    if not supports(x, w):
+        return None
+    return GROUP_KINDS["int8" if isinstance(w, QuantizedWeight) else WEIGHT_NAMES[jnp.dtype(w.dtype)]]
+
+
+def matmul_group(pairs: list) -> list:
+    """[(x_i [M, K_i], w_i [N_i, K_i])] -> [x_i @ w_i.T float32 [M, N_i]], each bit for bit what
+    ``matmul_f32`` gives alone. The products the native kernels take run as one call
+    (``rwkv7_linear_group``): their chunks of weight rows share one hand-out to the thread pool,
+    so a layer's short one-row products wake the pool's thread once, not once each."""
+    kinds = [group_kind(x, w) for x, w in pairs]
+    grouped = [i for i, kind in enumerate(kinds) if kind is not None]
+    if len(grouped) < 2:
+        return [matmul_f32(x, w) for x, w in pairs]
+    operands, shapes = [], []
+    for i in grouped:
+        x, w = pairs[i]
+        x = x if kinds[i] == GROUP_KINDS["bf16_dot"] else x.astype(jnp.float32)
+        operands += [x, w.q, w.scale] if isinstance(w, QuantizedWeight) else [x, w]
+        shapes.append(jax.ShapeDtypeStruct((x.shape[0], w.shape[0]), jnp.float32))
+    call = jax.ffi.ffi_call("rwkv7_linear_group", shapes)
+    out = dict(zip(grouped, call(*operands, kinds=np.array([kinds[i] for i in grouped], np.int64))))
+    return [out[i] if i in out else matmul_f32(x, w) for i, (x, w) in enumerate(pairs)]

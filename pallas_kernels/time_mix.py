@@ -58,14 +58,18 @@ class TimeMixWeights(NamedTuple):
 LORA_ACTIVATIONS = {"w": jnp.tanh, "a": None, "v": None, "g": jax.nn.sigmoid}
 
 
-def lora_up_reference(hidden, ups, kinds, linear):
+def each_product(pairs, linear):
+    """[linear(x, w) for (x, w) in pairs]: the ``products`` of ops that run each product alone."""
+    return [linear(x, w) for x, w in pairs]
+
+
+def lora_up_reference(hidden, ups, kinds, linear, products=None):
     """hidden: down products [M, d_i] (model dtype), ups: [C, d_i] weights, kinds: "w"/"a"/"v"/"g"
-    -> the up products [M, C] (model dtype) of act(hidden_i) (tanh for w, sigmoid for g)."""
-    out = []
-    for h, w, kind in zip(hidden, ups, kinds):
-        act = LORA_ACTIVATIONS[kind]
-        out.append(linear(h if act is None else act(h), w))
-    return out
+    -> the up products [M, C] (model dtype) of act(hidden_i) (tanh for w, sigmoid for g).
+    products(pairs) gives [linear(x, w) for (x, w) in pairs] (default ``each_product``)."""
+    acts = [LORA_ACTIVATIONS[kind] for kind in kinds]
+    pairs = [(h if act is None else act(h), w) for h, w, act in zip(hidden, ups, acts)]
+    return products(pairs) if products else each_product(pairs, linear)
 
 
 def log_decay(w0, w_l):
@@ -138,19 +142,21 @@ def wkv_output_reference(y, r, k, v, g, vecs, r_k, dtype):
 
 def time_mix_reference(mixed, wts: TimeMixWeights, S, v_first, *, first: bool, linear: Callable,
                        wkv: Callable, operands: Callable = wkv_operands_reference,
-                       output: Callable = wkv_output_reference):
+                       output: Callable = wkv_output_reference, products: Callable | None = None):
     """mixed [6, M, C], S (state rows for `wkv`), v_first [M, C] float32 | None -> (out [M, C]
     model dtype, after the output projection; S'; v_first). linear(x, w) is the product op,
     wkv(S, r, w, k, v, kk, a) with operands [M, H, N] the layout's recurrence; `operands` and
     `output` are ``wkv_operands_reference`` and ``wkv_output_reference`` or kernels with their
-    contracts (the prefill's: ``pallas_kernels.wkv_operands``, ``pallas_kernels.wkv_output``)."""
+    contracts (the prefill's: ``pallas_kernels.wkv_operands``, ``pallas_kernels.wkv_output``);
+    products(pairs) gives [linear(x, w) for (x, w) in pairs] at once (the products on the mixes,
+    then the LoRA up products; default ``each_product``)."""
     _, M, C = mixed.shape
     H, N = wts.r_k.shape
     downs, inputs = wts.down(first)
-    prods = [linear(mixed[j], w) for w, j in zip(downs, inputs)]
-    r, k, v, *hidden = prods
+    pairs = [(mixed[j], w) for w, j in zip(downs, inputs)]
+    r, k, v, *hidden = products(pairs) if products else each_product(pairs, linear)
     kinds = "wa" + ("" if first else "v") + "g"
-    ups = lora_up_reference(hidden, wts.ups(first), kinds, linear)
+    ups = lora_up_reference(hidden, wts.ups(first), kinds, linear, products)
     w_l, a_l, g = ups[0], ups[1], ups[-1]
     v_l = None if first else ups[2]
     r, w, k, v, kk, a, v_first = operands(r, k, v, w_l, a_l, v_l, wts.vecs, v_first, n_head=H)

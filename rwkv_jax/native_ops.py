@@ -2,11 +2,13 @@
 
 Every path: the matrix products of a few rows (the projections, the LoRA products, the
 channel-mix and the head) run ``cpu_kernels.linear``; more rows fall back to XLA's GEMM inside
-the same op. Decode paths (B1T1, BATCHED_DECODE) also step the recurrence with
-``cpu_kernels.wkv_step`` on the whole wkv leaf in place, and keep each layer's new shift rows
-to stack once at the end (``RowsState``): writing them back layer by layer cost a
-dynamic-update-slice of the whole shift leaf per layer (2.1 of the 0.1b bfloat16 B = 32 step's
-29 ms).
+the same op. A layer's products on the token-shift mixes (r, k, v and the LoRA down products)
+run as one call, and so do its LoRA up products (``matmul_group``: one hand-out of work to the
+thread pool instead of one per product, see docs/benchmarks.md). Decode paths (B1T1,
+BATCHED_DECODE) also step the recurrence with ``cpu_kernels.wkv_step`` on the whole wkv leaf in
+place, and keep each layer's new shift rows to stack once at the end (``RowsState``): writing
+them back layer by layer cost a dynamic-update-slice of the whole shift leaf per layer (2.1 of
+the 0.1b bfloat16 B = 32 step's 29 ms).
 """
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ import functools
 
 from cpu_kernels import library
 from cpu_kernels import wkv_step as wkv_kernel
-from cpu_kernels.linear import matmul_f32
+from cpu_kernels.linear import matmul_f32, matmul_group
 from pallas_kernels.shift_mix import shift_mix_reference
 from pallas_kernels.small_m_linear import linear_reference
 from pallas_kernels.sparse_channel_mix import channel_mix_reference
@@ -42,13 +44,18 @@ def shift_mix(h, delta, shift: LayerSlice, ln_w, ln_b, mix):
     return shift_mix_reference(h, delta, shift.rows(), ln_w, ln_b, mix)
 
 
+def products(pairs):
+    """The native ``products`` of time_mix_reference: ``matmul_group``, each result in its x's dtype."""
+    return [y.astype(x.dtype) for (x, _), y in zip(pairs, matmul_group(pairs))]
+
+
 def native_ops(path: Path) -> Ops:
     """The Ops of the ``native`` kernels for `path`; builds the library first (``library.load``),
     so a host that cannot build it fails here with ``NativeKernelsUnavailable``."""
     library.load()
     linear = functools.partial(linear_reference, matmul=matmul_f32)
     ops = XLA_OPS._replace(linear=linear, channel_mix=functools.partial(channel_mix_reference, matmul=matmul_f32),
-                           time_mix=functools.partial(time_mix_reference, linear=linear))
+                           time_mix=functools.partial(time_mix_reference, linear=linear, products=products))
     if path is Path.DENSE:
         return ops
     return ops._replace(wkv_step=wkv_step, shift_mix=shift_mix, state_views=RowsState)
