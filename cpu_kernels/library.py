@@ -1,10 +1,11 @@
-"""Build, cache and register the native CPU kernels (``linear.cc``) as XLA FFI targets.
+"""Build, cache and register the native CPU kernels (``linear.cc``, ``shift_mix.cc``) as XLA FFI
+targets.
 
-The C++ source ships with the package and is compiled on first use with the host's C++
+The C++ sources ship with the package and are compiled on first use with the host's C++
 compiler (``$CXX``, else ``g++`` / ``c++``) at ``-O3 -march=native`` against the XLA FFI
 headers of the installed jaxlib (``jax.ffi.include_dir()``), so the vector width is the host's
 (AVX-512, AVX2, NEON...). The shared library is cached under ``$RWKV7_CPU_KERNELS_DIR`` (default
-``~/.cache/rwkv7-engine/cpu-kernels``), keyed by the source, the jax version, the compiler and
+``~/.cache/rwkv7-engine/cpu-kernels``), keyed by the sources, the jax version, the compiler and
 the host CPU's model and flags (a build unused for ``STALE_DAYS`` is removed when another is
 made); it is written to a temporary name and renamed, so processes building at once never see
 half a file. ``load()`` builds (a few seconds, once), loads and
@@ -32,9 +33,10 @@ from typing import NamedTuple
 
 import jax
 
-SOURCE = Path(__file__).with_name("linear.cc")
+SOURCES = tuple(Path(__file__).with_name(name) for name in ("linear.cc", "shift_mix.cc"))
 TARGETS = ("rwkv7_linear_f32", "rwkv7_linear_bf16", "rwkv7_linear_int8", "rwkv7_linear_kn_f32",
-           "rwkv7_linear_kn_bf16", "rwkv7_linear_group", "rwkv7_wkv_step")
+           "rwkv7_linear_kn_bf16", "rwkv7_linear_group", "rwkv7_wkv_step",
+           "rwkv7_shift_mix")
 LANES = 16  # float32 lanes of linear.cc's vectors: the widths its kernels take are multiples of this
 BF16_DOT = "bf16_dot"
 MANY_ROWS = "many_rows"
@@ -84,7 +86,7 @@ def host_cpu() -> str:
 
 def library_path(cxx: str) -> Path:
     version = subprocess.run([cxx, "--version"], capture_output=True, text=True).stdout.splitlines()[:1]
-    key = hashlib.sha1("\0".join([SOURCE.read_text(), jax.__version__, *version, host_cpu(), *FLAGS]).encode())
+    key = hashlib.sha1("\0".join([*(source.read_text() for source in SOURCES), jax.__version__, *version, host_cpu(), *FLAGS]).encode())
     return cache_dir() / f"linear-{key.hexdigest()[:16]}.so"
 
 
@@ -111,7 +113,7 @@ def build() -> Path:
     prune(target)
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
     os.close(fd)
-    command = [cxx, *FLAGS, "-isystem", jax.ffi.include_dir(), str(SOURCE), "-o", tmp]
+    command = [cxx, *FLAGS, "-isystem", jax.ffi.include_dir(), *map(str, SOURCES), "-o", tmp]
     done = subprocess.run(command, capture_output=True, text=True)
     if done.returncode != 0:
         os.unlink(tmp)

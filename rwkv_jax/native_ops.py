@@ -15,6 +15,7 @@ from __future__ import annotations
 import functools
 
 from cpu_kernels import library
+from cpu_kernels import shift_mix as shift_mix_kernel
 from cpu_kernels import wkv_step as wkv_kernel
 from cpu_kernels.linear import matmul_f32, matmul_group
 from pallas_kernels.shift_mix import shift_mix_reference
@@ -40,7 +41,10 @@ def wkv_step(r, w, k, v, kk, a, S: LayerSlice):
 
 def shift_mix(h, delta, shift: LayerSlice, ln_w, ln_b, mix):
     """Contract shift_mix on a LayerSlice shift, its new shift rows [B, C] returned for
-    ``RowsState`` to stack."""
+    ``RowsState`` to stack: the native kernel where it takes the inputs
+    (``cpu_kernels.shift_mix.supports``), else the reference on the layer's rows."""
+    if shift_mix_kernel.supports(h, shift.full):
+        return shift_mix_kernel.shift_mix(h, delta, shift.full, shift.layer, ln_w, ln_b, mix)
     return shift_mix_reference(h, delta, shift.rows(), ln_w, ln_b, mix)
 
 
