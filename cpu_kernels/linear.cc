@@ -47,6 +47,7 @@ constexpr int64_t kTileBytes = 32768;  // weight rows a tile, for products of mo
 // Work reading fewer bytes runs on the calling thread alone: a chain of one-row [64, 768] float32
 // products took 9.1 us a product split over two threads, 3.5 us on one (XLA's: 3.5 us).
 constexpr int64_t kSerialBytes = 262144;
+constexpr int64_t kStreamMinK = 256;  // one-row products of shorter rows go 4 rows a step (rows_pass)
 
 typedef float f32x16 __attribute__((vector_size(64)));
 typedef int8_t i8x16 __attribute__((vector_size(16)));
@@ -183,8 +184,14 @@ void rows_block(const float* x, int64_t K, const W* w, const float* scale, int64
         for (int m = 0; m < MR; ++m) acc[m][r] += part[m][r] * s;
       }
     }
-    for (int m = 0; m < MR; ++m)
-      for (int r = 0; r < R; ++r) y[m * N + n + r] = lane_sum(acc[m][r]);
+    for (int m = 0; m < MR; ++m) {
+      if constexpr (R == 4) {
+        f32x4 sums = lane_sums4(acc[m][0], acc[m][1], acc[m][2], acc[m][3]);
+        std::memcpy(y + m * N + n, &sums, sizeof sums);
+      } else {
+        for (int r = 0; r < R; ++r) y[m * N + n + r] = lane_sum(acc[m][r]);
+      }
+    }
   }
   if (n < n1) rows_block<MR, 1>(x, K, w, scale, G, y, N, n, n1);
 }
@@ -258,9 +265,12 @@ template <int MR, class W>
 void rows_pass(const float* x, int64_t K, const W* w, const float* scale, int64_t G, float* y,
                int64_t N, int64_t n0, int64_t n1) {
   constexpr int R = MR <= 2 ? 4 : 2;
-  if constexpr (MR == 1 && !std::is_same_v<W, int8_t>) {  // measured: float32 / bfloat16 stream faster so,
-    row_stream(x, K, w, scale, G, y, n0, n1);               // int8 (whose groups are short) in blocks
-    return;
+  // One row of x against float32 / bfloat16 weights streams one weight row at a time (measured
+  // faster so), unless the rows are short: then 4 rows a step share one cross-lane sum
+  // (lane_sums4), which bounds a short row's dot product (the LoRA up products, K = 32-128:
+  // 34-36 us -> 23-25 us a layer's group, from cache). int8 goes in blocks (its groups are short).
+  if constexpr (MR == 1 && !std::is_same_v<W, int8_t>) {
+    if (K >= kStreamMinK) return row_stream(x, K, w, scale, G, y, n0, n1);
   }
   if constexpr (kWide && MR >= 2 && std::is_same_v<W, int8_t>) {  // measured 5-10% faster at 2 rows,
     rows_block_q<MR>(x, K, w, scale, G, y, N, n0, n1);              // 15-30% at 4, 25-115% at 32
