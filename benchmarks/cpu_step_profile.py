@@ -39,8 +39,9 @@ RESULTS = Path(__file__).resolve().parent / "results" / "cpu_step_profile.json"
 FORMATS = {"float32": (jnp.float32, None), "bfloat16": (jnp.bfloat16, None),
            "int8": (jnp.float32, QuantSpec("int8", 64))}
 LORA = {f"{kind}{end}" for kind in "wavg" for end in "12"}
-INSTRUCTION = re.compile(r"^\s*(?:ROOT )?%([\w.\-]+) = (\S+) (\w[\w\-]*)\((.*?)\)(?:, kind=(\w+))?(?:, calls=%([\w.\-]+))?",
-                         re.M)
+# name = type op(operands), kind=..., calls=...; a tuple type (a custom call's several results) has spaces
+INSTRUCTION = re.compile(r"^\s*(?:ROOT )?%([\w.\-]+) = (\([^()]*\)|\S+) (\w[\w\-]*)\((.*?)\)(?:, kind=(\w+))?"
+                         r"(?:, calls=%([\w.\-]+))?", re.M)
 
 
 def params_for(config, fmt: str) -> dict:
@@ -77,7 +78,9 @@ def instruction_groups(hlo: str) -> dict[str, str]:
             weights = re.findall(r"%params_(\w+?)\.\d+", operands)  # params__blocks___0___att____key__
             kinds = {classify_weight([k for k in w.split("_") if k]) for w in weights} - {"other"}
             # several kinds: one grouped call (cpu_kernels.linear.matmul_group); none: the recurrence
-            groups[name] = " + ".join(sorted(kinds)) if kinds else "other products (recurrence)"
+            # (and, native, the shift mixes)
+            native = "native recurrence / shift mixes" if op == "custom-call" else "other products (recurrence)"
+            groups[name] = " + ".join(sorted(kinds)) if kinds else native
         elif op == "copy":
             groups[name] = "copies"
         else:

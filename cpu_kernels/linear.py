@@ -67,10 +67,12 @@ def max_rows(kind: str, K: int, w_in_axis: int = 1) -> int:
 def supports(x, w, w_in_axis: int = 1) -> bool:
     """Whether the native kernels take x [M, K] and w (see module doc)."""
     M, K = x.shape
-    kind = WEIGHT_NAMES.get(jnp.dtype(w.q.dtype if isinstance(w, QuantizedWeight) else w.dtype))
-    if kind is None or M > max_rows(kind, K, w_in_axis) or K % LANES:
+    quantized = isinstance(w, QuantizedWeight)
+    kind = WEIGHT_NAMES.get(jnp.dtype(w.q.dtype if quantized else w.dtype))
+    # a quantized weight is [N, K] whatever w_in_axis says (the channel-mix value's too)
+    if kind is None or M > max_rows(kind, K, 1 if quantized else w_in_axis) or K % LANES:
         return False
-    if isinstance(w, QuantizedWeight):
+    if quantized:
         groups = w.scale.shape[1]
         return K % groups == 0 and (K // groups) % LANES == 0
     return kind != "int8" and (w_in_axis == 1 or w.shape[1] % LANES == 0)

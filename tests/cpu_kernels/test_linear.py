@@ -77,6 +77,19 @@ def test_more_rows_than_the_kn_layout_takes_run_xla():
     assert "rwkv7_" not in jax.jit(lambda x, w: native.matmul_f32(x, w, 0)).lower(x, w).as_text()
 
 
+def test_a_quantized_weight_is_n_by_k_whatever_the_layout_says():
+    """The channel-mix value passes w_in_axis=0, but a quantized weight is always [N, K]: it runs
+    native up to int8's row bound, not the [K, N] layout's (it went to XLA's dequantize-then-dot
+    above 8 rows)."""
+    rng = np.random.default_rng()
+    M = int(rng.integers(native.MAX_ROWS_KN + 1, native.max_rows("int8", 256) + 1))
+    w = random_weight(rng, "int8", int(rng.integers(1, 80)), 256, 1, 64)
+    x = jnp.asarray(rng.standard_normal((M, 256)), jnp.float32)
+    assert native.supports(x, w, 0)
+    assert "rwkv7_linear_int8" in jax.jit(lambda x, w: native.matmul_f32(x, w, 0)).lower(x, w).as_text()
+    check(x, w, 0)
+
+
 @pytest.mark.parametrize("group", [16, 64, 128])
 def test_int8_group_sizes(group):
     rng = np.random.default_rng()
