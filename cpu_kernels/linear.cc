@@ -160,6 +160,15 @@ void parallel_for(ffi::ThreadPool& pool, int64_t chunks, int64_t bytes, const st
   while (job->done.load(std::memory_order_acquire) < chunks) std::this_thread::yield();
 }
 
+// Whether the vector of weights at column k starts a cache line of its row (rows start on a
+// line when K * sizeof(W) is a multiple of 64): a row's software prefetch is issued once a line,
+// not once a vector (an int8 vector is a quarter of a line; in-process A/B, 30-40 interleaved
+// windows: the int8 step +2.3-2.5 % at B = 1, +4.6 % at B = 4, +2.1 % at B = 32).
+template <class W>
+inline bool line_start(int64_t k) {
+  return (k * int64_t{sizeof(W)}) % 64 == 0;
+}
+
 // y[m, n] for n in [n0, n1), m < MR: w rows [N, K] (scale [N, K / G] when int8, else null).
 template <int MR, int R, class W>
 void rows_block(const float* x, int64_t K, const W* w, const float* scale, int64_t G, float* y,
@@ -173,7 +182,8 @@ void rows_block(const float* x, int64_t K, const W* w, const float* scale, int64
       for (int64_t k = g * span; k < (g + 1) * span; k += kLanes) {
         f32x16 xv[MR];
         for (int m = 0; m < MR; ++m) xv[m] = widen(x + m * K + k);
-        for (int r = 0; r < R; ++r) __builtin_prefetch(reinterpret_cast<const char*>(w + (n + r) * K + k) + kPrefetchBytes, 0, 0);
+        if (line_start<W>(k))
+          for (int r = 0; r < R; ++r) __builtin_prefetch(reinterpret_cast<const char*>(w + (n + r) * K + k) + kPrefetchBytes, 0, 0);
         for (int r = 0; r < R; ++r) {
           f32x16 wv = widen(w + (n + r) * K + k);
           for (int m = 0; m < MR; ++m) part[m][r] += xv[m] * wv;
@@ -245,7 +255,8 @@ void rows_block_q(const float* x, int64_t K, const int8_t* w, const float* scale
           xv[m] = widen(x + m * K + k);
           in_register(xv[m]);
         }
-        for (int r = 0; r < R; ++r) __builtin_prefetch(reinterpret_cast<const char*>(w + (n + r) * K + k) + kPrefetchBytes, 0, 0);
+        if (line_start<int8_t>(k))
+          for (int r = 0; r < R; ++r) __builtin_prefetch(reinterpret_cast<const char*>(w + (n + r) * K + k) + kPrefetchBytes, 0, 0);
         for (int r = 0; r < R; ++r) {
           f32x16 wv = widen(w + (n + r) * K + k) * s[r];
           in_register(wv);
