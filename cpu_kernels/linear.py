@@ -102,7 +102,6 @@ def matmul_f32(x, w, w_in_axis: int = 1):
     return jax.ffi.ffi_call(layout + WEIGHT_NAMES[jnp.dtype(w.dtype)], out)(x, w)
 
 
-
 def group_kind(x, w) -> int | None:
     """The ``rwkv7_linear_group`` kind (``GROUP_KINDS``) of x @ w in [N, K] layout, or None for a
     product the native kernels do not take (it runs alone, as ``matmul_f32`` runs it)."""
