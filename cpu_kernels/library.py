@@ -5,10 +5,10 @@ The C++ sources ship with the package and are compiled on first use with the hos
 compiler (``$CXX``, else ``g++`` / ``c++``) at ``-O3 -march=native`` against the XLA FFI
 headers of the installed jaxlib (``jax.ffi.include_dir()``), so the vector width is the host's
 (AVX-512, AVX2, NEON...). The shared library is cached under ``$RWKV7_CPU_KERNELS_DIR`` (default
-``~/.cache/rwkv7-engine/cpu-kernels``), keyed by the sources, the jax version, the compiler and
-the host CPU's model and flags (a build unused for ``STALE_DAYS`` is removed when another is
-made); it is written to a temporary name and renamed, so processes building at once never see
-half a file. ``load()`` builds (a few seconds, once), loads and
+``~/.cache/rwkv7-engine/cpu-kernels``), keyed by the sources and their header, the jax version,
+the compiler and the host CPU's model and flags (a build unused for ``STALE_DAYS`` is removed
+when another is made); it is written to a temporary name and renamed, so processes building at
+once never see half a file. ``load()`` builds (a few seconds, once), loads and
 registers every target for the ``cpu`` platform once per process and returns the ``Library``:
 its path and the capabilities the build declares beyond the targets every build has
 (``BF16_DOT``: bfloat16 products by the CPU's bfloat16 dot-product instruction, AVX512_BF16;
@@ -34,6 +34,7 @@ from typing import NamedTuple
 import jax
 
 SOURCES = tuple(Path(__file__).with_name(name) for name in ("linear.cc", "shift_mix.cc"))
+HEADERS = (Path(__file__).with_name("vectors.h"),)  # included by the sources: part of the cache key
 TARGETS = ("rwkv7_linear_f32", "rwkv7_linear_bf16", "rwkv7_linear_int8", "rwkv7_linear_kn_f32",
            "rwkv7_linear_kn_bf16", "rwkv7_linear_group", "rwkv7_wkv_step",
            "rwkv7_shift_mix")
@@ -86,7 +87,7 @@ def host_cpu() -> str:
 
 def library_path(cxx: str) -> Path:
     version = subprocess.run([cxx, "--version"], capture_output=True, text=True).stdout.splitlines()[:1]
-    key = hashlib.sha1("\0".join([*(source.read_text() for source in SOURCES), jax.__version__, *version, host_cpu(), *FLAGS]).encode())
+    key = hashlib.sha1("\0".join([*(f.read_text() for f in (*SOURCES, *HEADERS)), jax.__version__, *version, host_cpu(), *FLAGS]).encode())
     return cache_dir() / f"linear-{key.hexdigest()[:16]}.so"
 
 

@@ -32,13 +32,15 @@
 #include <immintrin.h>
 #endif
 
+#include "vectors.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace ffi = xla::ffi;
 
 namespace {
 
-constexpr int64_t kLanes = 16;
+using ::widen;  // vectors.h's float32 one, beside the bfloat16 and int8 ones below
+
 constexpr int64_t kMaxRows = 4;  // rows of x per pass over the weight
 // How far ahead of each weight row's reads to prefetch: without it the int8 [65536, 768] head
 // streamed at half the memory bandwidth (docs/benchmarks.md, "Native CPU kernels").
@@ -49,16 +51,9 @@ constexpr int64_t kTileBytes = 32768;  // weight rows a tile, for products of mo
 constexpr int64_t kSerialBytes = 262144;
 constexpr int64_t kStreamMinK = 256;  // one-row products of shorter rows go 4 rows a step (rows_pass)
 
-typedef float f32x16 __attribute__((vector_size(64)));
 typedef int8_t i8x16 __attribute__((vector_size(16)));
 typedef uint16_t u16x16 __attribute__((vector_size(32)));
 typedef uint32_t u32x16 __attribute__((vector_size(64)));
-
-inline f32x16 widen(const float* p) {
-  f32x16 v;
-  std::memcpy(&v, p, sizeof v);
-  return v;
-}
 
 inline f32x16 widen(const uint16_t* p) {  // bfloat16 bits -> float32: the high half of the word
 #ifdef __AVX512F__
@@ -89,8 +84,6 @@ inline f32x16 widen(const int8_t* p) {  // GCC scalarises a generic int8 -> floa
 #endif
 }
 
-inline f32x16 splat(float s) { return f32x16{} + s; }
-
 // AVX-512: a 16-lane vector is one register, and there are 32 of them (AVX2 has 16 of half the
 // width), so the register-blocked kernels below (up to 24 accumulators) are built only here.
 #ifdef __AVX512F__
@@ -109,15 +102,6 @@ inline void in_register(V& v) {
 #else
   (void)v;
 #endif
-}
-
-typedef float f32x8 __attribute__((vector_size(32)));
-typedef float f32x4 __attribute__((vector_size(16)));
-
-inline float lane_sum(f32x16 v) {  // a tree of halves (a loop over the lanes is 16 dependent adds)
-  f32x8 a = __builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7) + __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15);
-  f32x4 b = __builtin_shufflevector(a, a, 0, 1, 2, 3) + __builtin_shufflevector(a, a, 4, 5, 6, 7);
-  return (b[0] + b[2]) + (b[1] + b[3]);
 }
 
 // [sum a, sum b, sum c, sum d] of four 16-lane vectors (a tree of halves, 4 sums in one vector).
@@ -555,6 +539,11 @@ void wkv_heads(const float* r, const float* w, const float* k, const float* v, c
 
 ffi::Error shape_error(const char* what) { return ffi::Error::InvalidArgument(what); }
 
+// Whether int8 scales of dimensions sd are [N, K / G] for a q [N, K], G a multiple of 16.
+bool scale_fits(ffi::Span<const int64_t> sd, int64_t N, int64_t K) {
+  return sd.size() == 2 && sd[0] == N && sd[1] > 0 && K % sd[1] == 0 && (K / sd[1]) % kLanes == 0;
+}
+
 template <ffi::DataType T, class W>
 ffi::Error LinearNK(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<T> w,
                     ffi::ResultBuffer<ffi::F32> y) {
@@ -608,7 +597,7 @@ ffi::Error LinearGroup(ffi::ThreadPool pool, ffi::RemainingArgs args, ffi::Remai
       auto scale = args.get<ffi::Buffer<ffi::F32>>(a + 2);
       if (!scale.has_value()) return shape_error(kWant);
       auto sd = scale->dimensions();
-      if (sd.size() != 2 || sd[0] != N || sd[1] <= 0 || K % sd[1] || (K / sd[1]) % kLanes) return shape_error(kWant);
+      if (!scale_fits(sd, N, K)) return shape_error(kWant);
       products.push_back(plan_nk(pool, static_cast<const float*>(xp), M, K, static_cast<const int8_t*>(wp),
                                  scale->typed_data(), K / sd[1], yp, N));
 #ifdef __AVX512BF16__
@@ -633,8 +622,7 @@ ffi::Error LinearGroup(ffi::ThreadPool pool, ffi::RemainingArgs args, ffi::Remai
 ffi::Error LinearInt8(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::S8> q,
                       ffi::Buffer<ffi::F32> scale, ffi::ResultBuffer<ffi::F32> y) {
   auto xd = x.dimensions(), qd = q.dimensions(), sd = scale.dimensions();
-  if (xd.size() != 2 || qd.size() != 2 || sd.size() != 2 || xd[1] != qd[1] || sd[0] != qd[0] ||
-      sd[1] <= 0 || qd[1] % sd[1] || (qd[1] / sd[1]) % kLanes)
+  if (xd.size() != 2 || qd.size() != 2 || xd[1] != qd[1] || !scale_fits(sd, qd[0], qd[1]))
     return shape_error("rwkv7_linear_int8: want x [M, K], q [N, K], scale [N, K / G], G a multiple of 16");
   linear_nk(pool, x.typed_data(), xd[0], xd[1], q.typed_data(), scale.typed_data(), qd[1] / sd[1],
             y->typed_data(), qd[0]);

@@ -12,28 +12,12 @@
 #include <cstdint>
 #include <cstring>
 
+#include "vectors.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace ffi = xla::ffi;
 
 namespace {
-
-constexpr int64_t kLanes = 16;
-typedef float f32x16 __attribute__((vector_size(64)));
-
-inline f32x16 load(const float* p) {
-  f32x16 v;
-  std::memcpy(&v, p, sizeof v);
-  return v;
-}
-
-inline void store(float* p, f32x16 v) { std::memcpy(p, &v, sizeof v); }
-
-inline float lane_sum(f32x16 v) {
-  float s = 0;
-  for (int i = 0; i < kLanes; ++i) s += v[i];
-  return s;
-}
 
 ffi::Error ShiftMix(ffi::Buffer<ffi::F32> h, ffi::Buffer<ffi::F32> shift, ffi::Buffer<ffi::F32> ln_w,
                     ffi::Buffer<ffi::F32> ln_b, ffi::Buffer<ffi::F32> mix, ffi::RemainingArgs rest,
@@ -70,23 +54,23 @@ ffi::Error ShiftMix(ffi::Buffer<ffi::F32> h, ffi::Buffer<ffi::F32> shift, ffi::B
     float* hob = ho + b * C;
     f32x16 sum = {};
     for (int64_t c = 0; c < C; c += kLanes) {
-      f32x16 v = load(hb + c);
-      if (delta) v += load(delta + b * C + c);
+      f32x16 v = widen(hb + c);
+      if (delta) v += widen(delta + b * C + c);
       store(hob + c, v);
       sum += v;
     }
     const float mean = lane_sum(sum) / static_cast<float>(C);
     f32x16 sq = {};
     for (int64_t c = 0; c < C; c += kLanes) {
-      f32x16 d = load(hob + c) - mean;
+      f32x16 d = widen(hob + c) - mean;
       sq += d * d;
     }
     const float scale = 1.0f / std::sqrt(lane_sum(sq) / static_cast<float>(C) + eps);
     for (int64_t c = 0; c < C; c += kLanes) {
-      f32x16 x = (load(hob + c) - mean) * scale * load(wp + c) + load(bp + c);
+      f32x16 x = (widen(hob + c) - mean) * scale * widen(wp + c) + widen(bp + c);
       store(xo + b * C + c, x);
-      f32x16 step = load(sb + c) - x;
-      for (int64_t i = 0; i < n; ++i) store(outs[i] + b * C + c, x + step * load(mp + i * C + c));
+      f32x16 step = widen(sb + c) - x;
+      for (int64_t i = 0; i < n; ++i) store(outs[i] + b * C + c, x + step * widen(mp + i * C + c));
     }
   }
   return ffi::Error::Success();
