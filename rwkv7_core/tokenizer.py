@@ -1,6 +1,9 @@
 """The RWKV World tokenizer (vocabulary 65536) through ``pyrwkv-tokenizer``.
 
-Token 0 is end-of-text. Encoding uses the package's Rust encoder. Decoding maps ids to
+Token 0 is end-of-text. Encoding uses the package's Rust encoder, which holds the GIL for
+the whole of a call. A long text is therefore encoded a piece at a time, with the same ids as
+one call, so a server thread that encodes a large body leaves the GIL to the event loop between
+pieces. Decoding maps ids to
 bytes through the vocabulary file the package ships, because the package's own decoder
 aborts on ids it lacks (65530..65535 exist in the model's vocabulary but not in the
 file) and on byte sequences that are not complete UTF-8, both of which a sampler can
@@ -25,6 +28,7 @@ from .constants import END_OF_TEXT, WORLD_VOCAB_SIZE
 __all__ = ["END_OF_TEXT", "WORLD_VOCAB_SIZE", "VocabularyError", "WorldTokenizer", "read_vocab", "tokenizer_for",
            "world_vocab_file"]
 VOCAB_FILE = "rwkv_vocab_v20230424.txt"
+PIECE_CHARS = 1 << 16  # characters per encoder call for long texts (well under a millisecond each)
 
 
 class VocabularyError(ValueError):
@@ -55,7 +59,37 @@ class WorldTokenizer:
         """Token ids of ``text`` (never contains END_OF_TEXT)."""
         if not isinstance(text, str):
             raise TypeError(f"encode takes a str, got {type(text).__name__}")
-        return list(self._encoder.encode(text))
+        if len(text) <= 2 * PIECE_CHARS:
+            return list(self._encoder.encode(text))
+        return self._encode_in_pieces(text)
+
+    def _encode_in_pieces(self, text: str) -> list[int]:
+        """``encode(text)`` in calls of about PIECE_CHARS characters.
+
+        The World encoder is greedy longest match. The token that starts at a byte depends only on
+        the next ``longest`` bytes, where ``longest`` is the vocabulary's longest token. So a
+        window encoded with that many characters past its cut gives the same tokens as one call,
+        up to the last token that ends at or before the cut, on a character boundary. Encoding
+        resumes from there. If no token ends on a character boundary before the cut, the rest of
+        the text is encoded in one call."""
+        table = self._table()
+        margin = max(map(len, table.values()))
+        ids: list[int] = []
+        start = 0
+        while len(text) - start > 2 * PIECE_CHARS:
+            window = text[start:start + PIECE_CHARS + margin]
+            piece = self._encoder.encode(window)
+            data = window.encode("utf-8")
+            cut = len(window[:PIECE_CHARS].encode("utf-8"))
+            end, kept = len(data), len(piece)
+            while kept and (end > cut or (end < len(data) and data[end] & 0xC0 == 0x80)):
+                kept -= 1
+                end -= len(table[piece[kept]])
+            if not kept:
+                break
+            ids += piece[:kept]
+            start += len(data[:end].decode("utf-8"))
+        return ids + list(self._encoder.encode(text[start:]))
 
     def decode_bytes(self, ids: Iterable[int]) -> bytes:
         """Raw bytes of ``ids``; end-of-text and ids without a vocabulary entry give none."""

@@ -8,7 +8,8 @@ import sys
 import numpy as np
 import pytest
 
-from rwkv7_core.tokenizer import END_OF_TEXT, WORLD_VOCAB_SIZE, tokenizer_for
+from rwkv7_core import tokenizer as tokenizer_module
+from rwkv7_core.tokenizer import END_OF_TEXT, WORLD_VOCAB_SIZE, tokenizer_for, world_vocab_file
 
 ALPHABET = list("abcXYZ019 .,;!?\n\t'\"") + ["é", "ß", "Ж", "你", "好", "🙂", "𝄞", "  ", "\u00a0"]
 
@@ -37,6 +38,46 @@ def test_round_trip_random(tok):
     for _ in range(50):
         text = "".join(rng.choice(ALPHABET, size=int(rng.integers(1, 40))))
         assert tok.decode(tok.encode(text)) == text
+
+
+@pytest.mark.parametrize("piece_chars", [200, 1 << 16])
+def test_a_long_text_encoded_in_pieces_has_the_ids_of_one_call(tok, monkeypatch, piece_chars):
+    """Long texts go to the encoder a piece at a time (so the GIL is let go between pieces); the
+    ids are those of one call of the package's encoder, with cuts inside words, runs of one
+    character, multi-byte characters, characters the vocabulary has only as bytes (tokens that
+    end inside a character) and long tokens (runs of spaces and dashes)."""
+    import pyrwkv_tokenizer
+
+    one_call = pyrwkv_tokenizer.WorldTokenizer(str(world_vocab_file())).encode
+    monkeypatch.setattr(tokenizer_module, "PIECE_CHARS", piece_chars)
+    rng = np.random.default_rng()
+    words = ALPHABET + [" the", " tokenizer", "ing", "\n\n", " " * 40, "-" * 70, "你好", "🙂" * 5]
+    size = 7 * piece_chars
+    rare = "".join(map(chr, rng.integers(0x10000, 0x2FFFF, size)))  # mostly byte tokens: cuts inside characters
+    texts = ["".join(rng.choice(words, size=size // 3)), "你" * size, "🙂" * size, " " * size,
+             "".join(rng.choice(["a", "🙂", " ", "ß"], size=size)), rare]
+    for text in texts:
+        assert len(text) > 2 * piece_chars
+        assert tok.encode(text) == list(one_call(text))
+
+
+def test_pieces_cut_only_where_a_token_ends_on_a_character(tmp_path, monkeypatch):
+    """A vocabulary with tokens that cross characters ('\\xac\\xe2\\x82' ends inside a euro
+    sign and starts inside the one before): pieces resume only where a token ends on a character
+    boundary, or the rest goes in one call when none does; the ids are one call's."""
+    import pyrwkv_tokenizer
+
+    from rwkv7_core.tokenizer import WorldTokenizer
+
+    lines = world_vocab_file().read_text(encoding="utf-8").splitlines()[:256]  # the 256 single bytes
+    vocab = tmp_path / "vocab.txt"
+    vocab.write_text("\n".join([*lines, "257 b'\\xe2\\x82' 2", "258 b'\\xac\\xe2\\x82' 3", "259 'aa' 2"]) + "\n",
+                     encoding="utf-8")
+    tok, one_call = WorldTokenizer(vocab), pyrwkv_tokenizer.WorldTokenizer(str(vocab)).encode
+    monkeypatch.setattr(tokenizer_module, "PIECE_CHARS", 50)
+    rng = np.random.default_rng()
+    for text in ["".join(rng.choice(["€", "€", "€", "a", "aa"], size=2000)) for _ in range(5)] + ["€" * 2000]:
+        assert tok.encode(text) == list(one_call(text))
 
 
 def test_encoding_is_not_byte_level(tok):
