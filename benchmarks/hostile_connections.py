@@ -1,7 +1,7 @@
 """Hostile connections against a real ``rwkv7-serve --random-model tiny-world`` (issue 37,
 items 3 and 5): idle and slowloris sockets left open, /health under a small descriptor limit
 with more idle sockets than descriptors, and /health latency while clients send large
-/tokenize bodies.
+/tokenize bodies (``--tokenize-clients`` at once, three rounds).
 
 Run it against this tree, or against another checkout (``--root DIR``: the code tested; its
 server must accept the options given in ``--server-args``)::
@@ -85,6 +85,7 @@ def main() -> None:
     p.add_argument("--server-args", default="--header-timeout 2")
     p.add_argument("--idle", type=int, default=300)
     p.add_argument("--wait", type=float, default=4.0)
+    p.add_argument("--tokenize-clients", type=int, default=4)
     a = p.parse_args()
     extra = a.server_args.split()
     out: dict = {"label": a.label, "server_args": a.server_args}
@@ -108,18 +109,20 @@ def main() -> None:
             with urllib.request.urlopen(request, timeout=120) as r:
                 r.read()
 
-        for _ in range(2):
-            clients = [threading.Thread(target=tokenize) for _ in range(4)]
+        latencies = []
+        for _ in range(3):
+            clients = [threading.Thread(target=tokenize) for _ in range(a.tokenize_clients)]
             for t in clients:
                 t.start()
-            latencies = []
             while any(t.is_alive() for t in clients):
                 latencies.append(_health(port)[1])
                 time.sleep(0.05)
             for t in clients:
                 t.join()
-        out["health_median_s_under_4_tokenize"] = round(statistics.median(latencies), 4)
-        out["health_max_s_under_4_tokenize"] = round(max(latencies), 4)
+        under = f"under_{a.tokenize_clients}_tokenize"
+        out[f"health_median_s_{under}"] = round(statistics.median(latencies), 4)
+        out[f"health_max_s_{under}"] = round(max(latencies), 4)
+        out[f"health_samples_{under}"] = len(latencies)
     finally:
         proc.terminate()
         proc.wait()

@@ -8,6 +8,7 @@ requests waiting / in prefill / ready / running, each replica's decode bucket, p
 hits and misses, the prompt tokens they served, prompt tokens prefilled and finished states kept
 (turn cache), and compiles and compile seconds by executable kind ("step", "prefill",
 "score_piece", ...; the precompile at start and any on the request path: a stall shows here).
+Read from ``offload.JOBS``: jobs handed to the off-loop worker, and how many of them wait or run.
 """
 from __future__ import annotations
 
@@ -16,6 +17,8 @@ import time
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+from .offload import JOBS
 
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -42,6 +45,7 @@ class ServerMetrics:
         self.itl = Histogram("rwkv7_inter_token_latency_seconds", "Gap between consecutive tokens of a request",
                              buckets=LATENCY_BUCKETS, registry=r)
         r.register(_SchedulerCollector(scheduler))
+        r.register(_OffLoopCollector())
         self._lock = threading.Lock()
         self._submitted: dict[str, float] = {}
         self._last: dict[str, float] = {}
@@ -75,6 +79,17 @@ class ServerMetrics:
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+class _OffLoopCollector:
+    """The off-loop worker's job counts, read when scraped."""
+
+    def collect(self):
+        submitted, done = JOBS.snapshot()
+        yield CounterMetricFamily("rwkv7_off_loop_jobs", "Jobs handed to the off-loop worker (tokenizing, "
+                                  "request building, reply encoding)", value=submitted)
+        yield GaugeMetricFamily("rwkv7_off_loop_jobs_pending", "Off-loop jobs waiting or running",
+                                value=submitted - done)
 
 
 class _SchedulerCollector:

@@ -24,7 +24,7 @@ from rwkv7_core.text_checks import unpaired_surrogate
 
 from . import build, chat, render, render_chat, running, structured
 from .job import Context, Job
-from .offload import serially_off_loop
+from .offload import off_loop
 from .protocol import APIError, ChatCompletionRequest
 from .response_store import ResponseStore, StoredResponse
 from .responses_protocol import SAMPLING, ResponseRequest
@@ -218,7 +218,7 @@ async def _create(ctx: Context, store: ResponseStore, metrics, body: ResponseReq
     try:
         chat_request = chat_body(body, state)
         await structured.compile_off_loop(ctx, chat_request)  # a grammar compile never runs on the loop
-        job, groups = await serially_off_loop(_job, ctx, chat_request, previous)
+        job, groups = await off_loop(_job, ctx, chat_request, previous)
         tools = tools_text(chat_request, previous)
     except APIError as e:
         raise responses_error(e) from None

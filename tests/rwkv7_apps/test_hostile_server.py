@@ -7,6 +7,7 @@ tokens."""
 from __future__ import annotations
 
 import json
+import re
 import socket
 import threading
 import time
@@ -71,28 +72,44 @@ def test_idle_and_slowloris_sockets_are_closed_and_health_stays_up(server):
     assert server.get("/health")[0] == 200
 
 
+def _off_loop_jobs(server) -> tuple[int, int]:
+    """(jobs submitted, jobs done) of the server's off-loop worker, from one /metrics scrape."""
+    status, text = server.get("/metrics", AUTH)
+    assert status == 200, text
+    submitted = re.search(r"^rwkv7_off_loop_jobs_total ([0-9.e+]+)$", text, re.M)
+    pending = re.search(r"^rwkv7_off_loop_jobs_pending ([0-9.e+]+)$", text, re.M)
+    assert submitted and pending, text
+    return int(float(submitted.group(1))), int(float(submitted.group(1)) - float(pending.group(1)))
+
+
 def test_tokenize_runs_off_the_event_loop(server):
-    """/health sent while eight 3 MB /tokenize bodies are tokenized answers before any of them is
-    done (the bodies, on loopback, arrive within milliseconds; tokenizing them keeps the server's
-    tokenizer threads busy well past the 0.05 s the health check waits, on a quiet machine too)."""
+    """/health is answered while /tokenize work is in flight. Eight 3 MB bodies are sent at once.
+    Once /metrics counts all eight handed to the off-loop worker, /health must answer 200, and a
+    scrape after it must count fewer than eight of them done. Both counts only grow, so the health
+    answer came while tokenizing was still waiting or running. This is shown by the server's own
+    counts, with no sleep and no clock compared across threads."""
     text = " ".join(np.random.default_rng().choice(["alpha", "beta", "gamma", "delta"], 600_000))
     body = json.dumps({"prompt": text}).encode()
-    done: dict[str, float] = {}
+    replies: list[tuple[int, str]] = []
+    submitted, done = _off_loop_jobs(server)
+    assert submitted == done  # nothing from earlier tests still in flight
 
-    def tokenize(name: str) -> None:
-        status, reply = server.post("/tokenize", body, AUTH)
-        assert status == 200 and json.loads(reply)["count"] > 100_000
-        done[name] = time.monotonic()
+    def tokenize() -> None:
+        replies.append(server.post("/tokenize", body, AUTH))
 
-    threads = [threading.Thread(target=tokenize, args=(f"t{i}",)) for i in range(8)]
+    threads = [threading.Thread(target=tokenize) for _ in range(8)]
     for t in threads:
         t.start()
-    time.sleep(0.05)  # the bodies sent and being tokenized
+    deadline = time.monotonic() + 60
+    while _off_loop_jobs(server)[0] < submitted + 8:
+        assert time.monotonic() < deadline, "the eight /tokenize bodies never all reached the off-loop worker"
     assert server.get("/health")[0] == 200
-    health = time.monotonic()
+    done_after_health = _off_loop_jobs(server)[1]
     for t in threads:
         t.join()
-    assert len(done) == 8 and health < min(done.values())
+    assert len(replies) == 8 and all(status == 200 and json.loads(reply)["count"] > 100_000
+                                     for status, reply in replies)
+    assert done_after_health < done + 8
 
 
 def test_cache_salt_keeps_the_prefix_cache_from_telling_clients_apart(server):
