@@ -97,14 +97,18 @@ def test_int8_group_sizes(group):
     check(x, random_weight(rng, "int8", 37, 256, 1, group), 1)
 
 
-def test_rows_of_zeros_skip_their_weight_rows_exactly():
-    """A one-row [K, N] product skips the weight rows of zero inputs (relu^2 leaves most hidden
-    units at zero): the result is the product over the other rows."""
+@pytest.mark.parametrize("kind", ["f32", "bf16"])
+@pytest.mark.parametrize("zeros", [0.7, 1.0])
+def test_rows_of_zeros_skip_their_weight_rows_exactly(kind, zeros):
+    """A one-row [K, N] product reads only the weight rows of non-zero inputs (relu^2 leaves most
+    hidden units at zero): the result is the product over the other rows, zeros when none is."""
     rng = np.random.default_rng()
     x = rng.standard_normal((1, 512)).astype(np.float32)
-    x[:, rng.random(512) < 0.7] = 0.0
-    w = random_weight(rng, "f32", 96, 512, 0)
+    x[:, rng.random(512) < zeros] = 0.0
+    w = random_weight(rng, kind, int(rng.choice([96, 272])), 512, 0)
     check(jnp.asarray(x), w, 0)
+    if zeros == 1.0:
+        assert not np.asarray(native.matmul_f32(jnp.asarray(x), w, 0)).any()
 
 
 @pytest.mark.parametrize("M,K", [(1, 128), (3, 768), (32, 64), (2, 48)])
