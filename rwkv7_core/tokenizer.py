@@ -18,6 +18,7 @@ numpy-free and framework-free; ``pyrwkv_tokenizer`` is imported on first use.
 from __future__ import annotations
 
 import ast
+import functools
 import os
 from pathlib import Path
 from typing import Iterable
@@ -72,8 +73,7 @@ class WorldTokenizer:
         up to the last token that ends at or before the cut, on a character boundary. Encoding
         resumes from there. If no token ends on a character boundary before the cut, the rest of
         the text is encoded in one call."""
-        table = self._table()
-        margin = max(map(len, table.values()))
+        table, margin = self._table(), self._longest_token
         ids: list[int] = []
         start = 0
         while len(text) - start > 2 * PIECE_CHARS:
@@ -90,6 +90,11 @@ class WorldTokenizer:
             ids += piece[:kept]
             start += len(data[:end].decode("utf-8"))
         return ids + list(self._encoder.encode(text[start:]))
+
+    @functools.cached_property
+    def _longest_token(self) -> int:
+        """Bytes of the vocabulary's longest token (128 in the World vocabulary), found once."""
+        return max(map(len, self._table().values()))
 
     def decode_bytes(self, ids: Iterable[int]) -> bytes:
         """Raw bytes of ``ids``; end-of-text and ids without a vocabulary entry give none."""
