@@ -2,7 +2,8 @@
 
 For each 0.1b [N, K] product shape (time-mix [768, 768] x 48 layers' worth, channel-mix key
 [3,072, 768] x 12, head [65,536, 768]) and weight kind (float32; bfloat16 weights with float32
-rows; bfloat16 x bfloat16 by the dot-product kernel where the build has it), one jitted call
+rows; bfloat16 x bfloat16 by the dot-product kernel where the build has it), and the channel-mix
+value held [K, N] ([3,072 -> 768] x 12, bfloat16 x bfloat16 by its dot-product kernel), one jitted call
 runs every copy of the weight from x [M, K] and sums each result, as the decode step runs
 them: native (``cpu_kernels.linear``'s FFI targets, called directly so the row bounds of
 ``max_rows`` do not apply) and XLA's op (``pallas_kernels.small_m_linear.matmul_f32``),
@@ -10,7 +11,7 @@ interleaved over --reps repetitions. Prints and writes the median GFLOP/s to
 ``benchmarks/results/cpu_many_rows.{json,md}``, with the host's register-only peak measured
 by ``benchmarks/cpu_peak_flops.cc`` when --peak names its built binary.
 
-Run: ``PYTHONPATH=. python benchmarks/cpu_many_rows.py [--rows 8,16,32,64] [--peak ./peak]``
+Run: ``PYTHONPATH=. python benchmarks/cpu_many_rows.py [--rows 8,16,32,64] [--kinds ...] [--peak ./peak]``
 (the peak probe: ``g++ -O2 -march=native -pthread benchmarks/cpu_peak_flops.cc -o peak``).
 """
 from __future__ import annotations
@@ -33,18 +34,21 @@ from pallas_kernels.small_m_linear import matmul_f32
 RESULTS = Path(__file__).resolve().parent / "results" / "cpu_many_rows.json"
 SHAPES = {"time-mix [768, 768] x48": (768, 768, 48), "key [3072, 768] x12": (3072, 768, 12),
           "head [65536, 768]": (65536, 768, 1)}
-KINDS = {"float32": ("rwkv7_linear_f32", jnp.float32, jnp.float32),
-         "bfloat16 weights": ("rwkv7_linear_bf16", jnp.float32, jnp.bfloat16),
-         "bfloat16 dot": ("rwkv7_linear_bf16_dot", jnp.bfloat16, jnp.bfloat16)}
+SHAPES_KN = {"value [3072 -> 768] x12": (768, 3072, 12)}  # (N, K, copies), weights held [K, N]
+# kind -> (target, x dtype, weight dtype, weight layout as matmul_f32's w_in_axis)
+KINDS = {"float32": ("rwkv7_linear_f32", jnp.float32, jnp.float32, 1),
+         "bfloat16 weights": ("rwkv7_linear_bf16", jnp.float32, jnp.bfloat16, 1),
+         "bfloat16 dot": ("rwkv7_linear_bf16_dot", jnp.bfloat16, jnp.bfloat16, 1),
+         "bfloat16 dot [K N]": ("rwkv7_linear_kn_bf16_dot", jnp.bfloat16, jnp.bfloat16, 0)}
 
 
-def calls(target: str, x_dtype, w_dtype, M: int, N: int, K: int, copies: int, rng):
+def calls(target: str, x_dtype, w_dtype, axis: int, M: int, N: int, K: int, copies: int, rng):
     """(native, xla) jitted functions of (x, weights) and their arguments."""
     x = jnp.asarray(rng.standard_normal((M, K)), x_dtype)
-    ws = [jnp.asarray(rng.standard_normal((N, K)), w_dtype) for _ in range(copies)]
+    ws = [jnp.asarray(rng.standard_normal((N, K) if axis == 1 else (K, N)), w_dtype) for _ in range(copies)]
     out = jax.ShapeDtypeStruct((M, N), jnp.float32)
     native = jax.jit(lambda x, ws: sum(jax.ffi.ffi_call(target, out)(x, w).sum() for w in ws))
-    xla = jax.jit(lambda x, ws: sum(matmul_f32(x, w).sum() for w in ws))
+    xla = jax.jit(lambda x, ws: sum(matmul_f32(x, w, axis).sum() for w in ws))
     return native, xla, (x, ws)
 
 
@@ -71,18 +75,20 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rows", default="8,16,32,64")
     ap.add_argument("--reps", type=int, default=12)
+    ap.add_argument("--kinds", default=",".join(KINDS), help=f"comma-separated, of: {', '.join(KINDS)}")
     ap.add_argument("--peak", default=None, help="the built benchmarks/cpu_peak_flops.cc binary")
     ap.add_argument("--output", type=Path, default=RESULTS)
     args = ap.parse_args(argv)
     lib = library.load()
     rng = np.random.default_rng(0)
     rows: list[dict] = []
-    for kind, (target, x_dtype, w_dtype) in KINDS.items():
-        if kind == "bfloat16 dot" and library.BF16_DOT not in lib.capabilities:
+    for kind in args.kinds.split(","):
+        target, x_dtype, w_dtype, axis = KINDS[kind]
+        if kind.startswith("bfloat16 dot") and library.BF16_DOT not in lib.capabilities:
             continue
-        for label, (N, K, copies) in SHAPES.items():
+        for label, (N, K, copies) in (SHAPES if axis == 1 else SHAPES_KN).items():
             for M in (int(m) for m in args.rows.split(",")):
-                native, xla, call_args = calls(target, x_dtype, w_dtype, M, N, K, copies, rng)
+                native, xla, call_args = calls(target, x_dtype, w_dtype, axis, M, N, K, copies, rng)
                 s = median_seconds({"native": native, "xla": xla}, call_args, args.reps)
                 flops = 2 * M * N * K * copies
                 rows.append({"kind": kind, "shape": label, "rows": M,

@@ -11,7 +11,8 @@ when another is made); it is written to a temporary name and renamed, so process
 once never see half a file. ``load()`` builds (a few seconds, once), loads and
 registers every target for the ``cpu`` platform once per process and returns the ``Library``:
 its path and the capabilities the build declares beyond the targets every build has
-(``BF16_DOT``: bfloat16 products by the CPU's bfloat16 dot-product instruction, AVX512_BF16;
+(``BF16_DOT``: bfloat16 products by the CPU's bfloat16 dot-product instruction, AVX512_BF16,
+in both weight layouts;
 ``MANY_ROWS``: register-blocked products of more than 4 rows with float32 / bfloat16 weights,
 AVX-512);
 anything that stops it (no compiler, a failed compile) is a ``NativeKernelsUnavailable``
@@ -42,7 +43,7 @@ LANES = 16  # float32 lanes of linear.cc's vectors: the widths its kernels take 
 BF16_DOT = "bf16_dot"
 MANY_ROWS = "many_rows"
 # name -> (bit in rwkv7_capabilities(), the targets it adds)
-CAPABILITIES = {BF16_DOT: (1, ("rwkv7_linear_bf16_dot",)), MANY_ROWS: (2, ())}
+CAPABILITIES = {BF16_DOT: (1, ("rwkv7_linear_bf16_dot", "rwkv7_linear_kn_bf16_dot")), MANY_ROWS: (2, ())}
 FLAGS = ("-O3", "-march=native", "-std=c++17", "-shared", "-fPIC", "-fno-math-errno")
 STALE_DAYS = 30  # a cached build unused this long is removed when another is built
 

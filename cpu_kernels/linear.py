@@ -5,7 +5,8 @@ contract of their plain-jnp reference ``pallas_kernels.small_m_linear.matmul_f32
 or x @ w for w [K, N] (w_in_axis=0), w float32 or bfloat16, or an int8 ``QuantizedWeight``
 (q int8 [N, K], scale float32 [N, K / G]). x is widened to float32 (a bfloat16 x with a
 bfloat16 weight stays bfloat16 where the build has ``library.BF16_DOT``: pairs multiplied
-exactly by the CPU's bfloat16 dot product, K a multiple of 32); the weight is widened in
+exactly by the CPU's bfloat16 dot product, [N, K] weights with K a multiple of 32, [K, N] ones
+(the channel-mix value) from 2 rows with N a multiple of 64); the weight is widened in
 registers as it streams, so a product reads each weight byte once per pass of up to 4 rows
 and writes no float copy of it (more rows with ``library.MANY_ROWS``: a tile of weight rows at
 a time, bfloat16 widened once into a float32 buffer that stays in cache while every row of x
@@ -45,6 +46,10 @@ MANY_ROWS = 32
 # [K, N] weights (the channel-mix value): XLA's GEMM is faster from 16 rows (270 against 180
 # GFLOP/s at 32 rows, float32).
 MAX_ROWS_KN = 8
+# bfloat16 x [K, N] bfloat16 by the dot product: from 2 rows (one row keeps the listed non-zero
+# rows of the widening kernel: relu^2 leaves many inputs at zero) up to MAX_ROWS["bf16_dot"], N a
+# multiple of its column block.
+KN_DOT_MIN_ROWS, KN_DOT_COLUMNS = 2, 64
 # Narrow products (K under NARROW_K: the LoRA up products, K = 32 / 64): each output is a short
 # dot product whose final sum across the vector lanes costs as much as its few steps, so XLA's
 # GEMM is faster from 4 rows (K = 32 at 4 rows: 25 against 38 GFLOP/s; K = 64 at 32 rows: 156
@@ -79,17 +84,22 @@ def supports(x, w, w_in_axis: int = 1) -> bool:
 
 
 def bf16_dot(x, w, w_in_axis: int = 1) -> bool:
-    """Whether x @ w runs the bfloat16 dot-product kernel (see module doc)."""
+    """Whether x @ w runs a bfloat16 dot-product kernel (see module doc)."""
     M, K = x.shape
-    return (x.dtype == jnp.bfloat16 and not isinstance(w, QuantizedWeight) and w.dtype == jnp.bfloat16
-            and w_in_axis == 1 and K % (2 * LANES) == 0 and M <= max_rows("bf16_dot", K)
-            and library.BF16_DOT in library.load().capabilities)
+    if (x.dtype != jnp.bfloat16 or isinstance(w, QuantizedWeight) or w.dtype != jnp.bfloat16
+            or library.BF16_DOT not in library.load().capabilities):
+        return False
+    if w_in_axis == 0:
+        return KN_DOT_MIN_ROWS <= M <= MAX_ROWS["bf16_dot"] and K % 2 == 0 and w.shape[1] % KN_DOT_COLUMNS == 0
+    return K % (2 * LANES) == 0 and M <= max_rows("bf16_dot", K)
 
 
 def matmul_f32(x, w, w_in_axis: int = 1):
     """x [M, K] @ w -> [M, N] float32 (the reference's contract, see module doc)."""
     if bf16_dot(x, w, w_in_axis):
-        return jax.ffi.ffi_call("rwkv7_linear_bf16_dot", jax.ShapeDtypeStruct((x.shape[0], w.shape[0]), jnp.float32))(x, w)
+        target = "rwkv7_linear_bf16_dot" if w_in_axis == 1 else "rwkv7_linear_kn_bf16_dot"
+        out = jax.ShapeDtypeStruct((x.shape[0], w.shape[1 - w_in_axis]), jnp.float32)
+        return jax.ffi.ffi_call(target, out)(x, w)
     if not supports(x, w, w_in_axis):
         return reference_matmul_f32(x, w, w_in_axis)
     library.load()

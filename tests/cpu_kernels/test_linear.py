@@ -127,6 +127,27 @@ def test_bfloat16_inputs_with_bfloat16_weights(M, K):
     check(x, w, 1)
 
 
+@pytest.mark.parametrize("M", [1, 2, 5, 8, 11, 32, 33])
+def test_bfloat16_inputs_with_bfloat16_weights_in_the_kn_layout(M):
+    """[K, N] weights (the channel-mix value) by the bfloat16 dot product from 2 rows where the
+    build has it and N is a multiple of its column block: each pair of weight rows interleaved
+    into a packed tile (K not a multiple of the tile's rows leaves a short last tile), the column
+    order restored at the end; one row keeps the widening kernel's listed non-zero rows."""
+    rng = np.random.default_rng()
+    K = 2 * int(rng.integers(1, 400))
+    N = native.KN_DOT_COLUMNS * int(rng.integers(1, 5)) + (0 if M != 8 else 16)  # 8 rows: a width it leaves
+    x = jnp.asarray(rng.standard_normal((M, K)), jnp.bfloat16)
+    w = jnp.asarray(rng.standard_normal((K, N)), jnp.bfloat16)
+    dot = (library.BF16_DOT in library.load().capabilities and N % native.KN_DOT_COLUMNS == 0
+           and native.KN_DOT_MIN_ROWS <= M <= native.MAX_ROWS["bf16_dot"])
+    assert native.bf16_dot(x, w, 0) == dot
+    lowered = jax.jit(lambda x, w: native.matmul_f32(x, w, 0)).lower(x, w).as_text()
+    assert ("rwkv7_linear_kn_bf16_dot" in lowered) == dot
+    if not dot and K % 16 == 0 and N % 16 == 0:
+        assert ("rwkv7_linear_kn_bf16" in lowered) == (M <= native.MAX_ROWS_KN)
+    check(x, w, 0)
+
+
 @pytest.mark.parametrize("case", ["too many rows", "K not a multiple of 16", "float16 weight", "int4"])
 def test_shapes_it_does_not_take_run_the_reference(case):
     rng = np.random.default_rng()
