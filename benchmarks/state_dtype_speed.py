@@ -1,11 +1,12 @@
-"""CPU decode speed with a float32 and a bfloat16 wkv state, interleaved (JAX xla).
+"""CPU decode speed with a float32, bfloat16 and float16 wkv state, interleaved.
 
-The jitted forward decode step (kernels="xla", state donated and carried) of a random model
-(--config, default 0.1b; --dtype weights, default float32) at B = 1 and 32, for each state
-dtype in turn, --rounds times alternating, so that the load of a shared machine hits both
-alike; reports the median tok/s of each and the bfloat16 / float32 ratio (no goal: the CPU
-has no 16-bit arithmetic, the state is widened and rounded around each step). Writes
-benchmarks/results/state_dtype_speed.json/.md. Run: ``python benchmarks/state_dtype_speed.py``.
+The jitted forward decode step (--kernels, default native: the CPU engine's; xla for XLA's
+own ops; state donated and carried) of a random model (--config, default 0.1b; --dtype weights,
+default float32) at B = 1 and 32, for each state dtype in turn, --rounds times alternating, so
+that the load of a shared machine hits all alike; reports the median tok/s of each and each
+16-bit state's ratio to float32 (no goal: the CPU has no 16-bit arithmetic, the state is widened
+as it is read and rounded as it is written). Writes benchmarks/results/state_dtype_speed.json/.md
+(``--output``). Run: ``python benchmarks/state_dtype_speed.py [--kernels xla] [--dtype bfloat16]``.
 """
 from __future__ import annotations
 
@@ -29,13 +30,13 @@ from rwkv7_core.config import named_config  # noqa: E402
 from rwkv_jax.random_params import random_params  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
-STATE_DTYPES = ("float32", "bfloat16")
+STATE_DTYPES = ("float32", "bfloat16", "float16")
 
 
-def time_steps(fn, params, state, B: int, config, seconds: float) -> float:
+def time_steps(fn, params, state, B: int, config, seconds: float, kernels: str) -> float:
     """tok/s of the decode step over at least `seconds` (after 3 warm-up steps)."""
     tokens = jnp.zeros((B, 1), jnp.int32)
-    kw = dict(config=config, path=rwkv_jax.select_path(B, 1), kernels="xla")
+    kw = dict(config=config, path=rwkv_jax.select_path(B, 1), kernels=kernels)
     for _ in range(3):
         logits, state = fn(params, tokens, state, **kw)
     jax.block_until_ready(logits)
@@ -51,6 +52,7 @@ def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--config", default="0.1b")
     ap.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
+    ap.add_argument("--kernels", default="native", choices=("native", "xla"))
     ap.add_argument("--batch", default="1,32")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--seconds", type=float, default=2.0)
@@ -64,16 +66,19 @@ def main(argv=None) -> None:
         for B in map(int, args.batch.split(",")):
             for sd in STATE_DTYPES:
                 state = rwkv_jax.init_state(config, B, dtype, getattr(jnp, sd))
-                samples.setdefault(f"{sd} B={B}", []).append(time_steps(fn, params, state, B, config, args.seconds))
+                samples.setdefault(f"{sd} B={B}", []).append(
+                    time_steps(fn, params, state, B, config, args.seconds, args.kernels))
     medians = {k: statistics.median(v) for k, v in samples.items()}
-    out = {"config": args.config, "dtype": args.dtype, "rounds": args.rounds, "tok_s": medians, "samples": samples,
-           "note": "loaded shared 2-core machine; interleaved rounds"}
-    lines = [f"CPU decode tok/s (JAX xla, {args.config} {args.dtype} weights, median of {args.rounds} interleaved "
-             "rounds, loaded 2-core machine)", "", "| B | float32 state | bfloat16 state | ratio |",
-             "|---|---|---|---|"]
+    out = {"config": args.config, "dtype": args.dtype, "kernels": args.kernels, "rounds": args.rounds,
+           "jax": jax.__version__, "cpus": os.cpu_count(), "tok_s": medians, "samples": samples,
+           "note": "shared 2-core machine; interleaved rounds"}
+    lines = [f"CPU decode tok/s (JAX, kernels {args.kernels}, {args.config} {args.dtype} weights, median of "
+             f"{args.rounds} interleaved rounds of {args.seconds:g} s, {os.cpu_count()} CPUs, jax {jax.__version__})", "",
+             "| B | float32 state | bfloat16 state | float16 state | bfloat16 / float32 | float16 / float32 |",
+             "|---|---|---|---|---|---|"]
     for B in map(int, args.batch.split(",")):
-        a, b = medians[f"float32 B={B}"], medians[f"bfloat16 B={B}"]
-        lines.append(f"| {B} | {a:.1f} | {b:.1f} | {b / a:.2f} |")
+        f32, bf16, f16 = (medians[f"{sd} B={B}"] for sd in STATE_DTYPES)
+        lines.append(f"| {B} | {f32:.1f} | {bf16:.1f} | {f16:.1f} | {bf16 / f32:.2f} | {f16 / f32:.2f} |")
     write_results(args.output, out, lines)
 
 

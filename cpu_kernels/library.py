@@ -14,7 +14,8 @@ its path and the capabilities the build declares beyond the targets every build 
 (``BF16_DOT``: bfloat16 products by the CPU's bfloat16 dot-product instruction, AVX512_BF16,
 in both weight layouts;
 ``MANY_ROWS``: register-blocked products of more than 4 rows with float32 / bfloat16 weights,
-AVX-512);
+AVX-512; ``HALF_STATE``: the recurrence step on a float16 state, where the compiler has a float16
+conversion; float32 and bfloat16 states every build takes);
 anything that stops it (no compiler, a failed compile) is a ``NativeKernelsUnavailable``
 naming the cause in one line.
 """
@@ -42,8 +43,10 @@ TARGETS = ("rwkv7_linear_f32", "rwkv7_linear_bf16", "rwkv7_linear_int8", "rwkv7_
 LANES = 16  # float32 lanes of linear.cc's vectors: the widths its kernels take are multiples of this
 BF16_DOT = "bf16_dot"
 MANY_ROWS = "many_rows"
+HALF_STATE = "half_state"
 # name -> (bit in rwkv7_capabilities(), the targets it adds)
-CAPABILITIES = {BF16_DOT: (1, ("rwkv7_linear_bf16_dot", "rwkv7_linear_kn_bf16_dot")), MANY_ROWS: (2, ())}
+CAPABILITIES = {BF16_DOT: (1, ("rwkv7_linear_bf16_dot", "rwkv7_linear_kn_bf16_dot")), MANY_ROWS: (2, ()),
+                HALF_STATE: (4, ())}
 FLAGS = ("-O3", "-march=native", "-std=c++17", "-shared", "-fPIC", "-fno-math-errno")
 STALE_DAYS = 30  # a cached build unused this long is removed when another is built
 

@@ -12,7 +12,7 @@
 //   rwkv7_linear_kn_bf16_dot  x and w bfloat16, w [K, N], K even, N a multiple of 64 (AVX512_BF16)
 //   rwkv7_linear_group     several [N, K] products of those kinds in one call (LinearGroup)
 // K a multiple of 16 (and G a multiple of 16 dividing K). rwkv7_wkv_step steps one layer of
-// the recurrence in place (see wkv_heads). Each weight element is read once per
+// the recurrence in place, on a float32, bfloat16 or float16 state (see wkv_heads). Each weight element is read once per
 // pass of up to kMaxRows rows of x, widened to float32 in registers (no float copy of the
 // weight), multiplied in float32 with float32 accumulation. With AVX-512, more rows against
 // float32 / bfloat16 [N, K] weights go by tiles of weight rows (bfloat16 widened once into a
@@ -648,16 +648,84 @@ void linear_kn_dot(ffi::ThreadPool& pool, const uint16_t* x, int64_t M, int64_t 
 }
 #endif
 
-// One RWKV-7 recurrence step of layer `layer`, in place: S [B, L, H, N, N] float32 (rows =
-// value dim, cols = key dim), r w k v kk a [B, H, N] float32 (w the decay multiplier, kk
-// L2-normalised, k already scaled); per (b, h): sa = S @ -kk, S' = S * w + sa (kk * a)^T + v k^T,
-// y = S' @ r. Each head's 64 x 64 block (16 KB) is read twice from L1 and written once.
+// The wkv state's element types: float32, bfloat16 (uint16_t bits, as the weights) and float16
+// (Half; where the build has a float16 conversion: kHalfState). A 16-bit state is widened to
+// float32 as it is read and rounded to nearest even as it is written, as XLA's astype does.
+struct Half {
+  uint16_t bits;
+};
+#if defined(__AVX512F__) || defined(__F16C__) || defined(__FLT16_MAX__)
+#define RWKV7_HALF_STATE 1
+constexpr bool kHalfState = true;
+#else
+constexpr bool kHalfState = false;
+#endif
+
+inline void narrow(float* p, f32x16 v) { store(p, v); }
+
+inline void narrow(uint16_t* p, f32x16 v) {  // float32 -> bfloat16, nearest even; a NaN stays a NaN
+  u32x16 bits = reinterpret_cast<u32x16>(v);
+  u32x16 rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16;
+  u32x16 quiet = (bits >> 16) | 0x40;
+  u32x16 out = (bits & 0x7FFFFFFF) > 0x7F800000 ? quiet : rounded;
+  u16x16 h = __builtin_convertvector(out, u16x16);
+  std::memcpy(p, &h, sizeof h);
+}
+
+#if defined(__AVX512F__)
+inline f32x16 widen(const Half* p) {
+  return reinterpret_cast<f32x16>(_mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))));
+}
+inline void narrow(Half* p, f32x16 v) {
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(p),
+                      _mm512_cvtps_ph(reinterpret_cast<__m512>(v), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+}
+#elif defined(__F16C__)
+inline f32x16 widen(const Half* p) {
+  __m256 lo = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  __m256 hi = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 8)));
+  f32x16 v;
+  std::memcpy(&v, &lo, sizeof lo);
+  std::memcpy(reinterpret_cast<char*>(&v) + sizeof lo, &hi, sizeof hi);
+  return v;
+}
+inline void narrow(Half* p, f32x16 v) {
+  __m256 lo, hi;
+  std::memcpy(&lo, &v, sizeof lo);
+  std::memcpy(&hi, reinterpret_cast<char*>(&v) + sizeof lo, sizeof hi);
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm256_cvtps_ph(lo, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(p + 8), _mm256_cvtps_ph(hi, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+}
+#elif defined(__FLT16_MAX__)
+inline f32x16 widen(const Half* p) {
+  f32x16 v;
+  for (int i = 0; i < kLanes; ++i) {
+    _Float16 h;
+    std::memcpy(&h, p + i, sizeof h);
+    v[i] = static_cast<float>(h);
+  }
+  return v;
+}
+inline void narrow(Half* p, f32x16 v) {
+  for (int i = 0; i < kLanes; ++i) {
+    _Float16 h = static_cast<_Float16>(v[i]);
+    std::memcpy(p + i, &h, sizeof h);
+  }
+}
+#endif
+
+// One RWKV-7 recurrence step of layer `layer`, in place: S [B, L, H, N, N] of T (rows = value
+// dim, cols = key dim), r w k v kk a [B, H, N] float32 (w the decay multiplier, kk L2-normalised,
+// k already scaled); per (b, h), in float32: sa = S @ -kk, S' = S * w + sa (kk * a)^T + v k^T,
+// y = S' @ r (from S' before it is rounded to T). Each head's 64 x 64 block (16 KB in float32)
+// is read twice from L1 and written once.
+template <class T>
 void wkv_heads(const float* r, const float* w, const float* k, const float* v, const float* kk,
-               const float* a, float* S, float* y, int64_t L, int64_t H, int64_t N, int64_t layer,
+               const float* a, T* S, float* y, int64_t L, int64_t H, int64_t N, int64_t layer,
                int64_t u0, int64_t u1) {
   for (int64_t u = u0; u < u1; ++u) {  // u = b * H + h
     const int64_t b = u / H, h = u % H, vec = u * N;
-    float* Sh = S + ((b * L + layer) * H + h) * N * N;
+    T* Sh = S + ((b * L + layer) * H + h) * N * N;
     for (int64_t i = 0; i < N; ++i) {
       f32x16 acc = {};
       for (int64_t j = 0; j < N; j += kLanes) acc += widen(Sh + i * N + j) * widen(kk + vec + j);
@@ -666,7 +734,7 @@ void wkv_heads(const float* r, const float* w, const float* k, const float* v, c
       for (int64_t j = 0; j < N; j += kLanes) {
         f32x16 s = widen(Sh + i * N + j) * widen(w + vec + j) + splat(sa) * (widen(kk + vec + j) * widen(a + vec + j)) +
                    splat(vi) * widen(k + vec + j);
-        std::memcpy(Sh + i * N + j, &s, sizeof s);
+        narrow(Sh + i * N + j, s);
         out += s * widen(r + vec + j);
       }
       y[vec + i] = lane_sum(out);
@@ -778,25 +846,43 @@ ffi::Error LinearKN(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<T
 }
 
 
-ffi::Error WkvStep(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> r, ffi::Buffer<ffi::F32> w, ffi::Buffer<ffi::F32> k,
-                   ffi::Buffer<ffi::F32> v, ffi::Buffer<ffi::F32> kk, ffi::Buffer<ffi::F32> a,
-                   ffi::Buffer<ffi::F32> S, ffi::ResultBuffer<ffi::F32> y, ffi::ResultBuffer<ffi::F32> S_out,
-                   int64_t layer) {
-  auto vd = r.dimensions(), sd = S.dimensions();
-  if (vd.size() != 3 || sd.size() != 5 || sd[0] != vd[0] || sd[2] != vd[1] || sd[3] != vd[2] || sd[4] != vd[2] ||
-      vd[2] % kLanes || layer < 0 || layer >= sd[1])
-    return shape_error("rwkv7_wkv_step: want r w k v kk a [B, H, N], S [B, L, H, N, N], N a multiple of 16, 0 <= layer < L");
-  const int64_t B = vd[0], H = vd[1], N = vd[2], L = sd[1];
-  float* out = S_out->typed_data();
-  if (out != S.typed_data()) std::memcpy(out, S.typed_data(), S.size_bytes());  // not aliased: start from S
+template <class T>
+void wkv_step(ffi::ThreadPool& pool, const float* const* ops, const void* S, size_t bytes, void* S_out, float* y,
+              int64_t B, int64_t L, int64_t H, int64_t N, int64_t layer) {
+  T* out = static_cast<T*>(S_out);
+  if (S_out != S) std::memcpy(S_out, S, bytes);  // not aliased: start from S
   const int64_t units = B * H, threads = std::max<int64_t>(1, pool.num_threads());
   const int64_t per_chunk = std::max<int64_t>(1, units / (threads * 4)), chunks = (units + per_chunk - 1) / per_chunk;
-  const float *rp = r.typed_data(), *wp = w.typed_data(), *kp = k.typed_data(), *vp = v.typed_data(),
-              *kkp = kk.typed_data(), *ap = a.typed_data();
-  float* yp = y->typed_data();
-  parallel_for(pool, chunks, units * N * N * int64_t{sizeof(float)}, [=](int64_t c) {
-    wkv_heads(rp, wp, kp, vp, kkp, ap, out, yp, L, H, N, layer, c * per_chunk, std::min(units, (c + 1) * per_chunk));
+  parallel_for(pool, chunks, units * N * N * int64_t{sizeof(T)}, [=](int64_t c) {
+    wkv_heads(ops[0], ops[1], ops[2], ops[3], ops[4], ops[5], out, y, L, H, N, layer, c * per_chunk,
+              std::min(units, (c + 1) * per_chunk));
   });
+}
+
+ffi::Error WkvStep(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> r, ffi::Buffer<ffi::F32> w, ffi::Buffer<ffi::F32> k,
+                   ffi::Buffer<ffi::F32> v, ffi::Buffer<ffi::F32> kk, ffi::Buffer<ffi::F32> a,
+                   ffi::AnyBuffer S, ffi::ResultBuffer<ffi::F32> y, ffi::Result<ffi::AnyBuffer> S_out,
+                   int64_t layer) {
+  auto vd = r.dimensions(), sd = S.dimensions();
+  const auto type = S.element_type();
+  const bool half = type == ffi::F16;
+  if (vd.size() != 3 || sd.size() != 5 || sd[0] != vd[0] || sd[2] != vd[1] || sd[3] != vd[2] || sd[4] != vd[2] ||
+      vd[2] % kLanes || layer < 0 || layer >= sd[1] || S_out->element_type() != type ||
+      (type != ffi::F32 && type != ffi::BF16 && !(half && kHalfState)))
+    return shape_error("rwkv7_wkv_step: want r w k v kk a [B, H, N] float32, S [B, L, H, N, N] float32 / bfloat16 / "
+                       "float16 (this build's), N a multiple of 16, 0 <= layer < L");
+  const float* ops[6] = {r.typed_data(), w.typed_data(), k.typed_data(), v.typed_data(), kk.typed_data(), a.typed_data()};
+  const int64_t B = vd[0], H = vd[1], N = vd[2], L = sd[1];
+  float* yp = y->typed_data();
+  if (type == ffi::F32) {
+    wkv_step<float>(pool, ops, S.untyped_data(), S.size_bytes(), S_out->untyped_data(), yp, B, L, H, N, layer);
+  } else if (type == ffi::BF16) {
+    wkv_step<uint16_t>(pool, ops, S.untyped_data(), S.size_bytes(), S_out->untyped_data(), yp, B, L, H, N, layer);
+  } else {
+#ifdef RWKV7_HALF_STATE
+    wkv_step<Half>(pool, ops, S.untyped_data(), S.size_bytes(), S_out->untyped_data(), yp, B, L, H, N, layer);
+#endif
+  }
   return ffi::Error::Success();
 }
 #ifdef __AVX512BF16__
@@ -831,6 +917,7 @@ extern "C" int rwkv7_capabilities() {
   bits |= 1;  // rwkv7_linear_bf16_dot
 #endif
   if (kWide) bits |= 2;  // the many-row [N, K] products of float32 / bfloat16 weights
+  if (kHalfState) bits |= 4;  // rwkv7_wkv_step on a float16 state
   return bits;
 }
 
@@ -864,9 +951,9 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(rwkv7_wkv_step, WkvStep,
                                   .Arg<ffi::Buffer<ffi::F32>>()
                                   .Arg<ffi::Buffer<ffi::F32>>()
                                   .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::AnyBuffer>()
                                   .Ret<ffi::Buffer<ffi::F32>>()
-                                  .Ret<ffi::Buffer<ffi::F32>>()
+                                  .Ret<ffi::AnyBuffer>()
                                   .Attr<int64_t>("layer"));
 
 #ifdef __AVX512BF16__

@@ -1,10 +1,13 @@
 """One recurrence step through the native CPU kernel (``linear.cc``'s ``rwkv7_wkv_step``), in
 the contract of ``pallas_kernels.wkv_step.wkv_step_reference`` on the whole state leaf.
 
-``wkv_step(r, w, k, v, kk, a [B, H, N] float32, S [B, L, H, N, N] float32, layer) -> (y [B, H, N]
+``wkv_step(r, w, k, v, kk, a [B, H, N] float32, S [B, L, H, N, N], layer) -> (y [B, H, N]
 float32, S')``: S' is S with layer ``layer`` stepped, written in place (the leaf is aliased to the
-result, so a donated state is never copied). ``supports`` says which states it takes (float32,
-N a multiple of 16); others run the reference on the layer's rows.
+result, so a donated state is never copied). The step runs in float32; a bfloat16 / float16 state
+is widened as it is read and rounded to nearest even as it is written (y comes from the float32
+S', as in the reference). ``supports`` says which states it takes (float32, bfloat16, float16 where
+the build has ``library.HALF_STATE``; N a multiple of 16); others run the reference on the layer's
+rows.
 """
 from __future__ import annotations
 
@@ -18,7 +21,8 @@ from .library import LANES
 
 def supports(S) -> bool:
     """Whether the native step takes the state leaf S [B, L, H, N, N]."""
-    return S.dtype == jnp.float32 and S.shape[-1] % LANES == 0
+    dtypes = (jnp.float32, jnp.bfloat16) + ((jnp.float16,) if library.HALF_STATE in library.load().capabilities else ())
+    return S.dtype in dtypes and S.shape[-1] % LANES == 0
 
 
 def wkv_step(r, w, k, v, kk, a, S, layer: int):

@@ -1,6 +1,6 @@
 """The wkv state held in bfloat16 / float16 (``state_dtype``) against the float32 state, on
-every path of the JAX model (XLA, the Pallas kernels and the fused decode kernels, run by the
-Pallas interpreter), the engine's varlen prefill and mixed step and its host rows, and the
+every path of the JAX model (XLA, the native CPU kernels, the Pallas kernels and the fused decode
+kernels, run by the Pallas interpreter), the engine's varlen prefill and mixed step and its host rows, and the
 torch reference with the same state dtype.
 
 Tolerances, relative to the float32-state logits' standard deviation: the state is rounded
@@ -61,7 +61,7 @@ def float32_run(tiny_ckpt, tokens):
     return _run(rwkv_jax.load(tiny_ckpt), *tokens)[0]
 
 
-@pytest.mark.parametrize("kernels", ["xla", "pallas-interpret", "pallas-fused-interpret"])
+@pytest.mark.parametrize("kernels", ["xla", "native", "pallas-interpret", "pallas-fused-interpret"])
 @pytest.mark.parametrize("state_dtype", ["bfloat16", "float16"])
 def test_every_path_with_a_16_bit_state_tracks_the_float32_state(tiny_ckpt, tokens, float32_run, kernels,
                                                                  state_dtype):
