@@ -1,4 +1,4 @@
-"""CPU decode speed of quantized weights vs float32, interleaved in one run (JAX xla, 0.1b shape).
+"""CPU decode speed of quantized weights vs float32, interleaved in one run (JAX, 0.1b shape).
 
 One random 0.1b checkpoint loaded as float32, int8 (default groups) and fp8 (float32
 activations; --schemes picks others, e.g. int4). Each round times the compiled decode step
@@ -7,6 +7,9 @@ rotating per round so machine load hits them alike; the median tok/s per (model,
 rounds is reported, with the bytes of weights a step
 reads (all parameters but the embedding, a gather of B rows) and the int8 / float32 ratio (the
 issue's goal: >= 2x at B = 1). Writes benchmarks/results/quant_speed_cpu.json and .md.
+
+--kernels picks the CPU kernels (default native, what the engine runs on the CPU; xla for XLA's
+own ops, as the results before the native kernels were measured).
 
 Run: ``python benchmarks/quant_speed.py`` (~3 min on 2 cores; --seconds, --rounds to change).
 """
@@ -64,6 +67,7 @@ def main(argv=None) -> None:
     ap.add_argument("--output", type=Path, default=RESULTS)
     ap.add_argument("--schemes", default=",".join(SCHEMES), help="comma-separated, the first none (float32)")
     ap.add_argument("--batches", default=",".join(map(str, BATCHES)), help="comma-separated batch sizes")
+    ap.add_argument("--kernels", default="native", choices=("native", "xla"))
     args = ap.parse_args(argv)
     schemes, batches = tuple(args.schemes.split(",")), tuple(int(b) for b in args.batches.split(","))
     if schemes[0] != "none":
@@ -72,7 +76,7 @@ def main(argv=None) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "m.safetensors"
         write_random_checkpoint(path, config, seed=0)
-        engines = {s: JaxEngine(rwkv_jax.load(path, quantization=s)) for s in schemes}
+        engines = {s: JaxEngine(rwkv_jax.load(path, quantization=s, kernels=args.kernels)) for s in schemes}
     for engine in engines.values():
         for B in batches:
             engine.executables.get(("forward", (B, 1, False)))
@@ -89,7 +93,8 @@ def main(argv=None) -> None:
               flush=True)
     med = {s: {B: statistics.median(v) for B, v in runs[s].items()} for s in schemes}
     cpu = {s: {B: statistics.median(v) for B, v in cpu_runs[s].items()} for s in schemes}
-    out = {"config": args.config, "cpus": os.cpu_count(), "jax": jax.__version__, "rounds": args.rounds,
+    out = {"config": args.config, "kernels": args.kernels, "cpus": os.cpu_count(), "jax": jax.__version__,
+           "rounds": args.rounds,
            "seconds_per_measurement": args.seconds, "load_average_at_end": os.getloadavg(),
            "step_weight_bytes": {s: step_bytes(e.model.params) for s, e in engines.items()},
            "decode_tok_s_median": med, "decode_tok_s_runs": runs, "cpu_ms_per_step_median": {
@@ -99,7 +104,8 @@ def main(argv=None) -> None:
         out["goal_int8_b1_vs_float32 (>=2)"] = out["ratio_vs_float32"]["int8"][1]
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text(json.dumps(out, indent=1) + "\n")
-    lines = [f"Decode tok/s, {args.config} shape, JAX xla on {os.cpu_count()} CPUs, median of {args.rounds} "
+    lines = [f"Decode tok/s, {args.config} shape, JAX kernels {args.kernels} on {os.cpu_count()} CPUs, median of "
+             f"{args.rounds} "
              f"interleaved rounds (float32 activations); load average at the end "
              f"{', '.join(f'{x:.1f}' for x in os.getloadavg())}. CPU ms/step: process CPU time per step (all "
              f"threads, waiting for a core excluded).", "",

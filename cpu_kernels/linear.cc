@@ -5,6 +5,9 @@
 //   rwkv7_linear_f32   w float32  [N, K]               (y = x @ w.T)
 //   rwkv7_linear_bf16  w bfloat16 [N, K]
 //   rwkv7_linear_int8  q int8 [N, K], scale float32 [N, K / G]   (w = q * scale per group of G)
+//   rwkv7_linear_int4  q uint8 [N, K / 2] (two int4 a byte, rwkv7_core.quantization's layout),
+//                      scale float32 [N, K / G], G a multiple of 32
+//   rwkv7_linear_fp8   q float8_e4m3fn [N, K], scale float32 [N, K / G] (one a row: G = K)
 //   rwkv7_linear_kn_f32   w float32  [K, N]            (y = x @ w; rows of x that are exactly
 //   rwkv7_linear_kn_bf16  w bfloat16 [K, N]             zero skip their weight row, M = 1)
 //   rwkv7_linear_bf16_dot  x and w bfloat16 [N, K], K a multiple of 32 (built only with
@@ -21,6 +24,7 @@
 // from an atomic counter, so the caller never waits on a task that has not started (a pool
 // thread busy elsewhere just finds no chunk left when it comes).
 #include <atomic>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <functional>
@@ -83,6 +87,62 @@ inline f32x16 widen(const int8_t* p) {  // GCC scalarises a generic int8 -> floa
   for (int i = 0; i < kLanes; ++i) v[i] = p[i];
   return v;
 #endif
+}
+
+// float8_e4m3fn weights (one byte each). A byte's sign and 7 magnitude bits placed as a float16's
+// (bits 15 and 13..7) are the same number divided by 2^8 (exponent bias 15 against 7, subnormals
+// included), which the float16 convert widens: exact for every finite value (the two NaN codes
+// give 480; quantized weights have none), as pallas_kernels.quantized.cpu_float32 does.
+struct Fp8 {
+  uint8_t bits;
+};
+
+inline f32x16 widen(const Fp8* p) {
+#if defined(__AVX512F__)
+  __m256i h = _mm256_slli_epi16(_mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))), 7);
+  h = _mm256_andnot_si256(_mm256_set1_epi16(1 << 14), h);
+  return reinterpret_cast<f32x16>(_mm512_mul_ps(_mm512_cvtph_ps(h), _mm512_set1_ps(256.0f)));
+#else
+  f32x16 v;
+  for (int i = 0; i < kLanes; ++i) {  // the same number from its fields
+    const int b = p[i].bits, e = (b >> 3) & 15, m = b & 7;
+    const float mag = e ? std::ldexp(1.0f + m / 8.0f, e - 7) : std::ldexp(m / 8.0f, -6);
+    v[i] = b & 0x80 ? -mag : mag;
+  }
+  return v;
+#endif
+}
+
+// int4 weights packed two a byte (rwkv7_core.quantization's layout: in each group of G input
+// channels, byte j holds channel j in its low nibble and channel j + G / 2 in its high one, each a
+// 4-bit two's-complement value). widen_int4(p, lo, hi): 16 bytes -> the 16 low and the 16 high
+// values as float32.
+struct Int4 {
+  uint8_t bits;
+};
+
+inline void widen_int4(const Int4* p, f32x16& lo, f32x16& hi) {
+#if defined(__AVX512F__)
+  __m512i d = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  lo = reinterpret_cast<f32x16>(_mm512_cvtepi32_ps(_mm512_srai_epi32(_mm512_slli_epi32(d, 28), 28)));
+  hi = reinterpret_cast<f32x16>(_mm512_cvtepi32_ps(_mm512_srai_epi32(_mm512_slli_epi32(d, 24), 28)));
+#else
+  for (int i = 0; i < kLanes; ++i) {
+    const int b = p[i].bits;
+    lo[i] = static_cast<float>(((b & 15) ^ 8) - 8);
+    hi[i] = static_cast<float>(((b >> 4) ^ 8) - 8);
+  }
+#endif
+}
+
+// Quantized weight kinds: q * scale per group of G input channels (scale [N, K / G]).
+template <class W>
+constexpr bool kQuantized = std::is_same_v<W, int8_t> || std::is_same_v<W, Fp8> || std::is_same_v<W, Int4>;
+
+// Bytes of a weight row of K values.
+template <class W>
+constexpr int64_t row_bytes(int64_t K) {
+  return std::is_same_v<W, Int4> ? K / 2 : K * int64_t{sizeof(W)};
 }
 
 // AVX-512: a 16-lane vector is one register, and there are 32 of them (AVX2 has 16 of half the
@@ -224,11 +284,11 @@ void row_stream(const float* x, int64_t K, const W* w, const float* scale, int64
   }
 }
 
-// int8 weights, 2-4 rows of x (AVX-512): each weight vector dequantized in registers (times its
+// int8 / float8 weights, 2-4 rows of x (AVX-512): each weight vector dequantized in registers (times its
 // group's scale) against 4 weight rows a step, MR x 4 accumulators and no per-group partial
 // sums, x and w kept in registers.
-template <int MR>
-void rows_block_q(const float* x, int64_t K, const int8_t* w, const float* scale, int64_t G, float* y,
+template <int MR, class W>
+void rows_block_q(const float* x, int64_t K, const W* w, const float* scale, int64_t G, float* y,
                   int64_t N, int64_t n0, int64_t n1) {
   constexpr int R = 4;
   const int64_t groups = K / G;
@@ -246,7 +306,7 @@ void rows_block_q(const float* x, int64_t K, const int8_t* w, const float* scale
           xv[m] = widen(x + m * K + k);
           in_register(xv[m]);
         }
-        if (line_start<int8_t>(k))
+        if (line_start<W>(k))
           for (int r = 0; r < R; ++r) __builtin_prefetch(reinterpret_cast<const char*>(w + (n + r) * K + k) + kPrefetchBytes, 0, 0);
         for (int r = 0; r < R; ++r) {
           f32x16 wv = widen(w + (n + r) * K + k) * s[r];
@@ -263,22 +323,71 @@ void rows_block_q(const float* x, int64_t K, const int8_t* w, const float* scale
   if (n < n1) rows_block<MR, 1>(x, K, w, scale, G, y, N, n, n1);
 }
 
+// int4 weights, MR rows of x against R weight rows a step: each 16 bytes of a row widen to its
+// group's 16 low and 16 high channels (two runs of x), summed per group and scaled at its end.
+template <int MR, int R>
+void rows_block_q4(const float* x, int64_t K, const Int4* w, const float* scale, int64_t G, float* y,
+                   int64_t N, int64_t n0, int64_t n1) {
+  const int64_t groups = K / G, half = G / 2, bytes = K / 2;
+  int64_t n = n0;
+  for (; n + R <= n1; n += R) {
+    f32x16 acc[MR][R] = {};
+    for (int64_t g = 0; g < groups; ++g) {
+      f32x16 part[MR][R] = {};
+      for (int64_t j = 0; j < half; j += kLanes) {
+        const int64_t b = g * half + j;  // the byte in the row
+        f32x16 xl[MR], xh[MR];
+        for (int m = 0; m < MR; ++m) {
+          xl[m] = widen(x + m * K + g * G + j);
+          xh[m] = widen(x + m * K + g * G + half + j);
+        }
+        if (b % 64 == 0)
+          for (int r = 0; r < R; ++r) __builtin_prefetch(reinterpret_cast<const char*>(w + (n + r) * bytes + b) + kPrefetchBytes, 0, 0);
+        for (int r = 0; r < R; ++r) {
+          f32x16 lo, hi;
+          widen_int4(w + (n + r) * bytes + b, lo, hi);
+          for (int m = 0; m < MR; ++m) part[m][r] += xl[m] * lo + xh[m] * hi;
+        }
+      }
+      for (int r = 0; r < R; ++r) {
+        const f32x16 sc = splat(scale[(n + r) * groups + g]);
+        for (int m = 0; m < MR; ++m) acc[m][r] += part[m][r] * sc;
+      }
+    }
+    for (int m = 0; m < MR; ++m) {
+      if constexpr (R == 4) {
+        f32x4 sums = lane_sums4(acc[m][0], acc[m][1], acc[m][2], acc[m][3]);
+        std::memcpy(y + m * N + n, &sums, sizeof sums);
+      } else {
+        for (int r = 0; r < R; ++r) y[m * N + n + r] = lane_sum(acc[m][r]);
+      }
+    }
+  }
+  if (n < n1) rows_block_q4<MR, 1>(x, K, w, scale, G, y, N, n, n1);
+}
+
 template <int MR, class W>
 void rows_pass(const float* x, int64_t K, const W* w, const float* scale, int64_t G, float* y,
                int64_t N, int64_t n0, int64_t n1) {
   constexpr int R = MR <= 2 ? 4 : 2;
+  if constexpr (std::is_same_v<W, Int4>) {
+    rows_block_q4<MR, R>(x, K, w, scale, G, y, N, n0, n1);
+    return;
+  } else {
   // One row of x against float32 / bfloat16 weights streams one weight row at a time (measured
   // faster so), unless the rows are short: then 4 rows a step share one cross-lane sum
   // (lane_sums4), which bounds a short row's dot product (the LoRA up products, K = 32-128:
-  // 34-36 us -> 23-25 us a layer's group, from cache). int8 goes in blocks (its groups are short).
-  if constexpr (MR == 1 && !std::is_same_v<W, int8_t>) {
+  // 34-36 us -> 23-25 us a layer's group, from cache). Quantized weights go in blocks (their
+  // groups are short).
+  if constexpr (MR == 1 && !kQuantized<W>) {
     if (K >= kStreamMinK) return row_stream(x, K, w, scale, G, y, n0, n1);
   }
-  if constexpr (kWide && MR >= 2 && std::is_same_v<W, int8_t>) {  // measured 5-10% faster at 2 rows,
-    rows_block_q<MR>(x, K, w, scale, G, y, N, n0, n1);              // 15-30% at 4, 25-115% at 32
+  if constexpr (kWide && MR >= 2 && kQuantized<W>) {  // int8: measured 5-10% faster at 2 rows,
+    rows_block_q<MR>(x, K, w, scale, G, y, N, n0, n1);  // 15-30% at 4, 25-115% at 32
     return;
   }
   rows_block<MR, R>(x, K, w, scale, G, y, N, n0, n1);
+  }
 }
 
 #ifdef __AVX512BF16__
@@ -434,10 +543,10 @@ Product plan_nk(const ffi::ThreadPool& pool, const X* x, int64_t M, int64_t K, c
   const int64_t chunks = (N + rows_per_chunk - 1) / rows_per_chunk;
   // With more than kMaxRows rows of x, each tile of weight rows (~kTileBytes) takes every pass
   // while it is in L1 / L2, so the weight streams from memory once.
-  const int64_t tile = M <= kMaxRows ? rows_per_chunk : std::max<int64_t>(4, kTileBytes / (K * int64_t{sizeof(W)}) & ~int64_t{3});
-  // Not for int8 weights: the 0.1b int8 decode step at B = 32 ran 12% slower with its tiles
+  const int64_t tile = M <= kMaxRows ? rows_per_chunk : std::max<int64_t>(4, kTileBytes / row_bytes<W>(K) & ~int64_t{3});
+  // Not for quantized weights: the 0.1b int8 decode step at B = 32 ran 12% slower with its tiles
   // dequantized once than with the weight widened in registers on every pass.
-  constexpr bool has_many = kWide && std::is_same_v<X, float> && !std::is_same_v<W, int8_t>;
+  constexpr bool has_many = kWide && std::is_same_v<X, float> && !kQuantized<W>;
   const bool many = has_many && M > kMaxRows;
   auto chunk = [=](int64_t c) {
     const int64_t n0 = c * rows_per_chunk, n1 = std::min(N, n0 + rows_per_chunk);
@@ -458,7 +567,7 @@ Product plan_nk(const ffi::ThreadPool& pool, const X* x, int64_t M, int64_t K, c
       }
     }
   };
-  return Product{chunk, chunks, N * K * int64_t{sizeof(W)}};
+  return Product{chunk, chunks, N * row_bytes<W>(K)};
 }
 
 template <class X, class W>
@@ -750,9 +859,10 @@ void wkv_heads(const float* r, const float* w, const float* k, const float* v, c
 
 ffi::Error shape_error(const char* what) { return ffi::Error::InvalidArgument(what); }
 
-// Whether int8 scales of dimensions sd are [N, K / G] for a q [N, K], G a multiple of 16.
-bool scale_fits(ffi::Span<const int64_t> sd, int64_t N, int64_t K) {
-  return sd.size() == 2 && sd[0] == N && sd[1] > 0 && K % sd[1] == 0 && (K / sd[1]) % kLanes == 0;
+// Whether scales of dimensions sd are [N, K / G] for a weight of N rows of K values, G a multiple
+// of `multiple` (16; 32 for int4, whose group holds two runs of 16-byte vectors).
+bool scale_fits(ffi::Span<const int64_t> sd, int64_t N, int64_t K, int64_t multiple = kLanes) {
+  return sd.size() == 2 && sd[0] == N && sd[1] > 0 && K % sd[1] == 0 && (K / sd[1]) % multiple == 0;
 }
 
 template <ffi::DataType T, class W>
@@ -768,7 +878,7 @@ ffi::Error LinearNK(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<T
 
 // Kinds of rwkv7_linear_group's products (its `kinds` attribute): the weight's dtype, and for
 // kGroupBf16Dot a bfloat16 x multiplied by the bfloat16 dot product (AVX512_BF16 builds only).
-enum GroupKind : int64_t { kGroupF32 = 0, kGroupBf16 = 1, kGroupInt8 = 2, kGroupBf16Dot = 3 };
+enum GroupKind : int64_t { kGroupF32 = 0, kGroupBf16 = 1, kGroupInt8 = 2, kGroupBf16Dot = 3, kGroupInt4 = 4, kGroupFp8 = 5 };
 
 // Products x_i [M, K_i] @ w_i.T -> y_i float32 [M, N_i] (operands x_0, w_0 [, scale_0], x_1, ...:
 // a scale after each int8 weight; kinds[i] the product's kind), run as one hand-out of chunks
@@ -776,18 +886,19 @@ enum GroupKind : int64_t { kGroupF32 = 0, kGroupBf16 = 1, kGroupInt8 = 2, kGroup
 ffi::Error LinearGroup(ffi::ThreadPool pool, ffi::RemainingArgs args, ffi::RemainingRets rets,
                        ffi::Span<const int64_t> kinds) {
   constexpr const char* kWant =
-      "rwkv7_linear_group: want, per kind (0 f32, 1 bf16, 2 int8, 3 bf16 dot), x [M, K] (float32; bfloat16 "
-      "for 3), w [N, K] of the kind (and a float32 scale [N, K / G] after int8), a float32 y [M, N], K a "
-      "multiple of 16 (32 for 3) and G of 16";
+      "rwkv7_linear_group: want, per kind (0 f32, 1 bf16, 2 int8, 3 bf16 dot, 4 int4, 5 fp8), x [M, K] "
+      "(float32; bfloat16 for 3), w [N, K] of the kind (int4: uint8 [N, K / 2]; a float32 scale [N, K / G] after "
+      "a quantized one), a float32 y [M, N], K a multiple of 16 (32 for 3) and G of 16 (32 for int4)";
   if (static_cast<size_t>(kinds.size()) != rets.size()) return shape_error(kWant);
   std::vector<Product> products;
   products.reserve(kinds.size());
   size_t a = 0;
   for (size_t i = 0; i < kinds.size(); ++i) {
     const int64_t kind = kinds[i];
-    const bool dot = kind == kGroupBf16Dot, int8 = kind == kGroupInt8;
-    const size_t need = int8 ? 3 : 2;
-    if (kind < kGroupF32 || kind > kGroupBf16Dot || a + need > args.size()) return shape_error(kWant);
+    const bool dot = kind == kGroupBf16Dot, int8 = kind == kGroupInt8, int4 = kind == kGroupInt4,
+               fp8 = kind == kGroupFp8, quantized = int8 || int4 || fp8;
+    const size_t need = quantized ? 3 : 2;
+    if (kind < kGroupF32 || kind > kGroupFp8 || a + need > args.size()) return shape_error(kWant);
 #ifndef __AVX512BF16__
     if (dot) return shape_error("rwkv7_linear_group: this build has no bfloat16 dot product");
 #endif
@@ -795,22 +906,28 @@ ffi::Error LinearGroup(ffi::ThreadPool pool, ffi::RemainingArgs args, ffi::Remai
     auto w = args.get<ffi::AnyBuffer>(a + 1);
     auto y = rets.get<ffi::Buffer<ffi::F32>>(i);
     if (!x.has_value() || !w.has_value() || !y.has_value()) return shape_error(kWant);
-    const auto w_dtype = kind == kGroupF32 ? ffi::F32 : int8 ? ffi::S8 : ffi::BF16;
+    const auto w_dtype = kind == kGroupF32 ? ffi::F32 : int8 ? ffi::S8 : int4 ? ffi::U8 : fp8 ? ffi::F8E4M3FN : ffi::BF16;
     auto xd = x->dimensions(), wd = w->dimensions(), yd = (*y)->dimensions();
-    if (xd.size() != 2 || wd.size() != 2 || yd.size() != 2 || xd[1] != wd[1] || yd[0] != xd[0] ||
+    if (xd.size() != 2 || wd.size() != 2 || yd.size() != 2 || xd[1] != wd[1] * (int4 ? 2 : 1) || yd[0] != xd[0] ||
         yd[1] != wd[0] || xd[1] % (dot ? 2 * kLanes : kLanes) || w->element_type() != w_dtype ||
         x->element_type() != (dot ? ffi::BF16 : ffi::F32))
       return shape_error(kWant);
     const int64_t M = xd[0], K = xd[1], N = wd[0];
     float* yp = (*y)->typed_data();
     const void *xp = x->untyped_data(), *wp = w->untyped_data();
-    if (int8) {
+    if (quantized) {
       auto scale = args.get<ffi::Buffer<ffi::F32>>(a + 2);
       if (!scale.has_value()) return shape_error(kWant);
       auto sd = scale->dimensions();
-      if (!scale_fits(sd, N, K)) return shape_error(kWant);
-      products.push_back(plan_nk(pool, static_cast<const float*>(xp), M, K, static_cast<const int8_t*>(wp),
-                                 scale->typed_data(), K / sd[1], yp, N));
+      if (!scale_fits(sd, N, K, int4 ? 2 * kLanes : kLanes)) return shape_error(kWant);
+      const float* xf = static_cast<const float*>(xp);
+      const float* sp = scale->typed_data();
+      if (int8)
+        products.push_back(plan_nk(pool, xf, M, K, static_cast<const int8_t*>(wp), sp, K / sd[1], yp, N));
+      else if (int4)
+        products.push_back(plan_nk(pool, xf, M, K, static_cast<const Int4*>(wp), sp, K / sd[1], yp, N));
+      else
+        products.push_back(plan_nk(pool, xf, M, K, static_cast<const Fp8*>(wp), sp, K / sd[1], yp, N));
 #ifdef __AVX512BF16__
     } else if (dot) {
       products.push_back(plan_nk(pool, static_cast<const uint16_t*>(xp), M, K, static_cast<const uint16_t*>(wp),
@@ -837,6 +954,29 @@ ffi::Error LinearInt8(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer
     return shape_error("rwkv7_linear_int8: want x [M, K], q [N, K], scale [N, K / G], G a multiple of 16");
   linear_nk(pool, x.typed_data(), xd[0], xd[1], q.typed_data(), scale.typed_data(), qd[1] / sd[1],
             y->typed_data(), qd[0]);
+  return ffi::Error::Success();
+}
+
+// Packed int4 (q uint8 [N, K / 2]) and float8_e4m3fn (q [N, K]) weights with float32 scales
+// [N, K / G]: x [M, K] @ (q * scale).T.
+ffi::Error LinearInt4(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::U8> q,
+                      ffi::Buffer<ffi::F32> scale, ffi::ResultBuffer<ffi::F32> y) {
+  auto xd = x.dimensions(), qd = q.dimensions(), sd = scale.dimensions();
+  if (xd.size() != 2 || qd.size() != 2 || xd[1] != 2 * qd[1] || !scale_fits(sd, qd[0], xd[1], 2 * kLanes))
+    return shape_error("rwkv7_linear_int4: want x [M, K], q uint8 [N, K / 2], scale [N, K / G], G a multiple of 32");
+  linear_nk(pool, x.typed_data(), xd[0], xd[1], reinterpret_cast<const Int4*>(q.typed_data()), scale.typed_data(),
+            xd[1] / sd[1], y->typed_data(), qd[0]);
+  return ffi::Error::Success();
+}
+
+ffi::Error LinearFp8(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::AnyBuffer q, ffi::Buffer<ffi::F32> scale,
+                     ffi::ResultBuffer<ffi::F32> y) {
+  auto xd = x.dimensions(), qd = q.dimensions(), sd = scale.dimensions();
+  if (xd.size() != 2 || qd.size() != 2 || xd[1] != qd[1] || q.element_type() != ffi::F8E4M3FN ||
+      !scale_fits(sd, qd[0], qd[1]))
+    return shape_error("rwkv7_linear_fp8: want x [M, K], q float8_e4m3fn [N, K], scale [N, K / G], G a multiple of 16");
+  linear_nk(pool, x.typed_data(), xd[0], xd[1], reinterpret_cast<const Fp8*>(q.untyped_data()), scale.typed_data(),
+            qd[1] / sd[1], y->typed_data(), qd[0]);
   return ffi::Error::Success();
 }
 
@@ -940,6 +1080,20 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(rwkv7_linear_int8, LinearInt8,
                                   .Ctx<ffi::ThreadPool>()
                                   .Arg<ffi::Buffer<ffi::F32>>()
                                   .Arg<ffi::Buffer<ffi::S8>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Ret<ffi::Buffer<ffi::F32>>());
+XLA_FFI_DEFINE_HANDLER_SYMBOL(rwkv7_linear_int4, LinearInt4,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::U8>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Ret<ffi::Buffer<ffi::F32>>());
+XLA_FFI_DEFINE_HANDLER_SYMBOL(rwkv7_linear_fp8, LinearFp8,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::AnyBuffer>()
                                   .Arg<ffi::Buffer<ffi::F32>>()
                                   .Ret<ffi::Buffer<ffi::F32>>());
 XLA_FFI_DEFINE_HANDLER_SYMBOL(rwkv7_linear_group, LinearGroup,

@@ -2,8 +2,9 @@
 contract of their plain-jnp reference ``pallas_kernels.small_m_linear.matmul_f32``.
 
 ``matmul_f32(x [M, K], w, w_in_axis=1) -> [M, N] float32``: x @ w.T for w [N, K] (w_in_axis=1)
-or x @ w for w [K, N] (w_in_axis=0), w float32 or bfloat16, or an int8 ``QuantizedWeight``
-(q int8 [N, K], scale float32 [N, K / G]). x is widened to float32 (a bfloat16 x with a
+or x @ w for w [K, N] (w_in_axis=0), w float32 or bfloat16, or a ``QuantizedWeight``
+(q int8 [N, K], packed int4 uint8 [N, K / 2] or float8_e4m3fn [N, K]; scale float32 [N, K / G],
+G a multiple of 16, 32 for int4). x is widened to float32 (a bfloat16 x with a
 bfloat16 weight stays bfloat16 where the build has ``library.BF16_DOT``: pairs multiplied
 exactly by the CPU's bfloat16 dot product, [N, K] weights with K a multiple of 32, [K, N] ones
 (the channel-mix value) from 2 rows with N a multiple of 64); the weight is widened in
@@ -11,8 +12,7 @@ registers as it streams, so a product reads each weight byte once per pass of up
 and writes no float copy of it (more rows with ``library.MANY_ROWS``: a tile of weight rows at
 a time, bfloat16 widened once into a float32 buffer that stays in cache while every row of x
 passes). Shapes the kernels do not take (``supports``: more than ``max_rows`` for the weight
-kind and layout, K or N not a multiple of 16, other weight dtypes, int4 / fp8) run the
-reference. The results differ from the reference only by float32 summation order.
+kind and layout, K or N not a multiple of 16, other weight dtypes) run the reference. The results differ from the reference only by float32 summation order.
 
 ``matmul_group([(x_i, w_i)]) -> [y_i]``: several [N, K] products as one call whose results are
 each bit for bit ``matmul_f32``'s (see its doc).
@@ -30,15 +30,20 @@ from . import library
 from .library import LANES
 
 # rwkv7_linear_group's weight kinds (linear.cc's GroupKind)
-GROUP_KINDS = {"f32": 0, "bf16": 1, "int8": 2, "bf16_dot": 3}
-WEIGHT_NAMES = {jnp.dtype(jnp.float32): "f32", jnp.dtype(jnp.bfloat16): "bf16", jnp.dtype(jnp.int8): "int8"}
+GROUP_KINDS = {"f32": 0, "bf16": 1, "int8": 2, "bf16_dot": 3, "int4": 4, "fp8": 5}
+WEIGHT_NAMES = {jnp.dtype(jnp.float32): "f32", jnp.dtype(jnp.bfloat16): "bf16", jnp.dtype(jnp.int8): "int8",
+                jnp.dtype(jnp.uint8): "int4", jnp.dtype(jnp.float8_e4m3fn): "fp8"}
+QUANTIZED = ("int8", "int4", "fp8")
 # Rows up to which the native product runs, by weight kind ([N, K] weights; more go to XLA's op),
 # measured on the 0.1b products (docs/benchmarks.md, "Native CPU kernels"). Without
 # ``library.MANY_ROWS`` float32 and bfloat16 weights are faster through XLA's GEMM (YNNPACK) from
 # 16 rows; int8 weights, which XLA dequantizes into a float32 scratch first, are faster native up
 # to 32 rows (784 vs 626 tok/s at B = 32) and even at 64-128; bfloat16 x bfloat16 by the dot
 # product too (560-600 GFLOP/s at 32 rows, XLA's 360-440).
-MAX_ROWS = {"f32": 8, "bf16": 8, "int8": 32, "bf16_dot": 32}
+# int4 and float8 weights, which XLA also dequantizes first, too (0.1b step at 1 / 4 / 8 / 16 / 32
+# rows, native over XLA: int4 18x / 36x / 3.2x / 1.41x / 1.14x, float8 1.56x / 3.4x / 2.2x /
+# 1.61x / 1.28x).
+MAX_ROWS = {"f32": 8, "bf16": 8, "int8": 32, "bf16_dot": 32, "int4": 32, "fp8": 32}
 # With ``library.MANY_ROWS`` (4 rows of x against 6 weight rows a step): at 32 rows 260-310
 # GFLOP/s against XLA's 200-240 with float32 weights, 220-260 against 60 with bfloat16 weights
 # and float32 x; level with XLA at 64-128 rows.
@@ -62,7 +67,7 @@ def max_rows(kind: str, K: int, w_in_axis: int = 1) -> int:
     "bf16_dot") with K input channels in layout ``w_in_axis`` runs on this build."""
     if w_in_axis == 0:
         return MAX_ROWS_KN
-    if K < NARROW_K and kind != "int8":
+    if K < NARROW_K and kind not in QUANTIZED:
         return MAX_ROWS_NARROW
     if kind in ("f32", "bf16") and library.MANY_ROWS in library.load().capabilities:
         return MANY_ROWS
@@ -79,8 +84,8 @@ def supports(x, w, w_in_axis: int = 1) -> bool:
         return False
     if quantized:
         groups = w.scale.shape[1]
-        return K % groups == 0 and (K // groups) % LANES == 0
-    return kind != "int8" and (w_in_axis == 1 or w.shape[1] % LANES == 0)
+        return K % groups == 0 and (K // groups) % (2 * LANES if kind == "int4" else LANES) == 0
+    return kind not in QUANTIZED and (w_in_axis == 1 or w.shape[1] % LANES == 0)
 
 
 def bf16_dot(x, w, w_in_axis: int = 1) -> bool:
@@ -106,7 +111,7 @@ def matmul_f32(x, w, w_in_axis: int = 1):
     M, x = x.shape[0], x.astype(jnp.float32)
     if isinstance(w, QuantizedWeight):
         out = jax.ShapeDtypeStruct((M, w.q.shape[0]), jnp.float32)
-        return jax.ffi.ffi_call("rwkv7_linear_int8", out)(x, w.q, w.scale)
+        return jax.ffi.ffi_call("rwkv7_linear_" + WEIGHT_NAMES[jnp.dtype(w.q.dtype)], out)(x, w.q, w.scale)
     layout = "rwkv7_linear_" if w_in_axis == 1 else "rwkv7_linear_kn_"
     out = jax.ShapeDtypeStruct((M, w.shape[1 - w_in_axis]), jnp.float32)
     return jax.ffi.ffi_call(layout + WEIGHT_NAMES[jnp.dtype(w.dtype)], out)(x, w)
@@ -119,7 +124,7 @@ def group_kind(x, w) -> int | None:
         return GROUP_KINDS["bf16_dot"]
     if not supports(x, w):
         return None
-    return GROUP_KINDS["int8" if isinstance(w, QuantizedWeight) else WEIGHT_NAMES[jnp.dtype(w.dtype)]]
+    return GROUP_KINDS[WEIGHT_NAMES[jnp.dtype(w.q.dtype if isinstance(w, QuantizedWeight) else w.dtype)]]
 
 
 def matmul_group(pairs: list) -> list:

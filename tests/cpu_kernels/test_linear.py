@@ -1,5 +1,5 @@
 """The native CPU products against their jnp reference (``matmul_f32``) on fresh random inputs:
-every weight kind and layout, row counts around the kernels' 4-row passes and the many-row
+every weight kind (float32, bfloat16, int8, int4, float8) and layout, row counts around the kernels' 4-row passes and the many-row
 path's (rows of x left over after passes of 4; weight rows left over after blocks of 6 and
 tiles), odd output widths (the tail rows and column blocks), and the shapes the kernels leave
 to the reference."""
@@ -14,12 +14,17 @@ from cpu_kernels import library
 from cpu_kernels import linear as native
 from pallas_kernels.quantized import QuantizedWeight
 from pallas_kernels.small_m_linear import matmul_f32
+from rwkv7_core.quantization import QuantSpec, quantize
 
 
 def random_weight(rng, kind: str, N: int, K: int, axis: int, group: int = 32):
     if kind == "int8":
         return QuantizedWeight(jnp.asarray(rng.integers(-127, 128, (N, K)), jnp.int8),
                                jnp.asarray(rng.random((N, K // group)) * 0.02 + 1e-3, jnp.float32))
+    if kind in ("int4", "fp8"):  # the package's quantizer: its packing and its float8 rounding
+        q, scale = quantize(rng.standard_normal((N, K)).astype(np.float32),
+                            QuantSpec(kind, group) if kind == "int4" else QuantSpec(kind))
+        return QuantizedWeight(jnp.asarray(q), jnp.asarray(scale))
     w = jnp.asarray(rng.standard_normal((N, K) if axis == 1 else (K, N)), jnp.float32)
     return w.astype(jnp.bfloat16) if kind == "bf16" else w
 
@@ -32,14 +37,15 @@ def check(x, w, axis: int) -> None:
 
 
 @pytest.mark.parametrize("M", [1, 2, 3, 4, 5, 8, 14, 19, 32])
-@pytest.mark.parametrize("kind,axis", [("f32", 1), ("bf16", 1), ("int8", 1), ("f32", 0), ("bf16", 0)])
+@pytest.mark.parametrize("kind,axis", [("f32", 1), ("bf16", 1), ("int8", 1), ("int4", 1), ("fp8", 1), ("f32", 0),
+                                       ("bf16", 0)])
 def test_matches_the_reference(M, kind, axis):
     limit = native.max_rows(kind, native.NARROW_K, axis)
     if M > limit:
         pytest.skip(f"{kind} weights {'[N, K]' if axis == 1 else '[K, N]'} run the native product up to {limit} rows")
     rng = np.random.default_rng()
     N = int(rng.choice([112, 272])) if axis == 0 else int(rng.integers(1, 140))  # [K, N]: whole chunks and a tail
-    K = 16 * int(rng.integers(1, 40)) if kind != "int8" else 64 * int(rng.integers(1, 8))
+    K = 16 * int(rng.integers(1, 40)) if kind not in native.QUANTIZED else 64 * int(rng.integers(1, 8))
     if M > native.max_rows(kind, K, axis):  # a narrow K (the narrow bound is tested below)
         K = native.NARROW_K + 16 * int(rng.integers(0, 32))
     x = jnp.asarray(rng.standard_normal((M, K)), jnp.float32)
@@ -90,11 +96,13 @@ def test_a_quantized_weight_is_n_by_k_whatever_the_layout_says():
     check(x, w, 0)
 
 
-@pytest.mark.parametrize("group", [16, 64, 128])
-def test_int8_group_sizes(group):
+@pytest.mark.parametrize("kind,group", [("int8", 16), ("int8", 64), ("int8", 128), ("int4", 32), ("int4", 64),
+                                        ("int4", 128)])
+def test_quantized_group_sizes(kind, group):
+    """int4 groups hold their low nibbles' channels then their high ones' (two runs of x a group)."""
     rng = np.random.default_rng()
-    x = jnp.asarray(rng.standard_normal((3, 256)), jnp.float32)
-    check(x, random_weight(rng, "int8", 37, 256, 1, group), 1)
+    x = jnp.asarray(rng.standard_normal((int(rng.integers(1, 6)), 256)), jnp.float32)
+    check(x, random_weight(rng, kind, 37, 256, 1, group), 1)
 
 
 @pytest.mark.parametrize("kind", ["f32", "bf16"])
@@ -148,7 +156,7 @@ def test_bfloat16_inputs_with_bfloat16_weights_in_the_kn_layout(M):
     check(x, w, 0)
 
 
-@pytest.mark.parametrize("case", ["too many rows", "K not a multiple of 16", "float16 weight", "int4"])
+@pytest.mark.parametrize("case", ["too many rows", "K not a multiple of 16", "float16 weight", "int4 groups of 16"])
 def test_shapes_it_does_not_take_run_the_reference(case):
     rng = np.random.default_rng()
     M, K, w = 2, 64, random_weight(rng, "f32", 24, 64, 1)
@@ -159,7 +167,7 @@ def test_shapes_it_does_not_take_run_the_reference(case):
     elif case == "float16 weight":
         w = w.astype(jnp.float16)
     else:
-        w = QuantizedWeight(jnp.zeros((24, 32), jnp.uint8), jnp.ones((24, 2), jnp.float32))
+        w = QuantizedWeight(jnp.zeros((24, 32), jnp.uint8), jnp.ones((24, 4), jnp.float32))
     x = jnp.asarray(rng.standard_normal((M, K)), jnp.float32)
     assert not native.supports(x, w)
     lowered = jax.jit(native.matmul_f32).lower(x, w).as_text()

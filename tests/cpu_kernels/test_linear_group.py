@@ -13,12 +13,12 @@ from cpu_kernels import library
 from cpu_kernels import linear as native
 from tests.cpu_kernels.test_linear import random_weight
 
-KINDS = ["f32", "bf16", "int8", "bf16_dot"]
+KINDS = ["f32", "bf16", "int8", "int4", "fp8", "bf16_dot"]
 
 
 def random_product(rng, kind: str, M: int):
     """(x [M, K], w [N, K]) of `kind`: bf16_dot is a bfloat16 x with a bfloat16 weight."""
-    if kind == "int8":
+    if kind in native.QUANTIZED:
         K = 64 * int(rng.integers(1, 13))
     else:  # not narrow (K < NARROW_K runs native for one or two rows only)
         K = native.NARROW_K + (64 if kind == "bf16_dot" else 16) * int(rng.integers(0, 10))
@@ -65,13 +65,16 @@ def test_one_product_runs_alone():
                                   np.asarray(jax.jit(native.matmul_f32)(*pairs[0])))
 
 
-@pytest.mark.parametrize("case", ["unknown kind", "kind of another dtype", "missing scale"])
+@pytest.mark.parametrize("case", ["unknown kind", "kind of another dtype", "missing scale", "int4 of another width"])
 def test_operands_that_do_not_match_their_kinds_fail_in_one_line(case):
     library.load()
     rng = np.random.default_rng()
     x, w = random_product(rng, "f32", 1)
     kinds = {"unknown kind": [7], "kind of another dtype": [native.GROUP_KINDS["bf16"]],
-             "missing scale": [native.GROUP_KINDS["int8"]]}[case]
+             "missing scale": [native.GROUP_KINDS["int8"]], "int4 of another width": [native.GROUP_KINDS["int4"]]}[case]
+    operands = (x, w)
+    if case == "int4 of another width":  # packed bytes for K, not K / 2
+        operands = (x, jnp.zeros((w.shape[0], x.shape[1]), jnp.uint8), jnp.ones((w.shape[0], 1), jnp.float32))
     call = jax.ffi.ffi_call("rwkv7_linear_group", [jax.ShapeDtypeStruct((1, w.shape[0]), jnp.float32)])
     with pytest.raises(Exception, match="rwkv7_linear_group: want"):
-        jax.block_until_ready(jax.jit(lambda x, w: call(x, w, kinds=np.array(kinds, np.int64)))(x, w))
+        jax.block_until_ready(jax.jit(lambda *ops: call(*ops, kinds=np.array(kinds, np.int64)))(*operands))

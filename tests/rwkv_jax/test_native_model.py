@@ -1,5 +1,5 @@
 """The whole model with kernels="native" against kernels="xla" on fresh random tokens and
-states: float32 (greedy tokens equal over many steps), int8 and bfloat16 weights, single and
+states: float32 (greedy tokens equal over many steps), int8 / int4 / float8 and bfloat16 weights, single and
 batched decode and a short prefill, and ``auto`` on a host that cannot build the kernels."""
 from __future__ import annotations
 
@@ -49,8 +49,9 @@ def test_float32_greedy_tokens_equal_xla_over_64_steps(tiny_ckpt):
 
 
 @pytest.mark.parametrize("dtype,quantization,B", [("float32", "none", 3), ("float32", "int8", 1),
-                                                  ("float32", "int8", 6), ("bfloat16", "none", 2),
-                                                  ("float32", "none", 12)])
+                                                  ("float32", "int8", 6), ("float32", "int4", 1),
+                                                  ("float32", "int4", 5), ("float32", "fp8", 2),
+                                                  ("bfloat16", "none", 2), ("float32", "none", 12)])
 def test_decode_steps_equal_xla(tiny_ckpt, dtype, quantization, B):
     xla, native = pair(tiny_ckpt, dtype=dtype, quantization=quantization)
     rng = np.random.default_rng()
