@@ -252,12 +252,7 @@ void rows_block(const float* x, int64_t K, const W* w, const float* scale, int64
 }
 
 // One input row: each weight row is one sequential stream, 4 accumulators over k (the float32
-// [65536, 768] head: 3.9 ms against 4.6 ms in blocks of 4 rows, which interleave 4 streams),
-// with a software prefetch of every line kStreamPrefetchBytes ahead (one prefetch a step of 4
-// vectors covered only one of the float32 step's 4 lines: in-process A/B of the float32 B = 1
-// step, 24-30 interleaved windows, every line +5.5-8.5 % at 8 KB ahead, +10.5-14 % at 2 KB;
-// bfloat16 within noise).
-constexpr int64_t kStreamPrefetchBytes = 2048;
+// [65536, 768] head: 3.9 ms against 4.6 ms in blocks of 4 rows, which interleave 4 streams).
 template <class W>
 void row_stream(const float* x, int64_t K, const W* w, const float* scale, int64_t G, float* y,
                 int64_t n0, int64_t n1) {
@@ -270,8 +265,7 @@ void row_stream(const float* x, int64_t K, const W* w, const float* scale, int64
       int64_t k = g * span;
       const int64_t end = (g + 1) * span;
       for (; k + 4 * kLanes <= end; k += 4 * kLanes) {
-        for (int64_t b = 0; b < 4 * kLanes * int64_t{sizeof(W)}; b += 64)
-          __builtin_prefetch(reinterpret_cast<const char*>(row + k) + kStreamPrefetchBytes + b, 0, 0);
+        __builtin_prefetch(reinterpret_cast<const char*>(row + k) + kPrefetchBytes, 0, 0);
         p0 += widen(x + k) * widen(row + k);
         p1 += widen(x + k + kLanes) * widen(row + k + kLanes);
         p2 += widen(x + k + 2 * kLanes) * widen(row + k + 2 * kLanes);
