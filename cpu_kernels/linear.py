@@ -12,7 +12,8 @@ registers as it streams, so a product reads each weight byte once per pass of up
 and writes no float copy of it (more rows with ``library.MANY_ROWS``: a tile of weight rows at
 a time, bfloat16 widened once into a float32 buffer that stays in cache while every row of x
 passes). Shapes the kernels do not take (``supports``: more than ``max_rows`` for the weight
-kind and layout, K or N not a multiple of 16, other weight dtypes) run the reference. The results differ from the reference only by float32 summation order.
+kind and layout, K or N not a multiple of 16, other weight dtypes) run the reference. The
+results differ from the reference only by float32 summation order.
 
 ``matmul_group([(x_i, w_i)]) -> [y_i]``: several [N, K] products as one call whose results are
 each bit for bit ``matmul_f32``'s (see its doc).
@@ -63,8 +64,8 @@ NARROW_K, MAX_ROWS_NARROW = 128, 2
 
 
 def max_rows(kind: str, K: int, w_in_axis: int = 1) -> int:
-    """Rows up to which the native product of a ``kind`` weight ("f32" | "bf16" | "int8" |
-    "bf16_dot") with K input channels in layout ``w_in_axis`` runs on this build."""
+    """Rows up to which the native product of a ``kind`` weight ("f32" | "bf16" | "int8" | "int4" |
+    "fp8" | "bf16_dot") with K input channels in layout ``w_in_axis`` runs on this build."""
     if w_in_axis == 0:
         return MAX_ROWS_KN
     if K < NARROW_K and kind not in QUANTIZED:
