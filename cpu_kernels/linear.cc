@@ -24,7 +24,6 @@
 // from an atomic counter, so the caller never waits on a task that has not started (a pool
 // thread busy elsewhere just finds no chunk left when it comes).
 #include <atomic>
-#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <functional>
@@ -102,11 +101,24 @@ inline f32x16 widen(const Fp8* p) {
   __m256i h = _mm256_slli_epi16(_mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))), 7);
   h = _mm256_andnot_si256(_mm256_set1_epi16(1 << 14), h);
   return reinterpret_cast<f32x16>(_mm512_mul_ps(_mm512_cvtph_ps(h), _mm512_set1_ps(256.0f)));
+#elif defined(__AVX2__) && defined(__F16C__)
+  f32x16 v;
+  for (int half = 0; half < 2; ++half) {
+    __m128i h = _mm_slli_epi16(_mm_cvtepi8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p + 8 * half))), 7);
+    h = _mm_andnot_si128(_mm_set1_epi16(1 << 14), h);
+    __m256 f = _mm256_mul_ps(_mm256_cvtph_ps(h), _mm256_set1_ps(256.0f));
+    std::memcpy(reinterpret_cast<char*>(&v) + half * sizeof f, &f, sizeof f);
+  }
+  return v;
 #else
   f32x16 v;
   for (int i = 0; i < kLanes; ++i) {  // the same number from its fields
-    const int b = p[i].bits, e = (b >> 3) & 15, m = b & 7;
-    const float mag = e ? std::ldexp(1.0f + m / 8.0f, e - 7) : std::ldexp(m / 8.0f, -6);
+    const uint32_t b = p[i].bits, e = (b >> 3) & 15, m = b & 7;
+    float mag = static_cast<float>(m) * (1.0f / 512.0f);  // a subnormal: m / 8 * 2^-6
+    if (e) {
+      const uint32_t bits = ((e + 120) << 23) | (m << 20);  // (1 + m / 8) * 2^(e - 7)
+      std::memcpy(&mag, &bits, sizeof mag);
+    }
     v[i] = b & 0x80 ? -mag : mag;
   }
   return v;
@@ -126,6 +138,14 @@ inline void widen_int4(const Int4* p, f32x16& lo, f32x16& hi) {
   __m512i d = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
   lo = reinterpret_cast<f32x16>(_mm512_cvtepi32_ps(_mm512_srai_epi32(_mm512_slli_epi32(d, 28), 28)));
   hi = reinterpret_cast<f32x16>(_mm512_cvtepi32_ps(_mm512_srai_epi32(_mm512_slli_epi32(d, 24), 28)));
+#elif defined(__AVX2__)
+  for (int half = 0; half < 2; ++half) {
+    __m256i d = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p + 8 * half)));
+    __m256 l = _mm256_cvtepi32_ps(_mm256_srai_epi32(_mm256_slli_epi32(d, 28), 28));
+    __m256 h = _mm256_cvtepi32_ps(_mm256_srai_epi32(_mm256_slli_epi32(d, 24), 28));
+    std::memcpy(reinterpret_cast<char*>(&lo) + half * sizeof l, &l, sizeof l);
+    std::memcpy(reinterpret_cast<char*>(&hi) + half * sizeof h, &h, sizeof h);
+  }
 #else
   for (int i = 0; i < kLanes; ++i) {
     const int b = p[i].bits;
