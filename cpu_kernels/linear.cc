@@ -234,6 +234,30 @@ inline bool line_start(int64_t k) {
   return (k * int64_t{sizeof(W)}) % 64 == 0;
 }
 
+// The end of a group of the block kernels: acc[m][r] += part[m][r] * its scale (weight row n + r,
+// group g of `groups`; 1 without scales).
+template <int MR, int R>
+inline void add_group(f32x16 (&acc)[MR][R], const f32x16 (&part)[MR][R], const float* scale, int64_t groups,
+                      int64_t n, int64_t g) {
+  for (int r = 0; r < R; ++r) {
+    const f32x16 s = splat(scale ? scale[(n + r) * groups + g] : 1.f);
+    for (int m = 0; m < MR; ++m) acc[m][r] += part[m][r] * s;
+  }
+}
+
+// The end of a block: y[m, n + r] = the lane sum of acc[m][r] (4 rows' sums in one vector).
+template <int MR, int R>
+inline void store_sums(const f32x16 (&acc)[MR][R], float* y, int64_t N, int64_t n) {
+  for (int m = 0; m < MR; ++m) {
+    if constexpr (R == 4) {
+      f32x4 sums = lane_sums4(acc[m][0], acc[m][1], acc[m][2], acc[m][3]);
+      std::memcpy(y + m * N + n, &sums, sizeof sums);
+    } else {
+      for (int r = 0; r < R; ++r) y[m * N + n + r] = lane_sum(acc[m][r]);
+    }
+  }
+}
+
 // y[m, n] for n in [n0, n1), m < MR: w rows [N, K] (scale [N, K / G] when int8, else null).
 template <int MR, int R, class W>
 void rows_block(const float* x, int64_t K, const W* w, const float* scale, int64_t G, float* y,
@@ -254,19 +278,9 @@ void rows_block(const float* x, int64_t K, const W* w, const float* scale, int64
           for (int m = 0; m < MR; ++m) part[m][r] += xv[m] * wv;
         }
       }
-      for (int r = 0; r < R; ++r) {
-        f32x16 s = splat(scale ? scale[(n + r) * groups + g] : 1.f);
-        for (int m = 0; m < MR; ++m) acc[m][r] += part[m][r] * s;
-      }
+      add_group<MR, R>(acc, part, scale, groups, n, g);
     }
-    for (int m = 0; m < MR; ++m) {
-      if constexpr (R == 4) {
-        f32x4 sums = lane_sums4(acc[m][0], acc[m][1], acc[m][2], acc[m][3]);
-        std::memcpy(y + m * N + n, &sums, sizeof sums);
-      } else {
-        for (int r = 0; r < R; ++r) y[m * N + n + r] = lane_sum(acc[m][r]);
-      }
-    }
+    store_sums<MR, R>(acc, y, N, n);
   }
   if (n < n1) rows_block<MR, 1>(x, K, w, scale, G, y, N, n, n1);
 }
@@ -329,10 +343,7 @@ void rows_block_q(const float* x, int64_t K, const W* w, const float* scale, int
         }
       }
     }
-    for (int m = 0; m < MR; ++m) {
-      f32x4 sums = lane_sums4(acc[m][0], acc[m][1], acc[m][2], acc[m][3]);
-      std::memcpy(y + m * N + n, &sums, sizeof sums);
-    }
+    store_sums<MR, R>(acc, y, N, n);
   }
   if (n < n1) rows_block<MR, 1>(x, K, w, scale, G, y, N, n, n1);
 }
@@ -363,19 +374,9 @@ void rows_block_q4(const float* x, int64_t K, const Int4* w, const float* scale,
           for (int m = 0; m < MR; ++m) part[m][r] += xl[m] * lo + xh[m] * hi;
         }
       }
-      for (int r = 0; r < R; ++r) {
-        const f32x16 sc = splat(scale[(n + r) * groups + g]);
-        for (int m = 0; m < MR; ++m) acc[m][r] += part[m][r] * sc;
-      }
+      add_group<MR, R>(acc, part, scale, groups, n, g);
     }
-    for (int m = 0; m < MR; ++m) {
-      if constexpr (R == 4) {
-        f32x4 sums = lane_sums4(acc[m][0], acc[m][1], acc[m][2], acc[m][3]);
-        std::memcpy(y + m * N + n, &sums, sizeof sums);
-      } else {
-        for (int r = 0; r < R; ++r) y[m * N + n + r] = lane_sum(acc[m][r]);
-      }
-    }
+    store_sums<MR, R>(acc, y, N, n);
   }
   if (n < n1) rows_block_q4<MR, 1>(x, K, w, scale, G, y, N, n, n1);
 }
@@ -384,23 +385,20 @@ template <int MR, class W>
 void rows_pass(const float* x, int64_t K, const W* w, const float* scale, int64_t G, float* y,
                int64_t N, int64_t n0, int64_t n1) {
   constexpr int R = MR <= 2 ? 4 : 2;
-  if constexpr (std::is_same_v<W, Int4>) {
-    rows_block_q4<MR, R>(x, K, w, scale, G, y, N, n0, n1);
-    return;
-  } else {
   // One row of x against float32 / bfloat16 weights streams one weight row at a time (measured
   // faster so), unless the rows are short: then 4 rows a step share one cross-lane sum
   // (lane_sums4), which bounds a short row's dot product (the LoRA up products, K = 32-128:
   // 34-36 us -> 23-25 us a layer's group, from cache). Quantized weights go in blocks (their
   // groups are short).
-  if constexpr (MR == 1 && !kQuantized<W>) {
-    if (K >= kStreamMinK) return row_stream(x, K, w, scale, G, y, n0, n1);
-  }
-  if constexpr (kWide && MR >= 2 && kQuantized<W>) {  // int8: measured 5-10% faster at 2 rows,
-    rows_block_q<MR>(x, K, w, scale, G, y, N, n0, n1);  // 15-30% at 4, 25-115% at 32
-    return;
-  }
-  rows_block<MR, R>(x, K, w, scale, G, y, N, n0, n1);
+  if constexpr (std::is_same_v<W, Int4>) {
+    rows_block_q4<MR, R>(x, K, w, scale, G, y, N, n0, n1);
+  } else if constexpr (MR == 1 && !kQuantized<W>) {
+    if (K >= kStreamMinK) row_stream(x, K, w, scale, G, y, n0, n1);
+    else rows_block<MR, R>(x, K, w, scale, G, y, N, n0, n1);
+  } else if constexpr (kWide && MR >= 2 && kQuantized<W>) {  // int8: measured 5-10% faster at 2
+    rows_block_q<MR>(x, K, w, scale, G, y, N, n0, n1);         // rows, 15-30% at 4, 25-115% at 32
+  } else {
+    rows_block<MR, R>(x, K, w, scale, G, y, N, n0, n1);
   }
 }
 
