@@ -15,9 +15,9 @@
 //   rwkv7_linear_kn_bf16_dot  x and w bfloat16, w [K, N], K even, N a multiple of 64 (AVX512_BF16)
 //   rwkv7_linear_group     several [N, K] products of those kinds in one call (LinearGroup)
 // K a multiple of 16 (and G a multiple of 16 dividing K). rwkv7_wkv_step steps one layer of
-// the recurrence in place, on a float32, bfloat16 or float16 state (see wkv_heads). Each weight element is read once per
-// pass of up to kMaxRows rows of x, widened to float32 in registers (no float copy of the
-// weight), multiplied in float32 with float32 accumulation. With AVX-512, more rows against
+// the recurrence in place, on a float32, bfloat16 or float16 state (see wkv_heads). Each weight
+// element is read once per pass of up to kMaxRows rows of x, widened to float32 in registers
+// (no float copy of the weight), multiplied in float32 with float32 accumulation. With AVX-512, more rows against
 // float32 / bfloat16 [N, K] weights go by tiles of weight rows (bfloat16 widened once into a
 // float32 buffer) against 4 rows of x at a time (many_rows). Output rows (or column blocks) are
 // shared out in chunks to the calling thread and XLA's intra-op thread pool: a chunk is taken
