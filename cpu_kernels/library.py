@@ -1,5 +1,5 @@
-"""Build, cache and register the native CPU kernels (``linear.cc``, ``shift_mix.cc``) as XLA FFI
-targets.
+"""Build, cache and register the native CPU kernels (``linear.cc``, ``wkv_step.cc``, ``shift_mix.cc``)
+as XLA FFI targets.
 
 The C++ sources ship with the package and are compiled on first use with the host's C++
 compiler (``$CXX``, else ``g++`` / ``c++``) at ``-O3 -march=native`` against the XLA FFI
@@ -35,10 +35,12 @@ from typing import NamedTuple
 
 import jax
 
-SOURCES = tuple(Path(__file__).with_name(name) for name in ("linear.cc", "shift_mix.cc"))
-HEADERS = (Path(__file__).with_name("vectors.h"),)  # included by the sources: part of the cache key
+SOURCES = tuple(Path(__file__).with_name(name) for name in ("linear.cc", "wkv_step.cc", "shift_mix.cc"))
+# included by the sources: part of the cache key
+HEADERS = tuple(Path(__file__).with_name(name) for name in ("vectors.h", "parallel.h"))
 TARGETS = ("rwkv7_linear_f32", "rwkv7_linear_bf16", "rwkv7_linear_int8", "rwkv7_linear_int4", "rwkv7_linear_fp8",
-           "rwkv7_linear_kn_f32", "rwkv7_linear_kn_bf16", "rwkv7_linear_group", "rwkv7_wkv_step", "rwkv7_shift_mix")
+           "rwkv7_linear_kn_f32", "rwkv7_linear_kn_bf16", "rwkv7_linear_group", "rwkv7_wkv_step", "rwkv7_time_mix_step",
+           "rwkv7_shift_mix")
 LANES = 16  # float32 lanes of linear.cc's vectors: the widths its kernels take are multiples of this
 BF16_DOT = "bf16_dot"
 MANY_ROWS = "many_rows"

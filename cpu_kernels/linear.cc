@@ -14,8 +14,7 @@
 //                          AVX512_BF16; rwkv7_capabilities() says so)
 //   rwkv7_linear_kn_bf16_dot  x and w bfloat16, w [K, N], K even, N a multiple of 64 (AVX512_BF16)
 //   rwkv7_linear_group     several [N, K] products of those kinds in one call (LinearGroup)
-// K a multiple of 16 (and G a multiple of 16 dividing K). rwkv7_wkv_step steps one layer of
-// the recurrence in place, on a float32, bfloat16 or float16 state (see wkv_heads). Each weight
+// K a multiple of 16 (and G a multiple of 16 dividing K). Each weight
 // element is read once per pass of up to kMaxRows rows of x, widened to float32 in registers
 // (no float copy of the weight), multiplied in float32 with float32 accumulation. With AVX-512, more rows against
 // float32 / bfloat16 [N, K] weights go by tiles of weight rows (bfloat16 widened once into a
@@ -36,6 +35,7 @@
 #include <immintrin.h>
 #endif
 
+#include "parallel.h"
 #include "vectors.h"
 #include "xla/ffi/api/ffi.h"
 
@@ -43,34 +43,16 @@ namespace ffi = xla::ffi;
 
 namespace {
 
-using ::widen;  // vectors.h's float32 one, beside the bfloat16 and int8 ones below
+using ::widen;  // vectors.h's float32 / bfloat16 / float16 ones, beside the int8 and float8 ones below
 
 constexpr int64_t kMaxRows = 4;  // rows of x per pass over the weight
 // How far ahead of each weight row's reads to prefetch: without it the int8 [65536, 768] head
 // streamed at half the memory bandwidth (docs/benchmarks.md, "Native CPU kernels").
 constexpr int64_t kPrefetchBytes = 8192;
 constexpr int64_t kTileBytes = 32768;  // weight rows a tile, for products of more than kMaxRows rows
-// Work reading fewer bytes runs on the calling thread alone: a chain of one-row [64, 768] float32
-// products took 9.1 us a product split over two threads, 3.5 us on one (XLA's: 3.5 us).
-constexpr int64_t kSerialBytes = 262144;
 constexpr int64_t kStreamMinK = 256;  // one-row products of shorter rows go 4 rows a step (rows_pass)
 
 typedef int8_t i8x16 __attribute__((vector_size(16)));
-typedef uint16_t u16x16 __attribute__((vector_size(32)));
-typedef uint32_t u32x16 __attribute__((vector_size(64)));
-
-inline f32x16 widen(const uint16_t* p) {  // bfloat16 bits -> float32: the high half of the word
-#ifdef __AVX512F__
-  __m512i bits = _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))), 16);
-  return reinterpret_cast<f32x16>(bits);
-#else
-  u16x16 h;
-  std::memcpy(&h, p, sizeof h);
-  u32x16 bits = __builtin_convertvector(h, u32x16) << 16;
-  return reinterpret_cast<f32x16>(bits);
-#endif
-}
-
 inline f32x16 widen(const int8_t* p) {  // GCC scalarises a generic int8 -> float conversion
 #if defined(__AVX512F__)
   return reinterpret_cast<f32x16>(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)))));
@@ -183,46 +165,6 @@ inline void in_register(V& v) {
 #else
   (void)v;
 #endif
-}
-
-// [sum a, sum b, sum c, sum d] of four 16-lane vectors (a tree of halves, 4 sums in one vector).
-inline f32x4 lane_sums4(f32x16 a, f32x16 b, f32x16 c, f32x16 d) {
-  auto half = [](f32x16 v) {
-    return __builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7) + __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15);
-  };
-  f32x8 a8 = half(a), b8 = half(b), c8 = half(c), d8 = half(d);
-  f32x8 ab = __builtin_shufflevector(a8, b8, 0, 1, 2, 3, 8, 9, 10, 11) + __builtin_shufflevector(a8, b8, 4, 5, 6, 7, 12, 13, 14, 15);
-  f32x8 cd = __builtin_shufflevector(c8, d8, 0, 1, 2, 3, 8, 9, 10, 11) + __builtin_shufflevector(c8, d8, 4, 5, 6, 7, 12, 13, 14, 15);
-  f32x8 u = __builtin_shufflevector(ab, cd, 0, 1, 8, 9, 4, 5, 12, 13) + __builtin_shufflevector(ab, cd, 2, 3, 10, 11, 6, 7, 14, 15);
-  return __builtin_shufflevector(u, u, 0, 4, 2, 6) + __builtin_shufflevector(u, u, 1, 5, 3, 7);
-}
-
-// Runs body(chunk) for chunk in [0, chunks) on the caller and up to (pool threads - 1) helpers;
-// on the caller alone when the work reads fewer than kSerialBytes (handing chunks to a pool
-// thread costs a few microseconds, more than a small product takes).
-void parallel_for(ffi::ThreadPool& pool, int64_t chunks, int64_t bytes, const std::function<void(int64_t)>& body) {
-  struct Job {
-    std::atomic<int64_t> next{0}, done{0};
-    int64_t chunks = 0;
-    std::function<void(int64_t)> body;
-    void work() {
-      for (int64_t c; (c = next.fetch_add(1, std::memory_order_relaxed)) < chunks;) {
-        body(c);
-        done.fetch_add(1, std::memory_order_release);
-      }
-    }
-  };
-  int64_t helpers = std::min<int64_t>(pool.num_threads() - 1, chunks - 1);  // the caller is one worker
-  if (helpers <= 0 || bytes < kSerialBytes) {
-    for (int64_t c = 0; c < chunks; ++c) body(c);
-    return;
-  }
-  auto job = std::make_shared<Job>();
-  job->chunks = chunks;
-  job->body = body;
-  for (int64_t i = 0; i < helpers; ++i) pool.Schedule([job] { job->work(); });
-  job->work();
-  while (job->done.load(std::memory_order_acquire) < chunks) std::this_thread::yield();
 }
 
 // Whether the vector of weights at column k starts a cache line of its row (rows start on a
@@ -775,100 +717,6 @@ void linear_kn_dot(ffi::ThreadPool& pool, const uint16_t* x, int64_t M, int64_t 
 }
 #endif
 
-// The wkv state's element types: float32, bfloat16 (uint16_t bits, as the weights) and float16
-// (Half; where the build has a float16 conversion: kHalfState). A 16-bit state is widened to
-// float32 as it is read and rounded to nearest even as it is written, as XLA's astype does.
-struct Half {
-  uint16_t bits;
-};
-#if defined(__AVX512F__) || defined(__F16C__) || defined(__FLT16_MAX__)
-#define RWKV7_HALF_STATE 1
-constexpr bool kHalfState = true;
-#else
-constexpr bool kHalfState = false;
-#endif
-
-inline void narrow(float* p, f32x16 v) { store(p, v); }
-
-inline void narrow(uint16_t* p, f32x16 v) {  // float32 -> bfloat16, nearest even; a NaN stays a NaN
-  u32x16 bits = reinterpret_cast<u32x16>(v);
-  u32x16 rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16;
-  u32x16 quiet = (bits >> 16) | 0x40;
-  u32x16 out = (bits & 0x7FFFFFFF) > 0x7F800000 ? quiet : rounded;
-  u16x16 h = __builtin_convertvector(out, u16x16);
-  std::memcpy(p, &h, sizeof h);
-}
-
-#if defined(__AVX512F__)
-inline f32x16 widen(const Half* p) {
-  return reinterpret_cast<f32x16>(_mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))));
-}
-inline void narrow(Half* p, f32x16 v) {
-  _mm256_storeu_si256(reinterpret_cast<__m256i*>(p),
-                      _mm512_cvtps_ph(reinterpret_cast<__m512>(v), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
-}
-#elif defined(__F16C__)
-inline f32x16 widen(const Half* p) {
-  __m256 lo = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-  __m256 hi = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 8)));
-  f32x16 v;
-  std::memcpy(&v, &lo, sizeof lo);
-  std::memcpy(reinterpret_cast<char*>(&v) + sizeof lo, &hi, sizeof hi);
-  return v;
-}
-inline void narrow(Half* p, f32x16 v) {
-  __m256 lo, hi;
-  std::memcpy(&lo, &v, sizeof lo);
-  std::memcpy(&hi, reinterpret_cast<char*>(&v) + sizeof lo, sizeof hi);
-  _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm256_cvtps_ph(lo, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
-  _mm_storeu_si128(reinterpret_cast<__m128i*>(p + 8), _mm256_cvtps_ph(hi, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
-}
-#elif defined(__FLT16_MAX__)
-inline f32x16 widen(const Half* p) {
-  f32x16 v;
-  for (int i = 0; i < kLanes; ++i) {
-    _Float16 h;
-    std::memcpy(&h, p + i, sizeof h);
-    v[i] = static_cast<float>(h);
-  }
-  return v;
-}
-inline void narrow(Half* p, f32x16 v) {
-  for (int i = 0; i < kLanes; ++i) {
-    _Float16 h = static_cast<_Float16>(v[i]);
-    std::memcpy(p + i, &h, sizeof h);
-  }
-}
-#endif
-
-// One RWKV-7 recurrence step of layer `layer`, in place: S [B, L, H, N, N] of T (rows = value
-// dim, cols = key dim), r w k v kk a [B, H, N] float32 (w the decay multiplier, kk L2-normalised,
-// k already scaled); per (b, h), in float32: sa = S @ -kk, S' = S * w + sa (kk * a)^T + v k^T,
-// y = S' @ r (from S' before it is rounded to T). Each head's 64 x 64 block (16 KB in float32)
-// is read twice from L1 and written once.
-template <class T>
-void wkv_heads(const float* r, const float* w, const float* k, const float* v, const float* kk,
-               const float* a, T* S, float* y, int64_t L, int64_t H, int64_t N, int64_t layer,
-               int64_t u0, int64_t u1) {
-  for (int64_t u = u0; u < u1; ++u) {  // u = b * H + h
-    const int64_t b = u / H, h = u % H, vec = u * N;
-    T* Sh = S + ((b * L + layer) * H + h) * N * N;
-    for (int64_t i = 0; i < N; ++i) {
-      f32x16 acc = {};
-      for (int64_t j = 0; j < N; j += kLanes) acc += widen(Sh + i * N + j) * widen(kk + vec + j);
-      const float sa = -lane_sum(acc), vi = v[vec + i];
-      f32x16 out = {};
-      for (int64_t j = 0; j < N; j += kLanes) {
-        f32x16 s = widen(Sh + i * N + j) * widen(w + vec + j) + splat(sa) * (widen(kk + vec + j) * widen(a + vec + j)) +
-                   splat(vi) * widen(k + vec + j);
-        narrow(Sh + i * N + j, s);
-        out += s * widen(r + vec + j);
-      }
-      y[vec + i] = lane_sum(out);
-    }
-  }
-}
-
 ffi::Error shape_error(const char* what) { return ffi::Error::InvalidArgument(what); }
 
 // Whether scales of dimensions sd are [N, K / G] for a weight of N rows of K values, G a multiple
@@ -1004,45 +852,6 @@ ffi::Error LinearKN(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<T
 }
 
 
-template <class T>
-void wkv_step(ffi::ThreadPool& pool, const float* const* ops, const void* S, size_t bytes, void* S_out, float* y,
-              int64_t B, int64_t L, int64_t H, int64_t N, int64_t layer) {
-  T* out = static_cast<T*>(S_out);
-  if (S_out != S) std::memcpy(S_out, S, bytes);  // not aliased: start from S
-  const int64_t units = B * H, threads = std::max<int64_t>(1, pool.num_threads());
-  const int64_t per_chunk = std::max<int64_t>(1, units / (threads * 4)), chunks = (units + per_chunk - 1) / per_chunk;
-  parallel_for(pool, chunks, units * N * N * int64_t{sizeof(T)}, [=](int64_t c) {
-    wkv_heads(ops[0], ops[1], ops[2], ops[3], ops[4], ops[5], out, y, L, H, N, layer, c * per_chunk,
-              std::min(units, (c + 1) * per_chunk));
-  });
-}
-
-ffi::Error WkvStep(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> r, ffi::Buffer<ffi::F32> w, ffi::Buffer<ffi::F32> k,
-                   ffi::Buffer<ffi::F32> v, ffi::Buffer<ffi::F32> kk, ffi::Buffer<ffi::F32> a,
-                   ffi::AnyBuffer S, ffi::ResultBuffer<ffi::F32> y, ffi::Result<ffi::AnyBuffer> S_out,
-                   int64_t layer) {
-  auto vd = r.dimensions(), sd = S.dimensions();
-  const auto type = S.element_type();
-  const bool half = type == ffi::F16;
-  if (vd.size() != 3 || sd.size() != 5 || sd[0] != vd[0] || sd[2] != vd[1] || sd[3] != vd[2] || sd[4] != vd[2] ||
-      vd[2] % kLanes || layer < 0 || layer >= sd[1] || S_out->element_type() != type ||
-      (type != ffi::F32 && type != ffi::BF16 && !(half && kHalfState)))
-    return shape_error("rwkv7_wkv_step: want r w k v kk a [B, H, N] float32, S [B, L, H, N, N] float32 / bfloat16 / "
-                       "float16 (this build's), N a multiple of 16, 0 <= layer < L");
-  const float* ops[6] = {r.typed_data(), w.typed_data(), k.typed_data(), v.typed_data(), kk.typed_data(), a.typed_data()};
-  const int64_t B = vd[0], H = vd[1], N = vd[2], L = sd[1];
-  float* yp = y->typed_data();
-  if (type == ffi::F32) {
-    wkv_step<float>(pool, ops, S.untyped_data(), S.size_bytes(), S_out->untyped_data(), yp, B, L, H, N, layer);
-  } else if (type == ffi::BF16) {
-    wkv_step<uint16_t>(pool, ops, S.untyped_data(), S.size_bytes(), S_out->untyped_data(), yp, B, L, H, N, layer);
-  } else {
-#ifdef RWKV7_HALF_STATE
-    wkv_step<Half>(pool, ops, S.untyped_data(), S.size_bytes(), S_out->untyped_data(), yp, B, L, H, N, layer);
-#endif
-  }
-  return ffi::Error::Success();
-}
 #ifdef __AVX512BF16__
 ffi::Error LinearBf16Dot(ffi::ThreadPool pool, ffi::Buffer<ffi::BF16> x, ffi::Buffer<ffi::BF16> w,
                          ffi::ResultBuffer<ffi::F32> y) {
@@ -1075,7 +884,7 @@ extern "C" int rwkv7_capabilities() {
   bits |= 1;  // rwkv7_linear_bf16_dot
 #endif
   if (kWide) bits |= 2;  // the many-row [N, K] products of float32 / bfloat16 weights
-  if (kHalfState) bits |= 4;  // rwkv7_wkv_step on a float16 state
+  if (kHalfState) bits |= 4;  // wkv_step.cc's targets on a float16 state (vectors.h)
   return bits;
 }
 
@@ -1114,19 +923,6 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(rwkv7_linear_group, LinearGroup,
                                   .RemainingArgs()
                                   .RemainingRets()
                                   .Attr<ffi::Span<const int64_t>>("kinds"));
-XLA_FFI_DEFINE_HANDLER_SYMBOL(rwkv7_wkv_step, WkvStep,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::ThreadPool>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Ret<ffi::Buffer<ffi::F32>>()
-                                  .Ret<ffi::AnyBuffer>()
-                                  .Attr<int64_t>("layer"));
 
 #ifdef __AVX512BF16__
 XLA_FFI_DEFINE_HANDLER_SYMBOL(rwkv7_linear_bf16_dot, LinearBf16Dot,

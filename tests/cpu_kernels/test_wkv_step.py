@@ -22,7 +22,7 @@ def operands(rng, B: int, H: int, N: int):
     return r, w, k, v, kk, a
 
 
-@pytest.mark.parametrize("B,L,H,N", [(1, 3, 2, 64), (5, 2, 3, 64), (3, 4, 1, 32)])
+@pytest.mark.parametrize("B,L,H,N", [(1, 3, 2, 64), (5, 2, 3, 64), (3, 4, 1, 32), (2, 2, 3, 16), (2, 2, 1, 128)])
 def test_matches_the_reference_on_its_layer_only(B, L, H, N):
     rng = np.random.default_rng()
     layer = int(rng.integers(0, L))
@@ -85,5 +85,7 @@ def test_other_states_are_not_taken():
     assert native.supports(jnp.zeros((1, 1, 1, 64, 64), jnp.float32))
     assert native.supports(jnp.zeros((1, 1, 1, 64, 64), jnp.bfloat16))
     assert native.supports(jnp.zeros((1, 1, 1, 64, 64), jnp.float16)) == (library.HALF_STATE in library.load().capabilities)
+    assert native.supports(jnp.zeros((1, 1, 1, 128, 128), jnp.float32))
     assert not native.supports(jnp.zeros((1, 1, 1, 8, 8), jnp.float32))
+    assert not native.supports(jnp.zeros((1, 1, 1, 48, 48), jnp.float32))
     assert not native.supports(jnp.zeros((1, 1, 1, 64, 64), jnp.int32))
