@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 import rwkv_jax
+from cpu_kernels import wkv_step as wkv_kernel
 from rwkv_jax.kernels import Kernels, KernelsUnavailable, require_platform
 from rwkv_jax.self_check import TOLERANCE
 
@@ -53,6 +54,20 @@ def test_float32_greedy_tokens_equal_xla_over_64_steps(tiny_ckpt):
                                                   ("float32", "int4", 5), ("float32", "fp8", 2),
                                                   ("bfloat16", "none", 2), ("float32", "none", 12)])
 def test_decode_steps_equal_xla(tiny_ckpt, dtype, quantization, B):
+    hlo = decode_steps_equal_xla(tiny_ckpt, dtype, quantization, B)
+    assert hlo.count("@rwkv7_time_mix_step(") == 2  # one a layer of the tiny model
+
+
+def test_decode_steps_without_the_native_time_mix_body_equal_xla(tiny_ckpt, monkeypatch):
+    """A state or dtype the fused body does not take runs the reference body around the native
+    recurrence step (the fallback of ``rwkv_jax.native_ops.time_mix``)."""
+    monkeypatch.setattr(wkv_kernel, "time_mix_supports", lambda S, dtype: False)
+    hlo = decode_steps_equal_xla(tiny_ckpt, "bfloat16", "none", 3)
+    assert "@rwkv7_time_mix_step(" not in hlo and hlo.count("@rwkv7_wkv_step(") == 2
+
+
+def decode_steps_equal_xla(tiny_ckpt, dtype, quantization, B) -> str:
+    """Three decode steps of native against xla from one random state; the native step's HLO."""
     xla, native = pair(tiny_ckpt, dtype=dtype, quantization=quantization)
     rng = np.random.default_rng()
     start = random_state(xla, B, rng)
@@ -69,6 +84,9 @@ def test_decode_steps_equal_xla(tiny_ckpt, dtype, quantization, B):
     for got, want in zip(results[1][1], results[0][1]):
         assert relative(got, want) < tolerance
     assert native.last_path is rwkv_jax.select_path(B, 1)
+    step = jax.jit(rwkv_jax.forward_fn, static_argnames=("config", "path", "kernels"))
+    return step.lower(native.params, tokens[0], start, config=native.config, path=native.last_path,
+                      kernels=native.kernels).as_text()
 
 
 def test_a_short_prefill_equals_xla(tiny_ckpt):
