@@ -290,6 +290,20 @@ def jax_leaves(tree):
     return jax.tree.leaves(tree)
 
 
+def mass_above(z, top_k):
+    """float64 [B, V]: the softmax mass (over each row's top-k survivors; top_k 0 = all) of the
+    logits strictly above each token's, from a float64 sort and cumsum."""
+    B, V = z.shape
+    order = np.argsort(-z, axis=1, kind="stable")
+    sorted_z = np.take_along_axis(z, order, axis=1).astype(np.float64)
+    sorted_z[(top_k[:, None] > 0) & (np.arange(V)[None, :] >= top_k[:, None])] = -np.inf
+    p = np.exp(sorted_z - sorted_z[:, :1])
+    p /= p.sum(axis=1, keepdims=True)
+    above = np.empty_like(p)
+    np.put_along_axis(above, order, np.cumsum(p, axis=1) - p, axis=1)
+    return above
+
+
 @pytest.mark.parametrize("form, B", [("loop", 12), ("unrolled", 3), ("unrolled", 12), ("pallas-interpret", 3)])
 @pytest.mark.parametrize("scale", [8.0, 0.5])  # peaked rows, flat rows
 def test_jax_nucleus_mask_equals_numpy_sort_rule(scale, form, B):
@@ -309,6 +323,11 @@ def test_jax_nucleus_mask_equals_numpy_sort_rule(scale, form, B):
     top_p[2] = 1.0
     got = np.asarray(dev.nucleus_mask(jnp.asarray(z), jnp.asarray(top_k), jnp.asarray(top_p), dev.SearchForm(form)))
     want = np_sampling.nucleus_mask(z, top_k, top_p)
-    np.testing.assert_array_equal(got, want)
+    # the two sum V float32 terms in different orders: a token whose mass above it is top_p to
+    # within those sums' rounding may go either way (~1 % of such rows before this allowance)
+    undecided = mass_above(z, top_k) - top_p[:, None]
+    undecided = (np.abs(undecided) < 1e-5) & (top_p[:, None] < 1)  # top_p >= 1 keeps every survivor
+    assert undecided.sum() <= B  # a boundary token or so a row, not a different rule
+    assert ((got == want) | undecided).all(), np.argwhere(got != want)
     assert got[0, :3].all()
     assert not got[1, 10:14].any()
