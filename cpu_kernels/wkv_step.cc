@@ -219,6 +219,9 @@ ffi::Error WkvStep(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> r, ffi::Buffer<ff
   float* yp = y->typed_data();
   return with_state(S, S_out, [&](auto* state) {
     using T = std::remove_pointer_t<decltype(state)>;
+    // The kernel is picked as a function pointer (here and in time_mix_step), not called inside
+    // the pool's closure: one dispatch serving both, with the kernel inlined into the closure,
+    // ran a bfloat16 state's B = 32 step at 197-258 us a layer against 125-193 (alternating builds, 7 each).
     auto heads = [&]() -> void (*)(const float* const*, T*, float*, int64_t, int64_t, int64_t, int64_t, int64_t) {
       switch (N / kLanes) {
         case 1: return wkv_heads<T, 1>;
