@@ -56,8 +56,7 @@ def fused_time_mix(mixed, wts: TimeMixWeights, S, v_first, *, first: bool, layer
     for w in downs[3:]:
         offsets.append(col)
         col += w.shape[0]
-    kinds = "wa" + ("" if first else "v") + "g"
-    lora = kernels.lora_up(partials, ups, offsets, kinds, M=M, dtype=mixed.dtype, interpret=interpret)
+    lora = kernels.lora_up(partials, ups, offsets, wts.up_kinds(first), M=M, dtype=mixed.dtype, interpret=interpret)
     y, S, v_first = kernels.wkv_tail(partials, lora, wts.vecs, wts.r_k, v_first, S, layer=layer, interpret=interpret)
     out = kernels.segment_linear(y[None], [wts.output], [0], interpret=interpret)
     return SplitSum(out, M, mixed.dtype), S, v_first

@@ -54,6 +54,11 @@ class TimeMixWeights(NamedTuple):
         """The LoRA up weights [C, d] in the order of lora_up_reference's outputs."""
         return [self.w2, self.a2] + ([] if first else [self.v2]) + [self.g2]
 
+    @staticmethod
+    def up_kinds(first: bool) -> str:
+        """The kinds ("w" / "a" / "v" / "g") of the LoRA up products, in the order of ``ups``."""
+        return "wa" + ("" if first else "v") + "g"
+
 
 LORA_ACTIVATIONS = {"w": jnp.tanh, "a": None, "v": None, "g": jax.nn.sigmoid}
 
@@ -155,8 +160,7 @@ def time_mix_reference(mixed, wts: TimeMixWeights, S, v_first, *, first: bool, l
     downs, inputs = wts.down(first)
     pairs = [(mixed[j], w) for w, j in zip(downs, inputs)]
     r, k, v, *hidden = products(pairs) if products else each_product(pairs, linear)
-    kinds = "wa" + ("" if first else "v") + "g"
-    ups = lora_up_reference(hidden, wts.ups(first), kinds, linear, products)
+    ups = lora_up_reference(hidden, wts.ups(first), wts.up_kinds(first), linear, products)
     w_l, a_l, g = ups[0], ups[1], ups[-1]
     v_l = None if first else ups[2]
     r, w, k, v, kk, a, v_first = operands(r, k, v, w_l, a_l, v_l, wts.vecs, v_first, n_head=H)

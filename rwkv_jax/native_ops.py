@@ -58,8 +58,8 @@ def time_mix(mixed, wts: TimeMixWeights, S: LayerSlice, v_first, *, first: bool,
         return time_mix_reference(mixed, wts, S, v_first, first=first, linear=linear, wkv=wkv, products=products)
     downs, inputs = wts.down(first)
     r, k, v, *hidden = matmul_group([(mixed[j], w) for w, j in zip(downs, inputs)])
-    kinds = "wa" + ("" if first else "v") + "g"
-    ups = lora_up_reference([h.astype(mixed.dtype) for h in hidden], wts.ups(first), kinds, linear, matmul_group)
+    ups = lora_up_reference([h.astype(mixed.dtype) for h in hidden], wts.ups(first), wts.up_kinds(first), linear,
+                            matmul_group)
     v_l = None if first else ups[2]
     out, full, v_first = wkv_kernel.time_mix_step(r, k, v, ups[0], ups[1], v_l, ups[-1], wts.vecs, wts.r_k, v_first,
                                                   S.full, S.layer, mixed.dtype)
