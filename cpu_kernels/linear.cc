@@ -13,6 +13,8 @@
 //   rwkv7_linear_bf16_dot  x and w bfloat16 [N, K], K a multiple of 32 (built only with
 //                          AVX512_BF16; rwkv7_capabilities() says so)
 //   rwkv7_linear_kn_bf16_dot  x and w bfloat16, w [K, N], K even, N a multiple of 64 (AVX512_BF16)
+//   rwkv7_linear_int8_dot  x bfloat16, q int8 [N, K], scale float32 [N, K / G], G a multiple of 32
+//                          (AVX512_BF16; tiles of q converted to bfloat16, the dot product)
 //   rwkv7_linear_group     several [N, K] products of those kinds in one call (LinearGroup)
 // K a multiple of 16 (and G a multiple of 16 dividing K). Each weight
 // element is read once per pass of up to kMaxRows rows of x, widened to float32 in registers
@@ -378,6 +380,7 @@ void rows_pass(const uint16_t* x, int64_t K, const uint16_t* w, const float*, in
                int64_t n0, int64_t n1) {
   rows_block_dot<MR, 4>(x, K, w, y, N, n0, n1);  // 4 x 4 measured 20% faster than 4 x 2 at 32 rows
 }
+
 #endif
 
 // ---- more than kMaxRows rows of x: float32 weight tiles against 4 rows of x at a time -----
@@ -461,6 +464,90 @@ void many_rows(const float* x, int64_t M, int64_t K, const W* w, float* y, int64
   }
 }
 
+#ifdef __AVX512BF16__
+// int8 weights against bfloat16 x by the bfloat16 dot product (x of a bfloat16 model, more rows
+// than kMaxRows): each tile of weight rows is converted once to bfloat16 (exact: |q| <= 127), then
+// MR rows of x against R weight rows a step, each group of G inputs (a multiple of 32) summed
+// apart and added into the accumulator times its scale. The pair products are exact, so the
+// result differs from x @ (q * scale).T in float32 only by the order of the sums. wt: the tile's
+// converted rows from weight row t0; scale [N, K / G].
+template <int MR, int R>
+void rows_block_q8_dot(const uint16_t* x, int64_t K, const uint16_t* wt, int64_t t0, const float* scale, int64_t G,
+                       float* y, int64_t N, int64_t n0, int64_t n1) {
+  const int64_t groups = K / G;
+  int64_t n = n0;
+  for (; n + R <= n1; n += R) {
+    __m512 acc[MR][R];
+    for (int m = 0; m < MR; ++m)
+      for (int r = 0; r < R; ++r) acc[m][r] = _mm512_setzero_ps();
+    for (int64_t g = 0; g < groups; ++g) {
+      __m512 part[MR][R];
+      for (int m = 0; m < MR; ++m)
+        for (int r = 0; r < R; ++r) part[m][r] = _mm512_setzero_ps();
+      for (int64_t k = g * G; k < (g + 1) * G; k += 2 * kLanes) {
+        __m512bh xv[MR];
+        for (int m = 0; m < MR; ++m) {
+          xv[m] = reinterpret_cast<__m512bh>(_mm512_loadu_si512(x + m * K + k));
+          in_register(xv[m]);
+        }
+        for (int r = 0; r < R; ++r) {
+          __m512bh wv = reinterpret_cast<__m512bh>(_mm512_loadu_si512(wt + (n - t0 + r) * K + k));
+          in_register(wv);
+          for (int m = 0; m < MR; ++m) part[m][r] = _mm512_dpbf16_ps(part[m][r], wv, xv[m]);
+        }
+      }
+      for (int r = 0; r < R; ++r) {
+        const __m512 s = _mm512_set1_ps(scale[(n + r) * groups + g]);
+        for (int m = 0; m < MR; ++m) acc[m][r] = _mm512_fmadd_ps(part[m][r], s, acc[m][r]);
+      }
+    }
+    for (int m = 0; m < MR; ++m)
+      for (int r = 0; r < R; ++r) y[m * N + n + r] = _mm512_reduce_add_ps(acc[m][r]);
+  }
+  if constexpr (R > 1) {
+    if (n < n1) rows_block_q8_dot<MR, 1>(x, K, wt, t0, scale, G, y, N, n, n1);
+  }
+}
+
+// The int8 weight rows [n0, n1) (K a multiple of 32) as bfloat16 into out [n1 - n0, K].
+void int8_rows_to_bf16(const int8_t* q, int64_t K, int64_t n0, int64_t n1, uint16_t* out) {
+  const int8_t* in = q + n0 * K;
+  for (int64_t i = 0; i < (n1 - n0) * K; i += 2 * kLanes) {
+    const __m512 lo = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(in + i))));
+    const __m512 hi =
+        _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(in + i + kLanes))));
+    _mm512_storeu_si512(out + i, reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(hi, lo)));
+  }
+}
+
+constexpr int64_t kDotTileBytes = 32768;  // converted bfloat16 weight rows a tile (measured at 32 rows: 8-128 KB level)
+
+// y [M, N] rows n in [n0, n1) of bfloat16 x [M, K] @ (q * scale).T: per tile of converted weight
+// rows, 2 rows of x against 4 weight rows a step (2 x 4 measured fastest of 1-8 x 1-8 at 32 rows:
+// 8 accumulators and 8 group sums; wider blocks ran out of registers).
+void many_rows_q8_dot(const uint16_t* x, int64_t M, int64_t K, const int8_t* q, const float* scale, int64_t G,
+                      float* y, int64_t N, int64_t n0, int64_t n1) {
+  const int64_t tile = std::max<int64_t>(4, kDotTileBytes / (K * int64_t{sizeof(uint16_t)}) & ~int64_t{3});
+  thread_local std::vector<uint16_t> buf;
+  if (static_cast<int64_t>(buf.size()) < tile * K) buf.resize(tile * K);
+  const int64_t passes = (M + 1) / 2;
+  for (int64_t t0 = n0; t0 < n1; t0 += tile) {
+    const int64_t t1 = std::min(n1, t0 + tile);
+    int8_rows_to_bf16(q, K, t0, t1, buf.data());
+    // the next tile's bytes, a share before each pass: they come from memory while this tile computes
+    const char* next = reinterpret_cast<const char*>(q + t1 * K);
+    const int64_t next_bytes = (std::min(n1, t1 + tile) - t1) * K, share = (next_bytes / passes + 63) & ~int64_t{63};
+    for (int64_t m = 0, p = 0; m < M; m += 2, ++p) {
+      for (int64_t b = p * share; b < std::min(next_bytes, (p + 1) * share); b += 64) __builtin_prefetch(next + b, 0, 3);
+      if (m + 2 <= M)
+        rows_block_q8_dot<2, 4>(x + m * K, K, buf.data(), t0, scale, G, y + m * N, N, t0, t1);
+      else
+        rows_block_q8_dot<1, 4>(x + m * K, K, buf.data(), t0, scale, G, y + m * N, N, t0, t1);
+    }
+  }
+}
+#endif
+
 // One product's work: chunks of output rows, each computed by chunk(c).
 struct Product {
   std::function<void(int64_t)> chunk;
@@ -501,22 +588,31 @@ Product plan_nk(const ffi::ThreadPool& pool, const X* x, int64_t M, int64_t K, c
   // Not for quantized weights: the 0.1b int8 decode step at B = 32 ran 12% slower with its tiles
   // dequantized once than with the weight widened in registers on every pass.
   constexpr bool has_many = kWide && std::is_same_v<X, float> && !kQuantized<W>;
+  // bfloat16 x with int8 weights: always the converted tiles and the dot product (linear.py picks
+  // it from more than kMaxRows rows)
+  constexpr bool q8_dot = std::is_same_v<X, uint16_t> && std::is_same_v<W, int8_t>;
   const bool many = has_many && M > kMaxRows;
   auto chunk = [=](int64_t c) {
     const int64_t n0 = c * rows_per_chunk, n1 = std::min(N, n0 + rows_per_chunk);
-    if constexpr (has_many) {
-      if (many) return many_rows(x, M, K, w, y, N, n0, n1);
-    }
-    for (int64_t t0 = n0; t0 < n1; t0 += tile) {
-      const int64_t t1 = std::min(n1, t0 + tile);
-      for (int64_t m = 0; m < M; m += kMaxRows) {
-        const X* xm = x + m * K;
-        float* ym = y + m * N;
-        switch (std::min(kMaxRows, M - m)) {
-          case 1: rows_pass<1>(xm, K, w, scale, G, ym, N, t0, t1); break;
-          case 2: rows_pass<2>(xm, K, w, scale, G, ym, N, t0, t1); break;
-          case 3: rows_pass<3>(xm, K, w, scale, G, ym, N, t0, t1); break;
-          default: rows_pass<4>(xm, K, w, scale, G, ym, N, t0, t1); break;
+    if constexpr (q8_dot) {
+#ifdef __AVX512BF16__
+      many_rows_q8_dot(x, M, K, w, scale, G, y, N, n0, n1);
+#endif
+    } else {
+      if constexpr (has_many) {
+        if (many) return many_rows(x, M, K, w, y, N, n0, n1);
+      }
+      for (int64_t t0 = n0; t0 < n1; t0 += tile) {
+        const int64_t t1 = std::min(n1, t0 + tile);
+        for (int64_t m = 0; m < M; m += kMaxRows) {
+          const X* xm = x + m * K;
+          float* ym = y + m * N;
+          switch (std::min(kMaxRows, M - m)) {
+            case 1: rows_pass<1>(xm, K, w, scale, G, ym, N, t0, t1); break;
+            case 2: rows_pass<2>(xm, K, w, scale, G, ym, N, t0, t1); break;
+            case 3: rows_pass<3>(xm, K, w, scale, G, ym, N, t0, t1); break;
+            default: rows_pass<4>(xm, K, w, scale, G, ym, N, t0, t1); break;
+          }
         }
       }
     }
@@ -737,8 +833,11 @@ ffi::Error LinearNK(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<T
 }
 
 // Kinds of rwkv7_linear_group's products (its `kinds` attribute): the weight's dtype, and for
-// kGroupBf16Dot a bfloat16 x multiplied by the bfloat16 dot product (AVX512_BF16 builds only).
-enum GroupKind : int64_t { kGroupF32 = 0, kGroupBf16 = 1, kGroupInt8 = 2, kGroupBf16Dot = 3, kGroupInt4 = 4, kGroupFp8 = 5 };
+// kGroupBf16Dot (bfloat16 weights) and kGroupInt8Dot (int8 weights) a bfloat16 x multiplied by the
+// bfloat16 dot product (AVX512_BF16 builds only).
+enum GroupKind : int64_t {
+  kGroupF32 = 0, kGroupBf16 = 1, kGroupInt8 = 2, kGroupBf16Dot = 3, kGroupInt4 = 4, kGroupFp8 = 5, kGroupInt8Dot = 6
+};
 
 // Products x_i [M, K_i] @ w_i.T -> y_i float32 [M, N_i] (operands x_0, w_0 [, scale_0], x_1, ...:
 // a scale after each int8 weight; kinds[i] the product's kind), run as one hand-out of chunks
@@ -746,19 +845,20 @@ enum GroupKind : int64_t { kGroupF32 = 0, kGroupBf16 = 1, kGroupInt8 = 2, kGroup
 ffi::Error LinearGroup(ffi::ThreadPool pool, ffi::RemainingArgs args, ffi::RemainingRets rets,
                        ffi::Span<const int64_t> kinds) {
   constexpr const char* kWant =
-      "rwkv7_linear_group: want, per kind (0 f32, 1 bf16, 2 int8, 3 bf16 dot, 4 int4, 5 fp8), x [M, K] "
-      "(float32; bfloat16 for 3), w [N, K] of the kind (int4: uint8 [N, K / 2]; a float32 scale [N, K / G] after "
-      "a quantized one), a float32 y [M, N], K a multiple of 16 (32 for 3) and G of 16 (32 for int4)";
+      "rwkv7_linear_group: want, per kind (0 f32, 1 bf16, 2 int8, 3 bf16 dot, 4 int4, 5 fp8, 6 int8 dot), x [M, K] "
+      "(float32; bfloat16 for 3 and 6), w [N, K] of the kind (int4: uint8 [N, K / 2]; a float32 scale [N, K / G] "
+      "after a quantized one), a float32 y [M, N], K a multiple of 16 (32 for 3) and G of 16 (32 for int4 and 6)";
   if (static_cast<size_t>(kinds.size()) != rets.size()) return shape_error(kWant);
   std::vector<Product> products;
   products.reserve(kinds.size());
   size_t a = 0;
   for (size_t i = 0; i < kinds.size(); ++i) {
     const int64_t kind = kinds[i];
-    const bool dot = kind == kGroupBf16Dot, int8 = kind == kGroupInt8, int4 = kind == kGroupInt4,
-               fp8 = kind == kGroupFp8, quantized = int8 || int4 || fp8;
+    const bool int8_dot = kind == kGroupInt8Dot, dot = kind == kGroupBf16Dot || int8_dot,
+               int8 = kind == kGroupInt8 || int8_dot, int4 = kind == kGroupInt4, fp8 = kind == kGroupFp8,
+               quantized = int8 || int4 || fp8;
     const size_t need = quantized ? 3 : 2;
-    if (kind < kGroupF32 || kind > kGroupFp8 || a + need > args.size()) return shape_error(kWant);
+    if (kind < kGroupF32 || kind > kGroupInt8Dot || a + need > args.size()) return shape_error(kWant);
 #ifndef __AVX512BF16__
     if (dot) return shape_error("rwkv7_linear_group: this build has no bfloat16 dot product");
 #endif
@@ -779,10 +879,13 @@ ffi::Error LinearGroup(ffi::ThreadPool pool, ffi::RemainingArgs args, ffi::Remai
       auto scale = args.get<ffi::Buffer<ffi::F32>>(a + 2);
       if (!scale.has_value()) return shape_error(kWant);
       auto sd = scale->dimensions();
-      if (!scale_fits(sd, N, K, int4 ? 2 * kLanes : kLanes)) return shape_error(kWant);
+      if (!scale_fits(sd, N, K, int4 || int8_dot ? 2 * kLanes : kLanes)) return shape_error(kWant);
       const float* xf = static_cast<const float*>(xp);
       const float* sp = scale->typed_data();
-      if (int8)
+      if (int8_dot)
+        products.push_back(plan_nk(pool, static_cast<const uint16_t*>(xp), M, K, static_cast<const int8_t*>(wp), sp,
+                                   K / sd[1], yp, N));
+      else if (int8)
         products.push_back(plan_nk(pool, xf, M, K, static_cast<const int8_t*>(wp), sp, K / sd[1], yp, N));
       else if (int4)
         products.push_back(plan_nk(pool, xf, M, K, static_cast<const Int4*>(wp), sp, K / sd[1], yp, N));
@@ -864,6 +967,17 @@ ffi::Error LinearBf16Dot(ffi::ThreadPool pool, ffi::Buffer<ffi::BF16> x, ffi::Bu
   return ffi::Error::Success();
 }
 
+ffi::Error LinearInt8Dot(ffi::ThreadPool pool, ffi::Buffer<ffi::BF16> x, ffi::Buffer<ffi::S8> q,
+                         ffi::Buffer<ffi::F32> scale, ffi::ResultBuffer<ffi::F32> y) {
+  auto xd = x.dimensions(), qd = q.dimensions(), sd = scale.dimensions();
+  if (xd.size() != 2 || qd.size() != 2 || xd[1] != qd[1] || !scale_fits(sd, qd[0], qd[1], 2 * kLanes))
+    return shape_error("rwkv7_linear_int8_dot: want x bfloat16 [M, K], q int8 [N, K], scale [N, K / G], G a "
+                       "multiple of 32");
+  linear_nk(pool, reinterpret_cast<const uint16_t*>(x.untyped_data()), xd[0], xd[1], q.typed_data(),
+            scale.typed_data(), qd[1] / sd[1], y->typed_data(), qd[0]);
+  return ffi::Error::Success();
+}
+
 ffi::Error LinearKnBf16Dot(ffi::ThreadPool pool, ffi::Buffer<ffi::BF16> x, ffi::Buffer<ffi::BF16> w,
                            ffi::ResultBuffer<ffi::F32> y) {
   auto xd = x.dimensions(), wd = w.dimensions();
@@ -930,6 +1044,13 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(rwkv7_linear_bf16_dot, LinearBf16Dot,
                                   .Ctx<ffi::ThreadPool>()
                                   .Arg<ffi::Buffer<ffi::BF16>>()
                                   .Arg<ffi::Buffer<ffi::BF16>>()
+                                  .Ret<ffi::Buffer<ffi::F32>>());
+XLA_FFI_DEFINE_HANDLER_SYMBOL(rwkv7_linear_int8_dot, LinearInt8Dot,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<ffi::Buffer<ffi::BF16>>()
+                                  .Arg<ffi::Buffer<ffi::S8>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
                                   .Ret<ffi::Buffer<ffi::F32>>());
 XLA_FFI_DEFINE_HANDLER_SYMBOL(rwkv7_linear_kn_bf16_dot, LinearKnBf16Dot,
                               ffi::Ffi::Bind()

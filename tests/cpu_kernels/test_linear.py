@@ -156,6 +156,25 @@ def test_bfloat16_inputs_with_bfloat16_weights_in_the_kn_layout(M):
     check(x, w, 0)
 
 
+@pytest.mark.parametrize("M", [1, 11, 12, 13, 20, 32, 33])
+@pytest.mark.parametrize("group", [16, 32, 64, 128])
+def test_bfloat16_inputs_with_int8_weights(M, group):
+    """By the int8 dot-product kernel where the build has the bfloat16 dot product, from
+    INT8_DOT_MIN_ROWS rows and with groups a multiple of 32 (tiles of weight rows converted to
+    bfloat16 exactly, each group's sum scaled: only the order of the float32 sums differs; odd
+    rows of x and weight rows past the blocks of 4, several tiles and chunks), else widened."""
+    rng = np.random.default_rng()
+    K, N = 128 * int(rng.integers(1, 13)), int(rng.integers(1, 700))
+    x = jnp.asarray(rng.standard_normal((M, K)), jnp.bfloat16)
+    w = random_weight(rng, "int8", N, K, 1, group)
+    dot = (library.BF16_DOT in library.load().capabilities and group % 32 == 0
+           and native.INT8_DOT_MIN_ROWS <= M <= native.max_rows("int8", K))
+    assert native.int8_dot(x, w) == dot
+    lowered = jax.jit(native.matmul_f32).lower(x, w).as_text()
+    assert ("rwkv7_linear_int8_dot" in lowered) == dot
+    check(x, w, 1)
+
+
 @pytest.mark.parametrize("case", ["too many rows", "K not a multiple of 16", "float16 weight", "int4 groups of 16"])
 def test_shapes_it_does_not_take_run_the_reference(case):
     rng = np.random.default_rng()
