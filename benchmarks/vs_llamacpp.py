@@ -11,8 +11,9 @@ vendored ``gguf-py`` and needs no extra package here). Then, in interleaved roun
 alternating each round, so machine load hits both sides alike), with the same thread count:
 
 - decode B = 1: our jitted forward step (state donated and carried, no sampling) in float32,
-  int8 (groups of 64: the same 1.0625 bytes a weight as q8_0) and bfloat16, against
-  ``llama-bench -n`` (token generation, no sampling) on f32, q8_0 and f16;
+  int8 (groups of 64: the same 1.0625 bytes a weight as q8_0; with float32 rows, and with a
+  bfloat16 model's rows, as q8_0's own product quantizes its rows to 8 bits) and bfloat16,
+  against ``llama-bench -n`` (token generation, no sampling) on f32, q8_0 and f16;
 - decode B = 32, aggregate tok/s: our step at B = 32 against ``llama-batched-bench``'s
   text-generation speed with 32 sequences;
 - prefill, 512 tokens at B = 1: our forward over T = 512 against ``llama-bench -p 512``.
@@ -57,6 +58,7 @@ RESULTS = Path(__file__).resolve().parent / "results" / "vs_llamacpp.json"
 GOALS = {  # issue 42, on the median ratio of one run's rounds: case -> least ratio
     "decode B=1 float32 vs f32": 1.0,
     "decode B=1 int8 vs q8_0": 1.2,
+    "decode B=1 int8 bfloat16-rows vs q8_0": 1.2,
     f"prefill T={PREFILL_T} float32 vs f32": 1.0,
 }
 GOAL_BEST_B32 = 1.5  # our best format at B = 32 against llama.cpp's best
@@ -211,6 +213,10 @@ class Ours:
 FORMATS = {  # ours (dtype, quantization, group size) -> llama.cpp GGUF type
     "float32": (("float32", "none", None), "f32"),
     "int8": (("float32", "int8", 64), "q8_0"),
+    # int8 weights with a bfloat16 model's rows (LoRA matrices and activations in bfloat16): q8_0's
+    # own product quantizes its activations to 8 bits (ggml's q8_0 vec_dot_type), so neither side
+    # multiplies float32 rows there
+    "int8 bfloat16-rows": (("bfloat16", "int8", 64), "q8_0"),
     "bfloat16": (("bfloat16", "none", None), "f16"),
 }
 

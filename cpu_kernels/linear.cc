@@ -442,6 +442,14 @@ const float* float_rows(const W* w, int64_t K, int64_t n0, int64_t n1, float* bu
 // tiles of 24 KB (the copy stays in L1).
 constexpr int64_t kFloatTileBytes = 49152, kWidenedTileBytes = 24576;
 
+// Before pass p of `passes` over a tile of weight rows: the p-th share of the next tile's bytes
+// [next, next + bytes) prefetched, so that they come from memory while this tile computes.
+inline void prefetch_share(const void* next, int64_t bytes, int64_t p, int64_t passes) {
+  const int64_t share = (bytes / passes + 63) & ~int64_t{63};
+  const char* at = static_cast<const char*>(next);
+  for (int64_t b = p * share; b < std::min(bytes, (p + 1) * share); b += 64) __builtin_prefetch(at + b, 0, 3);
+}
+
 // y [M, N] rows n in [n0, n1) for M > kMaxRows: per tile of weight rows, every 4 rows of x.
 template <class W>
 void many_rows(const float* x, int64_t M, int64_t K, const W* w, float* y, int64_t N, int64_t n0, int64_t n1) {
@@ -450,11 +458,17 @@ void many_rows(const float* x, int64_t M, int64_t K, const W* w, float* y, int64
   const int64_t tile = std::max<int64_t>(kBlockRows, bytes / (K * int64_t{sizeof(float)}) / kBlockRows * kBlockRows);
   thread_local std::vector<float> buf;
   if (!in_place && static_cast<int64_t>(buf.size()) < tile * K) buf.resize(tile * K);
+  const int64_t passes = (M + 3) / 4;
   for (int64_t t0 = n0; t0 < n1; t0 += tile) {
     const int64_t t1 = std::min(n1, t0 + tile), rows = t1 - t0;
     const float* wt = float_rows(w, K, t0, t1, buf.data());
+    const int64_t next_bytes = (std::min(n1, t1 + tile) - t1) * K * int64_t{sizeof(W)};
     int64_t m = 0;
-    for (; m + 4 <= M; m += 4) dot_rows<4>(x + m * K, wt, K, y + m * N + t0, N, rows);
+    for (; m + 4 <= M; m += 4) {
+      prefetch_share(w + t1 * K, next_bytes, m / 4, passes);
+      dot_rows<4>(x + m * K, wt, K, y + m * N + t0, N, rows);
+    }
+    prefetch_share(w + t1 * K, next_bytes, m / 4, passes);  // the last share, when rows are left
     switch (M - m) {
       case 1: dot_rows<1>(x + m * K, wt, K, y + m * N + t0, N, rows); break;
       case 2: dot_rows<2>(x + m * K, wt, K, y + m * N + t0, N, rows); break;
@@ -534,11 +548,9 @@ void many_rows_q8_dot(const uint16_t* x, int64_t M, int64_t K, const int8_t* q, 
   for (int64_t t0 = n0; t0 < n1; t0 += tile) {
     const int64_t t1 = std::min(n1, t0 + tile);
     int8_rows_to_bf16(q, K, t0, t1, buf.data());
-    // the next tile's bytes, a share before each pass: they come from memory while this tile computes
-    const char* next = reinterpret_cast<const char*>(q + t1 * K);
-    const int64_t next_bytes = (std::min(n1, t1 + tile) - t1) * K, share = (next_bytes / passes + 63) & ~int64_t{63};
-    for (int64_t m = 0, p = 0; m < M; m += 2, ++p) {
-      for (int64_t b = p * share; b < std::min(next_bytes, (p + 1) * share); b += 64) __builtin_prefetch(next + b, 0, 3);
+    const int64_t next_bytes = (std::min(n1, t1 + tile) - t1) * K;
+    for (int64_t m = 0; m < M; m += 2) {
+      prefetch_share(q + t1 * K, next_bytes, m / 2, passes);
       if (m + 2 <= M)
         rows_block_q8_dot<2, 4>(x + m * K, K, buf.data(), t0, scale, G, y + m * N, N, t0, t1);
       else
@@ -604,9 +616,12 @@ Product plan_nk(const ffi::ThreadPool& pool, const X* x, int64_t M, int64_t K, c
       }
       for (int64_t t0 = n0; t0 < n1; t0 += tile) {
         const int64_t t1 = std::min(n1, t0 + tile);
+        const int64_t next_bytes = M > kMaxRows ? (std::min(n1, t1 + tile) - t1) * row_bytes<W>(K) : 0;
         for (int64_t m = 0; m < M; m += kMaxRows) {
           const X* xm = x + m * K;
           float* ym = y + m * N;
+          prefetch_share(reinterpret_cast<const char*>(w) + t1 * row_bytes<W>(K), next_bytes, m / kMaxRows,
+                         (M + kMaxRows - 1) / kMaxRows);
           switch (std::min(kMaxRows, M - m)) {
             case 1: rows_pass<1>(xm, K, w, scale, G, ym, N, t0, t1); break;
             case 2: rows_pass<2>(xm, K, w, scale, G, ym, N, t0, t1); break;
