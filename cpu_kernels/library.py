@@ -12,7 +12,7 @@ once never see half a file. ``load()`` builds (a few seconds, once), loads and
 registers every target for the ``cpu`` platform once per process and returns the ``Library``:
 its path and the capabilities the build declares beyond the targets every build has
 (``BF16_DOT``: bfloat16 products by the CPU's bfloat16 dot-product instruction, AVX512_BF16,
-in both weight layouts, and of a bfloat16 x with int8 weights;
+in both weight layouts, and of a bfloat16 x with quantized weights;
 ``MANY_ROWS``: register-blocked products of more than 4 rows with float32 / bfloat16 weights,
 AVX-512; ``HALF_STATE``: the recurrence step on a float16 state, where the compiler has a float16
 conversion; float32 and bfloat16 states every build takes);
@@ -46,7 +46,7 @@ BF16_DOT = "bf16_dot"
 MANY_ROWS = "many_rows"
 HALF_STATE = "half_state"
 # name -> (bit in rwkv7_capabilities(), the targets it adds)
-CAPABILITIES = {BF16_DOT: (1, ("rwkv7_linear_bf16_dot", "rwkv7_linear_kn_bf16_dot", "rwkv7_linear_int8_dot")),
+CAPABILITIES = {BF16_DOT: (1, ("rwkv7_linear_bf16_dot", "rwkv7_linear_kn_bf16_dot", "rwkv7_linear_quantized_dot")),
                 MANY_ROWS: (2, ()),
                 HALF_STATE: (4, ())}
 FLAGS = ("-O3", "-march=native", "-std=c++17", "-shared", "-fPIC", "-fno-math-errno")

@@ -13,8 +13,9 @@
 //   rwkv7_linear_bf16_dot  x and w bfloat16 [N, K], K a multiple of 32 (built only with
 //                          AVX512_BF16; rwkv7_capabilities() says so)
 //   rwkv7_linear_kn_bf16_dot  x and w bfloat16, w [K, N], K even, N a multiple of 64 (AVX512_BF16)
-//   rwkv7_linear_int8_dot  x bfloat16, q int8 [N, K], scale float32 [N, K / G], G a multiple of 32
-//                          (AVX512_BF16; tiles of q converted to bfloat16, the dot product)
+//   rwkv7_linear_quantized_dot  x bfloat16, q int8 / packed int4 / float8_e4m3fn as above, scale float32
+//                               [N, K / G], G a multiple of 32 (AVX512_BF16; tiles of q converted to
+//                               bfloat16, the dot product)
 //   rwkv7_linear_group     several [N, K] products of those kinds in one call (LinearGroup)
 // K a multiple of 16 (and G a multiple of 16 dividing K). Each weight
 // element is read once per pass of up to kMaxRows rows of x, widened to float32 in registers
@@ -479,15 +480,15 @@ void many_rows(const float* x, int64_t M, int64_t K, const W* w, float* y, int64
 }
 
 #ifdef __AVX512BF16__
-// int8 weights against bfloat16 x by the bfloat16 dot product (x of a bfloat16 model, more rows
-// than kMaxRows): each tile of weight rows is converted once to bfloat16 (exact: |q| <= 127), then
-// MR rows of x against R weight rows a step, each group of G inputs (a multiple of 32) summed
-// apart and added into the accumulator times its scale. The pair products are exact, so the
-// result differs from x @ (q * scale).T in float32 only by the order of the sums. wt: the tile's
-// converted rows from weight row t0; scale [N, K / G].
+// Quantized weights against bfloat16 x by the bfloat16 dot product (x of a bfloat16 model, more
+// rows than kMaxRows): each tile of weight rows is converted once to bfloat16, exactly (int8, int4
+// and float8_e4m3fn values are all bfloat16 numbers), then MR rows of x against R weight rows a
+// step, each group of G inputs (a multiple of 32) summed apart and added into the accumulator times
+// its scale. The pair products are exact, so the result differs from x @ (q * scale).T in float32
+// only by the order of the sums. wt: the tile's converted rows from weight row t0; scale [N, K / G].
 template <int MR, int R>
-void rows_block_q8_dot(const uint16_t* x, int64_t K, const uint16_t* wt, int64_t t0, const float* scale, int64_t G,
-                       float* y, int64_t N, int64_t n0, int64_t n1) {
+void rows_block_q_dot(const uint16_t* x, int64_t K, const uint16_t* wt, int64_t t0, const float* scale, int64_t G,
+                      float* y, int64_t N, int64_t n0, int64_t n1) {
   const int64_t groups = K / G;
   int64_t n = n0;
   for (; n + R <= n1; n += R) {
@@ -519,18 +520,27 @@ void rows_block_q8_dot(const uint16_t* x, int64_t K, const uint16_t* wt, int64_t
       for (int r = 0; r < R; ++r) y[m * N + n + r] = _mm512_reduce_add_ps(acc[m][r]);
   }
   if constexpr (R > 1) {
-    if (n < n1) rows_block_q8_dot<MR, 1>(x, K, wt, t0, scale, G, y, N, n, n1);
+    if (n < n1) rows_block_q_dot<MR, 1>(x, K, wt, t0, scale, G, y, N, n, n1);
   }
 }
 
-// The int8 weight rows [n0, n1) (K a multiple of 32) as bfloat16 into out [n1 - n0, K].
-void int8_rows_to_bf16(const int8_t* q, int64_t K, int64_t n0, int64_t n1, uint16_t* out) {
-  const int8_t* in = q + n0 * K;
-  for (int64_t i = 0; i < (n1 - n0) * K; i += 2 * kLanes) {
-    const __m512 lo = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(in + i))));
-    const __m512 hi =
-        _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(in + i + kLanes))));
-    _mm512_storeu_si512(out + i, reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(hi, lo)));
+// Quantized weight rows [n0, n1) (groups of G) as bfloat16 into out [n1 - n0, K], channels in order.
+template <class W>
+void rows_to_bf16(const W* w, int64_t K, int64_t G, int64_t n0, int64_t n1, uint16_t* out) {
+  for (int64_t n = n0; n < n1; ++n) {
+    const W* row = reinterpret_cast<const W*>(reinterpret_cast<const char*>(w) + n * row_bytes<W>(K));
+    uint16_t* o = out + (n - n0) * K;
+    if constexpr (std::is_same_v<W, Int4>) {
+      for (int64_t g = 0; g < K; g += G)  // byte j of a group: channel j low, channel j + G / 2 high
+        for (int64_t j = 0; j < G / 2; j += kLanes) {
+          f32x16 lo, hi;
+          widen_int4(row + g / 2 + j, lo, hi);
+          narrow(o + g + j, lo);
+          narrow(o + g + G / 2 + j, hi);
+        }
+    } else {
+      for (int64_t k = 0; k < K; k += kLanes) narrow(o + k, widen(row + k));
+    }
   }
 }
 
@@ -538,23 +548,26 @@ constexpr int64_t kDotTileBytes = 32768;  // converted bfloat16 weight rows a ti
 
 // y [M, N] rows n in [n0, n1) of bfloat16 x [M, K] @ (q * scale).T: per tile of converted weight
 // rows, 2 rows of x against 4 weight rows a step (2 x 4 measured fastest of 1-8 x 1-8 at 32 rows:
-// 8 accumulators and 8 group sums; wider blocks ran out of registers).
-void many_rows_q8_dot(const uint16_t* x, int64_t M, int64_t K, const int8_t* q, const float* scale, int64_t G,
-                      float* y, int64_t N, int64_t n0, int64_t n1) {
+// 8 accumulators and 8 group sums; wider blocks ran out of registers), the next tile's bytes
+// prefetched a share a pass (+30-100 % at 32 rows: the conversion otherwise waits on memory).
+template <class W>
+void many_rows_q_dot(const uint16_t* x, int64_t M, int64_t K, const W* q, const float* scale, int64_t G, float* y,
+                     int64_t N, int64_t n0, int64_t n1) {
   const int64_t tile = std::max<int64_t>(4, kDotTileBytes / (K * int64_t{sizeof(uint16_t)}) & ~int64_t{3});
   thread_local std::vector<uint16_t> buf;
   if (static_cast<int64_t>(buf.size()) < tile * K) buf.resize(tile * K);
   const int64_t passes = (M + 1) / 2;
   for (int64_t t0 = n0; t0 < n1; t0 += tile) {
     const int64_t t1 = std::min(n1, t0 + tile);
-    int8_rows_to_bf16(q, K, t0, t1, buf.data());
-    const int64_t next_bytes = (std::min(n1, t1 + tile) - t1) * K;
+    rows_to_bf16(q, K, G, t0, t1, buf.data());
+    const char* next = reinterpret_cast<const char*>(q) + t1 * row_bytes<W>(K);
+    const int64_t next_bytes = (std::min(n1, t1 + tile) - t1) * row_bytes<W>(K);
     for (int64_t m = 0; m < M; m += 2) {
-      prefetch_share(q + t1 * K, next_bytes, m / 2, passes);
+      prefetch_share(next, next_bytes, m / 2, passes);
       if (m + 2 <= M)
-        rows_block_q8_dot<2, 4>(x + m * K, K, buf.data(), t0, scale, G, y + m * N, N, t0, t1);
+        rows_block_q_dot<2, 4>(x + m * K, K, buf.data(), t0, scale, G, y + m * N, N, t0, t1);
       else
-        rows_block_q8_dot<1, 4>(x + m * K, K, buf.data(), t0, scale, G, y + m * N, N, t0, t1);
+        rows_block_q_dot<1, 4>(x + m * K, K, buf.data(), t0, scale, G, y + m * N, N, t0, t1);
     }
   }
 }
@@ -600,15 +613,15 @@ Product plan_nk(const ffi::ThreadPool& pool, const X* x, int64_t M, int64_t K, c
   // Not for quantized weights: the 0.1b int8 decode step at B = 32 ran 12% slower with its tiles
   // dequantized once than with the weight widened in registers on every pass.
   constexpr bool has_many = kWide && std::is_same_v<X, float> && !kQuantized<W>;
-  // bfloat16 x with int8 weights: always the converted tiles and the dot product (linear.py picks
-  // it from more than kMaxRows rows)
-  constexpr bool q8_dot = std::is_same_v<X, uint16_t> && std::is_same_v<W, int8_t>;
+  // bfloat16 x with quantized weights: always the converted tiles and the dot product (linear.py
+  // picks it from more than kMaxRows rows)
+  constexpr bool q_dot = std::is_same_v<X, uint16_t> && kQuantized<W>;
   const bool many = has_many && M > kMaxRows;
   auto chunk = [=](int64_t c) {
     const int64_t n0 = c * rows_per_chunk, n1 = std::min(N, n0 + rows_per_chunk);
-    if constexpr (q8_dot) {
+    if constexpr (q_dot) {
 #ifdef __AVX512BF16__
-      many_rows_q8_dot(x, M, K, w, scale, G, y, N, n0, n1);
+      many_rows_q_dot(x, M, K, w, scale, G, y, N, n0, n1);
 #endif
     } else {
       if constexpr (has_many) {
@@ -848,11 +861,20 @@ ffi::Error LinearNK(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<T
 }
 
 // Kinds of rwkv7_linear_group's products (its `kinds` attribute): the weight's dtype, and for
-// kGroupBf16Dot (bfloat16 weights) and kGroupInt8Dot (int8 weights) a bfloat16 x multiplied by the
+// kGroupBf16Dot (bfloat16 weights) and kGroup<Q>Dot (quantized ones) a bfloat16 x multiplied by the
 // bfloat16 dot product (AVX512_BF16 builds only).
 enum GroupKind : int64_t {
-  kGroupF32 = 0, kGroupBf16 = 1, kGroupInt8 = 2, kGroupBf16Dot = 3, kGroupInt4 = 4, kGroupFp8 = 5, kGroupInt8Dot = 6
+  kGroupF32 = 0, kGroupBf16 = 1, kGroupInt8 = 2, kGroupBf16Dot = 3, kGroupInt4 = 4, kGroupFp8 = 5,
+  kGroupInt8Dot = 6, kGroupInt4Dot = 7, kGroupFp8Dot = 8
 };
+
+// A quantized product's plan: x float32, or bfloat16 for the dot product (`dot`).
+template <class W>
+Product plan_quantized(const ffi::ThreadPool& pool, bool dot, const void* x, int64_t M, int64_t K, const void* q,
+                       const float* scale, int64_t G, float* y, int64_t N) {
+  if (dot) return plan_nk(pool, static_cast<const uint16_t*>(x), M, K, static_cast<const W*>(q), scale, G, y, N);
+  return plan_nk(pool, static_cast<const float*>(x), M, K, static_cast<const W*>(q), scale, G, y, N);
+}
 
 // Products x_i [M, K_i] @ w_i.T -> y_i float32 [M, N_i] (operands x_0, w_0 [, scale_0], x_1, ...:
 // a scale after each int8 weight; kinds[i] the product's kind), run as one hand-out of chunks
@@ -860,20 +882,21 @@ enum GroupKind : int64_t {
 ffi::Error LinearGroup(ffi::ThreadPool pool, ffi::RemainingArgs args, ffi::RemainingRets rets,
                        ffi::Span<const int64_t> kinds) {
   constexpr const char* kWant =
-      "rwkv7_linear_group: want, per kind (0 f32, 1 bf16, 2 int8, 3 bf16 dot, 4 int4, 5 fp8, 6 int8 dot), x [M, K] "
-      "(float32; bfloat16 for 3 and 6), w [N, K] of the kind (int4: uint8 [N, K / 2]; a float32 scale [N, K / G] "
-      "after a quantized one), a float32 y [M, N], K a multiple of 16 (32 for 3) and G of 16 (32 for int4 and 6)";
+      "rwkv7_linear_group: want, per kind (0 f32, 1 bf16, 2 int8, 3 bf16 dot, 4 int4, 5 fp8, 6 int8 dot, 7 int4 dot, "
+      "8 fp8 dot), x [M, K] (float32; bfloat16 for the dot kinds), w [N, K] of the kind (int4: uint8 [N, K / 2]; a "
+      "float32 scale [N, K / G] after a quantized one), a float32 y [M, N], K a multiple of 16 (32 for 3) and G of "
+      "16 (32 for int4 and 6-8)";
   if (static_cast<size_t>(kinds.size()) != rets.size()) return shape_error(kWant);
   std::vector<Product> products;
   products.reserve(kinds.size());
   size_t a = 0;
   for (size_t i = 0; i < kinds.size(); ++i) {
     const int64_t kind = kinds[i];
-    const bool int8_dot = kind == kGroupInt8Dot, dot = kind == kGroupBf16Dot || int8_dot,
-               int8 = kind == kGroupInt8 || int8_dot, int4 = kind == kGroupInt4, fp8 = kind == kGroupFp8,
-               quantized = int8 || int4 || fp8;
+    const bool q_dot = kind >= kGroupInt8Dot, dot = kind == kGroupBf16Dot || q_dot,
+               int8 = kind == kGroupInt8 || kind == kGroupInt8Dot, int4 = kind == kGroupInt4 || kind == kGroupInt4Dot,
+               fp8 = kind == kGroupFp8 || kind == kGroupFp8Dot, quantized = int8 || int4 || fp8;
     const size_t need = quantized ? 3 : 2;
-    if (kind < kGroupF32 || kind > kGroupInt8Dot || a + need > args.size()) return shape_error(kWant);
+    if (kind < kGroupF32 || kind > kGroupFp8Dot || a + need > args.size()) return shape_error(kWant);
 #ifndef __AVX512BF16__
     if (dot) return shape_error("rwkv7_linear_group: this build has no bfloat16 dot product");
 #endif
@@ -894,18 +917,15 @@ ffi::Error LinearGroup(ffi::ThreadPool pool, ffi::RemainingArgs args, ffi::Remai
       auto scale = args.get<ffi::Buffer<ffi::F32>>(a + 2);
       if (!scale.has_value()) return shape_error(kWant);
       auto sd = scale->dimensions();
-      if (!scale_fits(sd, N, K, int4 || int8_dot ? 2 * kLanes : kLanes)) return shape_error(kWant);
-      const float* xf = static_cast<const float*>(xp);
+      if (!scale_fits(sd, N, K, int4 || q_dot ? 2 * kLanes : kLanes)) return shape_error(kWant);
       const float* sp = scale->typed_data();
-      if (int8_dot)
-        products.push_back(plan_nk(pool, static_cast<const uint16_t*>(xp), M, K, static_cast<const int8_t*>(wp), sp,
-                                   K / sd[1], yp, N));
-      else if (int8)
-        products.push_back(plan_nk(pool, xf, M, K, static_cast<const int8_t*>(wp), sp, K / sd[1], yp, N));
+      const int64_t G = K / sd[1];
+      if (int8)
+        products.push_back(plan_quantized<int8_t>(pool, q_dot, xp, M, K, wp, sp, G, yp, N));
       else if (int4)
-        products.push_back(plan_nk(pool, xf, M, K, static_cast<const Int4*>(wp), sp, K / sd[1], yp, N));
+        products.push_back(plan_quantized<Int4>(pool, q_dot, xp, M, K, wp, sp, G, yp, N));
       else
-        products.push_back(plan_nk(pool, xf, M, K, static_cast<const Fp8*>(wp), sp, K / sd[1], yp, N));
+        products.push_back(plan_quantized<Fp8>(pool, q_dot, xp, M, K, wp, sp, G, yp, N));
 #ifdef __AVX512BF16__
     } else if (dot) {
       products.push_back(plan_nk(pool, static_cast<const uint16_t*>(xp), M, K, static_cast<const uint16_t*>(wp),
@@ -982,14 +1002,25 @@ ffi::Error LinearBf16Dot(ffi::ThreadPool pool, ffi::Buffer<ffi::BF16> x, ffi::Bu
   return ffi::Error::Success();
 }
 
-ffi::Error LinearInt8Dot(ffi::ThreadPool pool, ffi::Buffer<ffi::BF16> x, ffi::Buffer<ffi::S8> q,
-                         ffi::Buffer<ffi::F32> scale, ffi::ResultBuffer<ffi::F32> y) {
+// Quantized weights (int8 [N, K], packed int4 uint8 [N, K / 2] or float8_e4m3fn [N, K], by q's dtype)
+// against a bfloat16 x by the dot product.
+ffi::Error LinearQuantizedDot(ffi::ThreadPool pool, ffi::Buffer<ffi::BF16> x, ffi::AnyBuffer q,
+                              ffi::Buffer<ffi::F32> scale, ffi::ResultBuffer<ffi::F32> y) {
   auto xd = x.dimensions(), qd = q.dimensions(), sd = scale.dimensions();
-  if (xd.size() != 2 || qd.size() != 2 || xd[1] != qd[1] || !scale_fits(sd, qd[0], qd[1], 2 * kLanes))
-    return shape_error("rwkv7_linear_int8_dot: want x bfloat16 [M, K], q int8 [N, K], scale [N, K / G], G a "
-                       "multiple of 32");
-  linear_nk(pool, reinterpret_cast<const uint16_t*>(x.untyped_data()), xd[0], xd[1], q.typed_data(),
-            scale.typed_data(), qd[1] / sd[1], y->typed_data(), qd[0]);
+  const auto type = q.element_type();
+  const bool int4 = type == ffi::U8;
+  if (xd.size() != 2 || qd.size() != 2 || (type != ffi::S8 && !int4 && type != ffi::F8E4M3FN) ||
+      xd[1] != qd[1] * (int4 ? 2 : 1) || !scale_fits(sd, qd[0], xd[1], 2 * kLanes))
+    return shape_error("rwkv7_linear_quantized_dot: want x bfloat16 [M, K], q int8 [N, K], packed int4 uint8 "
+                       "[N, K / 2] or float8_e4m3fn [N, K], scale [N, K / G], G a multiple of 32");
+  const int64_t M = xd[0], K = xd[1], N = qd[0], G = K / sd[1];
+  const void *xp = x.untyped_data(), *qp = q.untyped_data();
+  const float* sp = scale.typed_data();
+  float* yp = y->typed_data();
+  Product p = type == ffi::S8 ? plan_quantized<int8_t>(pool, true, xp, M, K, qp, sp, G, yp, N)
+              : int4          ? plan_quantized<Int4>(pool, true, xp, M, K, qp, sp, G, yp, N)
+                              : plan_quantized<Fp8>(pool, true, xp, M, K, qp, sp, G, yp, N);
+  run(pool, &p, 1);
   return ffi::Error::Success();
 }
 
@@ -1060,11 +1091,11 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(rwkv7_linear_bf16_dot, LinearBf16Dot,
                                   .Arg<ffi::Buffer<ffi::BF16>>()
                                   .Arg<ffi::Buffer<ffi::BF16>>()
                                   .Ret<ffi::Buffer<ffi::F32>>());
-XLA_FFI_DEFINE_HANDLER_SYMBOL(rwkv7_linear_int8_dot, LinearInt8Dot,
+XLA_FFI_DEFINE_HANDLER_SYMBOL(rwkv7_linear_quantized_dot, LinearQuantizedDot,
                               ffi::Ffi::Bind()
                                   .Ctx<ffi::ThreadPool>()
                                   .Arg<ffi::Buffer<ffi::BF16>>()
-                                  .Arg<ffi::Buffer<ffi::S8>>()
+                                  .Arg<ffi::AnyBuffer>()
                                   .Arg<ffi::Buffer<ffi::F32>>()
                                   .Ret<ffi::Buffer<ffi::F32>>());
 XLA_FFI_DEFINE_HANDLER_SYMBOL(rwkv7_linear_kn_bf16_dot, LinearKnBf16Dot,

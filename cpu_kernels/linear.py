@@ -8,9 +8,9 @@ G a multiple of 16, 32 for int4). x is widened to float32 (a bfloat16 x with a
 bfloat16 weight stays bfloat16 where the build has ``library.BF16_DOT``: pairs multiplied
 exactly by the CPU's bfloat16 dot product, [N, K] weights with K a multiple of 32, [K, N] ones
 (the channel-mix value) from 2 rows with N a multiple of 64; and a bfloat16 x of
-``INT8_DOT_MIN_ROWS`` rows or more with int8 weights whose group is a multiple of 32: each tile of
-weight rows converted once to bfloat16, exactly, and every group's pair products summed by the
-dot product, then scaled); otherwise the weight is widened in
+``QUANTIZED_DOT_MIN_ROWS`` rows or more with quantized weights whose group is a multiple of 32:
+each tile of weight rows converted once to bfloat16, exactly, and every group's pair products
+summed by the dot product, then scaled); otherwise the weight is widened in
 registers as it streams, so a product reads each weight byte once per pass of up to 4 rows
 and writes no float copy of it (more rows with ``library.MANY_ROWS``: a tile of weight rows at
 a time, bfloat16 widened once into a float32 buffer that stays in cache while every row of x
@@ -34,7 +34,9 @@ from . import library
 from .library import LANES
 
 # rwkv7_linear_group's weight kinds (linear.cc's GroupKind)
-GROUP_KINDS = {"f32": 0, "bf16": 1, "int8": 2, "bf16_dot": 3, "int4": 4, "fp8": 5, "int8_dot": 6}
+GROUP_KINDS = {"f32": 0, "bf16": 1, "int8": 2, "bf16_dot": 3, "int4": 4, "fp8": 5, "int8_dot": 6, "int4_dot": 7,
+               "fp8_dot": 8}
+DOT_KINDS = tuple(GROUP_KINDS[k] for k in ("bf16_dot", "int8_dot", "int4_dot", "fp8_dot"))  # their x stays bfloat16
 WEIGHT_NAMES = {jnp.dtype(jnp.float32): "f32", jnp.dtype(jnp.bfloat16): "bf16", jnp.dtype(jnp.int8): "int8",
                 jnp.dtype(jnp.uint8): "int4", jnp.dtype(jnp.float8_e4m3fn): "fp8"}
 QUANTIZED = ("int8", "int4", "fp8")
@@ -59,11 +61,12 @@ MAX_ROWS_KN = 8
 # rows of the widening kernel: relu^2 leaves many inputs at zero) up to MAX_ROWS["bf16_dot"], N a
 # multiple of its column block.
 KN_DOT_MIN_ROWS, KN_DOT_COLUMNS = 2, 64
-# bfloat16 x with int8 weights by the dot product: from INT8_DOT_MIN_ROWS rows up to
-# MAX_ROWS["int8"], the group a multiple of 32. Fewer rows stream the weight widened in registers
-# against float32 rows, bound by memory (0.1b int8 step with bfloat16 x, dot over widened:
-# 8 rows 0.93x, 12 rows 1.07x, 16 rows 1.12x, 32 rows 1.25x).
-INT8_DOT_MIN_ROWS = 12
+# bfloat16 x with quantized weights by the dot product: from QUANTIZED_DOT_MIN_ROWS[kind] rows up
+# to MAX_ROWS[kind], the group a multiple of 32. Fewer rows stream the weight widened in registers
+# against float32 rows, bound by memory. The 0.1b step with bfloat16 rows, dot over widened, by
+# rows: int8 8: 0.93x, 12: 1.07x, 16: 1.12x, 32: 1.25x; int4 (whose widening costs more) 4: 0.83x,
+# 6: 1.15x, 8: 1.20x, 16: 1.47x, 32: 1.72x; float8 8: 0.99x, 16: 1.32x, 32: 1.49x.
+QUANTIZED_DOT_MIN_ROWS = {"int8": 12, "int4": 6, "fp8": 12}
 # Narrow products (K under NARROW_K: the LoRA up products, K = 32 / 64): each output is a short
 # dot product whose final sum across the vector lanes costs as much as its few steps, so XLA's
 # GEMM is faster from 4 rows (K = 32 at 4 rows: 25 against 38 GFLOP/s; K = 64 at 32 rows: 156
@@ -108,22 +111,23 @@ def bf16_dot(x, w, w_in_axis: int = 1) -> bool:
     return K % (2 * LANES) == 0 and M <= max_rows("bf16_dot", K)
 
 
-def int8_dot(x, w) -> bool:
-    """Whether x @ w.T runs the int8 dot-product kernel (see module doc)."""
+def quantized_dot(x, w) -> bool:
+    """Whether x @ w.T runs the quantized dot-product kernel (see module doc)."""
     M, K = x.shape
-    if (x.dtype != jnp.bfloat16 or not isinstance(w, QuantizedWeight) or w.q.dtype != jnp.int8
+    if (x.dtype != jnp.bfloat16 or not isinstance(w, QuantizedWeight)
             or library.BF16_DOT not in library.load().capabilities):
         return False
+    kind = WEIGHT_NAMES[jnp.dtype(w.q.dtype)]
     groups = w.scale.shape[1]
-    return (INT8_DOT_MIN_ROWS <= M <= MAX_ROWS["int8"] and w.q.shape[1] == K and K % groups == 0
+    return (QUANTIZED_DOT_MIN_ROWS[kind] <= M <= MAX_ROWS[kind] and w.shape[1] == K and K % groups == 0
             and (K // groups) % (2 * LANES) == 0)
 
 
 def matmul_f32(x, w, w_in_axis: int = 1):
     """x [M, K] @ w -> [M, N] float32 (the reference's contract, see module doc)."""
-    if int8_dot(x, w):
+    if quantized_dot(x, w):
         out = jax.ShapeDtypeStruct((x.shape[0], w.q.shape[0]), jnp.float32)
-        return jax.ffi.ffi_call("rwkv7_linear_int8_dot", out)(x, w.q, w.scale)
+        return jax.ffi.ffi_call("rwkv7_linear_quantized_dot", out)(x, w.q, w.scale)
     if bf16_dot(x, w, w_in_axis):
         target = "rwkv7_linear_bf16_dot" if w_in_axis == 1 else "rwkv7_linear_kn_bf16_dot"
         out = jax.ShapeDtypeStruct((x.shape[0], w.shape[1 - w_in_axis]), jnp.float32)
@@ -145,8 +149,8 @@ def group_kind(x, w) -> int | None:
     product the native kernels do not take (it runs alone, as ``matmul_f32`` runs it)."""
     if bf16_dot(x, w):
         return GROUP_KINDS["bf16_dot"]
-    if int8_dot(x, w):
-        return GROUP_KINDS["int8_dot"]
+    if quantized_dot(x, w):
+        return GROUP_KINDS[WEIGHT_NAMES[jnp.dtype(w.q.dtype)] + "_dot"]
     if not supports(x, w):
         return None
     return GROUP_KINDS[WEIGHT_NAMES[jnp.dtype(w.q.dtype if isinstance(w, QuantizedWeight) else w.dtype)]]
@@ -164,7 +168,7 @@ def matmul_group(pairs: list) -> list:
     operands, shapes = [], []
     for i in grouped:
         x, w = pairs[i]
-        x = x if kinds[i] in (GROUP_KINDS["bf16_dot"], GROUP_KINDS["int8_dot"]) else x.astype(jnp.float32)
+        x = x if kinds[i] in DOT_KINDS else x.astype(jnp.float32)
         operands += [x, w.q, w.scale] if isinstance(w, QuantizedWeight) else [x, w]
         shapes.append(jax.ShapeDtypeStruct((x.shape[0], w.shape[0]), jnp.float32))
     call = jax.ffi.ffi_call("rwkv7_linear_group", shapes)

@@ -13,13 +13,13 @@ from cpu_kernels import library
 from cpu_kernels import linear as native
 from tests.cpu_kernels.test_linear import random_weight
 
-KINDS = ["f32", "bf16", "int8", "int4", "fp8", "bf16_dot", "int8_dot"]
+KINDS = ["f32", "bf16", "int8", "int4", "fp8", "bf16_dot", "int8_dot", "int4_dot", "fp8_dot"]
 
 
 def random_product(rng, kind: str, M: int):
-    """(x [M, K], w [N, K]) of `kind`: bf16_dot is a bfloat16 x with a bfloat16 weight, int8_dot
-    with an int8 one."""
-    if kind in native.QUANTIZED or kind == "int8_dot":
+    """(x [M, K], w [N, K]) of `kind`: bf16_dot is a bfloat16 x with a bfloat16 weight, int8_dot,
+    int4_dot and fp8_dot with a quantized one."""
+    if kind in native.QUANTIZED or kind.endswith("_dot") and kind != "bf16_dot":
         K = 64 * int(rng.integers(1, 13))
     else:  # not narrow (K < NARROW_K runs native for one or two rows only)
         K = native.NARROW_K + (64 if kind == "bf16_dot" else 16) * int(rng.integers(0, 10))
@@ -27,8 +27,8 @@ def random_product(rng, kind: str, M: int):
     x = jnp.asarray(rng.standard_normal((M, K)), jnp.float32)
     if kind == "bf16_dot":
         return x.astype(jnp.bfloat16), random_weight(rng, "bf16", N, K, 1)
-    if kind == "int8_dot":  # a dot product from INT8_DOT_MIN_ROWS rows, else widened
-        return x.astype(jnp.bfloat16), random_weight(rng, "int8", N, K, 1, int(rng.choice([32, 64])))
+    if kind in ("int8_dot", "int4_dot", "fp8_dot"):  # a dot product from QUANTIZED_DOT_MIN_ROWS rows, else widened
+        return x.astype(jnp.bfloat16), random_weight(rng, kind[:-4], N, K, 1, int(rng.choice([32, 64])))
     return x, random_weight(rng, kind, N, K, 1)
 
 
@@ -42,7 +42,7 @@ def test_each_result_is_what_the_product_gives_alone(M):
     # the kinds this build runs natively at M rows (float32 / bfloat16 weights: 8 without MANY_ROWS;
     # a bfloat16 weight without the dot product is widened)
     dot = library.BF16_DOT in library.load().capabilities
-    runs_as = {"int8_dot": "int8", "bf16_dot": "bf16_dot" if dot else "bf16"}
+    runs_as = {"int8_dot": "int8", "int4_dot": "int4", "fp8_dot": "fp8", "bf16_dot": "bf16_dot" if dot else "bf16"}
     taking = [k for k in KINDS if M <= native.max_rows(runs_as.get(k, k), 2 * native.NARROW_K)]
     kinds = list(rng.choice(taking, int(rng.integers(2, 8))))
     pairs = [random_product(rng, str(kind), M) for kind in kinds]
@@ -63,8 +63,9 @@ def test_bf16_dot_products_need_the_capability():
     x, w = random_product(rng, "bf16_dot", 1)
     dot = library.BF16_DOT in library.load().capabilities
     assert native.group_kind(x, w) == native.GROUP_KINDS["bf16_dot" if dot else "bf16"]
-    x, w = random_product(rng, "int8_dot", native.INT8_DOT_MIN_ROWS)
-    assert native.group_kind(x, w) == native.GROUP_KINDS["int8_dot" if dot else "int8"]
+    for kind in ("int8", "int4", "fp8"):
+        x, w = random_product(rng, kind + "_dot", native.QUANTIZED_DOT_MIN_ROWS[kind])
+        assert native.group_kind(x, w) == native.GROUP_KINDS[kind + "_dot" if dot else kind]
 
 
 def test_one_product_runs_alone():

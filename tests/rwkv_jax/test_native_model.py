@@ -14,7 +14,7 @@ import pytest
 import rwkv_jax
 from cpu_kernels import library
 from cpu_kernels import wkv_step as wkv_kernel
-from cpu_kernels.linear import INT8_DOT_MIN_ROWS
+from cpu_kernels.linear import QUANTIZED_DOT_MIN_ROWS
 from rwkv_jax.kernels import Kernels, KernelsUnavailable, require_platform
 from rwkv_jax.self_check import TOLERANCE
 
@@ -60,12 +60,13 @@ def test_decode_steps_equal_xla(tiny_ckpt, dtype, quantization, B):
     assert hlo.count("@rwkv7_time_mix_step(") == 2  # one a layer of the tiny model
 
 
-def test_bfloat16_rows_with_int8_weights_take_the_int8_dot_product(tiny_ckpt):
-    """A bfloat16 model with int8 weights decoding INT8_DOT_MIN_ROWS or more sequences multiplies
-    by the int8 dot-product kernel where the build has the bfloat16 dot product."""
-    hlo = decode_steps_equal_xla(tiny_ckpt, "bfloat16", "int8", INT8_DOT_MIN_ROWS + 1)
+@pytest.mark.parametrize("quantization", ["int8", "int4", "fp8"])
+def test_bfloat16_rows_with_quantized_weights_take_the_dot_product(tiny_ckpt, quantization):
+    """A bfloat16 model with quantized weights decoding QUANTIZED_DOT_MIN_ROWS or more sequences
+    multiplies by the quantized dot-product kernel where the build has the bfloat16 dot product."""
+    hlo = decode_steps_equal_xla(tiny_ckpt, "bfloat16", quantization, QUANTIZED_DOT_MIN_ROWS[quantization] + 1)
     dot = library.BF16_DOT in library.load().capabilities
-    assert ("@rwkv7_linear_int8_dot(" in hlo) == dot
+    assert ("@rwkv7_linear_quantized_dot(" in hlo) == dot
 
 
 def test_decode_steps_without_the_native_time_mix_body_equal_xla(tiny_ckpt, monkeypatch):
