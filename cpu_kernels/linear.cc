@@ -545,6 +545,7 @@ void rows_to_bf16(const W* w, int64_t K, int64_t G, int64_t n0, int64_t n1, uint
 }
 
 constexpr int64_t kDotTileBytes = 32768;  // converted bfloat16 weight rows a tile (measured at 32 rows: 8-128 KB level)
+constexpr int64_t kDotRowBlockBytes = 262144;  // bfloat16 rows of x a block
 
 // y [M, N] rows n in [n0, n1) of bfloat16 x [M, K] @ (q * scale).T: per tile of converted weight
 // rows, 2 rows of x against 4 weight rows a step (2 x 4 measured fastest of 1-8 x 1-8 at 32 rows:
@@ -556,18 +557,23 @@ void many_rows_q_dot(const uint16_t* x, int64_t M, int64_t K, const W* q, const 
   const int64_t tile = std::max<int64_t>(4, kDotTileBytes / (K * int64_t{sizeof(uint16_t)}) & ~int64_t{3});
   thread_local std::vector<uint16_t> buf;
   if (static_cast<int64_t>(buf.size()) < tile * K) buf.resize(tile * K);
-  const int64_t passes = (M + 1) / 2;
-  for (int64_t t0 = n0; t0 < n1; t0 += tile) {
-    const int64_t t1 = std::min(n1, t0 + tile);
-    rows_to_bf16(q, K, G, t0, t1, buf.data());
-    const char* next = reinterpret_cast<const char*>(q) + t1 * row_bytes<W>(K);
-    const int64_t next_bytes = (std::min(n1, t1 + tile) - t1) * row_bytes<W>(K);
-    for (int64_t m = 0; m < M; m += 2) {
-      prefetch_share(next, next_bytes, m / 2, passes);
-      if (m + 2 <= M)
-        rows_block_q_dot<2, 4>(x + m * K, K, buf.data(), t0, scale, G, y + m * N, N, t0, t1);
-      else
-        rows_block_q_dot<1, 4>(x + m * K, K, buf.data(), t0, scale, G, y + m * N, N, t0, t1);
+  // rows of x a block (its bytes kept in L2 while every tile passes; each block converts the
+  // weight again, a small cost against its rows' arithmetic)
+  const int64_t block = std::max<int64_t>(2, kDotRowBlockBytes / (K * int64_t{sizeof(uint16_t)}) & ~int64_t{1});
+  for (int64_t m0 = 0; m0 < M; m0 += block) {
+    const int64_t m1 = std::min(M, m0 + block), passes = (m1 - m0 + 1) / 2;
+    for (int64_t t0 = n0; t0 < n1; t0 += tile) {
+      const int64_t t1 = std::min(n1, t0 + tile);
+      rows_to_bf16(q, K, G, t0, t1, buf.data());
+      const char* next = reinterpret_cast<const char*>(q) + t1 * row_bytes<W>(K);
+      const int64_t next_bytes = (std::min(n1, t1 + tile) - t1) * row_bytes<W>(K);
+      for (int64_t m = m0; m < m1; m += 2) {
+        prefetch_share(next, next_bytes, (m - m0) / 2, passes);
+        if (m + 2 <= m1)
+          rows_block_q_dot<2, 4>(x + m * K, K, buf.data(), t0, scale, G, y + m * N, N, t0, t1);
+        else
+          rows_block_q_dot<1, 4>(x + m * K, K, buf.data(), t0, scale, G, y + m * N, N, t0, t1);
+      }
     }
   }
 }

@@ -110,6 +110,22 @@ def test_a_short_prefill_equals_xla(tiny_ckpt):
         assert relative(got, want) < 1e-4
 
 
+def test_a_bfloat16_int4_prefill_equals_xla_by_the_dot_product(tiny_ckpt):
+    """A prefill's many rows (no upper bound) of a bfloat16 model with quantized weights go to the
+    quantized dot product where the build has it."""
+    xla, native = pair(tiny_ckpt, dtype="bfloat16", quantization="int4")
+    rng = np.random.default_rng()
+    tokens = rng.integers(0, xla.config.vocab_size, (3, 24)).astype(np.int32)  # 72 rows
+    (lx, sx), (ln, sn) = (m.forward(tokens, m.init_state(3), full_output=True) for m in (xla, native))
+    assert relative(ln, lx) < TOLERANCE["bfloat16"]
+    for got, want in zip(sn, sx):
+        assert relative(got, want) < TOLERANCE["bfloat16"]
+    step = jax.jit(rwkv_jax.forward_fn, static_argnames=("config", "path", "kernels"))
+    hlo = step.lower(native.params, tokens, native.init_state(3), config=native.config, path=native.last_path,
+                     kernels=native.kernels).as_text()
+    assert ("@rwkv7_linear_quantized_dot(" in hlo) == (library.BF16_DOT in library.load().capabilities)
+
+
 def test_native_runs_only_on_the_cpu():
     require_platform(Kernels.NATIVE, "cpu")
     with pytest.raises(KernelsUnavailable, match="kernels=native runs only on cpu; this model is on gpu"):
