@@ -1,7 +1,9 @@
 """CPU decode speed of quantized weights vs float32, interleaved in one run (JAX, 0.1b shape).
 
 One random 0.1b checkpoint loaded as float32, int8 (default groups) and fp8 (float32
-activations; --schemes picks others, e.g. int4). Each round times the compiled decode step
+activations; --schemes picks others, e.g. int4; --dtype bfloat16 loads every scheme as a
+bfloat16 model instead, its unquantized weights, LoRA matrices and rows in bfloat16, the baseline
+then bfloat16 weights). Each round times the compiled decode step
 (state donated and carried) of every model at B = 1, 8, 32 (--batches), the models' order
 rotating per round so machine load hits them alike; the median tok/s per (model, B) over the
 rounds is reported, with the bytes of weights a step
@@ -68,6 +70,8 @@ def main(argv=None) -> None:
     ap.add_argument("--schemes", default=",".join(SCHEMES), help="comma-separated, the first none (float32)")
     ap.add_argument("--batches", default=",".join(map(str, BATCHES)), help="comma-separated batch sizes")
     ap.add_argument("--kernels", default="native", choices=("native", "xla"))
+    ap.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"),
+                    help="the model dtype of every scheme (rows, LoRA matrices, unquantized weights)")
     args = ap.parse_args(argv)
     schemes, batches = tuple(args.schemes.split(",")), tuple(int(b) for b in args.batches.split(","))
     if schemes[0] != "none":
@@ -76,7 +80,8 @@ def main(argv=None) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "m.safetensors"
         write_random_checkpoint(path, config, seed=0)
-        engines = {s: JaxEngine(rwkv_jax.load(path, quantization=s, kernels=args.kernels)) for s in schemes}
+        engines = {s: JaxEngine(rwkv_jax.load(path, dtype=args.dtype, quantization=s, kernels=args.kernels))
+                   for s in schemes}
     for engine in engines.values():
         for B in batches:
             engine.executables.get(("forward", (B, 1, False)))
@@ -93,35 +98,38 @@ def main(argv=None) -> None:
               flush=True)
     med = {s: {B: statistics.median(v) for B, v in runs[s].items()} for s in schemes}
     cpu = {s: {B: statistics.median(v) for B, v in cpu_runs[s].items()} for s in schemes}
-    out = {"config": args.config, "kernels": args.kernels, "cpus": os.cpu_count(), "jax": jax.__version__,
+    out = {"config": args.config, "kernels": args.kernels, "dtype": args.dtype, "cpus": os.cpu_count(),
+           "jax": jax.__version__,
            "rounds": args.rounds,
            "seconds_per_measurement": args.seconds, "load_average_at_end": os.getloadavg(),
            "step_weight_bytes": {s: step_bytes(e.model.params) for s, e in engines.items()},
            "decode_tok_s_median": med, "decode_tok_s_runs": runs, "cpu_ms_per_step_median": {
                s: {B: 1e3 * v for B, v in cpu[s].items()} for s in schemes},
-           "ratio_vs_float32": {s: {B: med[s][B] / med["none"][B] for B in batches} for s in schemes if s != "none"}}
-    if "int8" in schemes and 1 in batches:
-        out["goal_int8_b1_vs_float32 (>=2)"] = out["ratio_vs_float32"]["int8"][1]
+           "ratio_vs_unquantized": {s: {B: med[s][B] / med["none"][B] for B in batches}
+                                    for s in schemes if s != "none"}}
+    if "int8" in schemes and 1 in batches and args.dtype == "float32":
+        out["goal_int8_b1_vs_float32 (>=2)"] = out["ratio_vs_unquantized"]["int8"][1]
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text(json.dumps(out, indent=1) + "\n")
+    base = args.dtype  # the unquantized baseline's name
     lines = [f"Decode tok/s, {args.config} shape, JAX kernels {args.kernels} on {os.cpu_count()} CPUs, median of "
              f"{args.rounds} "
-             f"interleaved rounds (float32 activations); load average at the end "
+             f"interleaved rounds ({args.dtype} model: rows and unquantized weights); load average at the end "
              f"{', '.join(f'{x:.1f}' for x in os.getloadavg())}. CPU ms/step: process CPU time per step (all "
              f"threads, waiting for a core excluded).", "",
-             "| weights | step weight bytes | " + " | ".join(f"B={B} tok/s (x float32)" for B in batches) + " |",
+             "| weights | step weight bytes | " + " | ".join(f"B={B} tok/s (x {base})" for B in batches) + " |",
              "|---|---|" + "---|" * len(batches)]
     for s in schemes:
-        cells = [f"{med[s][B]:.1f}" + ("" if s == "none" else f" ({out['ratio_vs_float32'][s][B]:.2f}x)")
+        cells = [f"{med[s][B]:.1f}" + ("" if s == "none" else f" ({out['ratio_vs_unquantized'][s][B]:.2f}x)")
                  for B in batches]
-        lines.append(f"| {'float32' if s == 'none' else s} | {out['step_weight_bytes'][s] / 1e6:.0f} MB | "
+        lines.append(f"| {base if s == 'none' else s} | {out['step_weight_bytes'][s] / 1e6:.0f} MB | "
                      + " | ".join(cells) + " |")
-    lines += ["", "| weights | " + " | ".join(f"B={B} CPU ms/step (x float32)" for B in batches) + " |",
+    lines += ["", "| weights | " + " | ".join(f"B={B} CPU ms/step (x {base})" for B in batches) + " |",
               "|---|" + "---|" * len(batches)]
     for s in schemes:
         cells = [f"{1e3 * cpu[s][B]:.0f}" + ("" if s == "none" else f" ({cpu['none'][B] / cpu[s][B]:.2f}x)")
                  for B in batches]
-        lines.append(f"| {'float32' if s == 'none' else s} | " + " | ".join(cells) + " |")
+        lines.append(f"| {base if s == 'none' else s} | " + " | ".join(cells) + " |")
     text = "\n".join(lines) + "\n"
     args.output.with_suffix(".md").write_text(text)
     print(text)
