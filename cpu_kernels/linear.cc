@@ -347,6 +347,67 @@ void rows_pass(const float* x, int64_t K, const W* w, const float* scale, int64_
   }
 }
 
+// The 16 lane sums of a[0..15] as one vector (lane t: the sum of a[t]): four levels, each pairing
+// vectors and adding the halves that two shuffles take from both (45 operations for 16 sums).
+inline f32x16 lane_sums16(const f32x16 (&a)[16]) {
+  f32x16 v[8], u[4], t[2];
+  for (int i = 0; i < 8; ++i) {  // lanes 0-7: a[i]'s partial sums, 8-15: a[i + 8]'s
+    const f32x16 p = a[i], q = a[i + 8];
+    v[i] = __builtin_shufflevector(p, q, 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23) +
+           __builtin_shufflevector(p, q, 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31);
+  }
+  for (int j = 0; j < 4; ++j)  // quarters: a[j], a[j + 4], a[j + 8], a[j + 12]
+    u[j] = __builtin_shufflevector(v[j], v[j + 4], 0, 1, 2, 3, 16, 17, 18, 19, 8, 9, 10, 11, 24, 25, 26, 27) +
+           __builtin_shufflevector(v[j], v[j + 4], 4, 5, 6, 7, 20, 21, 22, 23, 12, 13, 14, 15, 28, 29, 30, 31);
+  for (int k = 0; k < 2; ++k)  // pairs: a[k], a[k + 2], ..., a[k + 14]
+    t[k] = __builtin_shufflevector(u[k], u[k + 2], 0, 1, 16, 17, 4, 5, 20, 21, 8, 9, 24, 25, 12, 13, 28, 29) +
+           __builtin_shufflevector(u[k], u[k + 2], 2, 3, 18, 19, 6, 7, 22, 23, 10, 11, 26, 27, 14, 15, 30, 31);
+  return __builtin_shufflevector(t[0], t[1], 0, 16, 2, 18, 4, 20, 6, 22, 8, 24, 10, 26, 12, 28, 14, 30) +
+         __builtin_shufflevector(t[0], t[1], 1, 17, 3, 19, 5, 21, 7, 23, 9, 25, 11, 27, 13, 29, 15, 31);
+}
+
+// Narrow float32 / bfloat16 weights against float32 x (K = 16 * KS, under 128: a float32 model's
+// LoRA up products): as narrow_rows_dot below, in float32 FMAs (AVX-512 builds, kWide).
+template <int KS, class W>
+void narrow_rows(const float* x, int64_t M, const W* w, float* y, int64_t N, int64_t n0, int64_t n1) {
+  constexpr int64_t K = KS * kLanes;
+  int64_t n = n0;
+  for (; n + 16 <= n1; n += 16)
+    for (int64_t m = 0; m < M; ++m) {
+      f32x16 xv[KS];
+      for (int s = 0; s < KS; ++s) {
+        xv[s] = widen(x + m * K + s * kLanes);
+        in_register(xv[s]);
+      }
+      f32x16 acc[16];
+      for (int r = 0; r < 16; ++r) {
+        acc[r] = xv[0] * widen(w + (n + r) * K);
+        for (int s = 1; s < KS; ++s) acc[r] += xv[s] * widen(w + (n + r) * K + s * kLanes);
+      }
+      store(y + m * N + n, lane_sums16(acc));
+    }
+  if (n < n1)
+    for (int64_t m = 0; m < M; ++m)
+      rows_block<1, 1>(x + m * K, K, w, static_cast<const float*>(nullptr), 0, y + m * N, N, n, n1);
+}
+
+template <class W>
+void narrow_float_rows(const float* x, int64_t M, int64_t K, const W* w, float* y, int64_t N, int64_t n0,
+                       int64_t n1) {
+  switch (K / kLanes) {
+    case 1: return narrow_rows<1>(x, M, w, y, N, n0, n1);
+    case 2: return narrow_rows<2>(x, M, w, y, N, n0, n1);
+    case 3: return narrow_rows<3>(x, M, w, y, N, n0, n1);
+    case 4: return narrow_rows<4>(x, M, w, y, N, n0, n1);
+    case 5: return narrow_rows<5>(x, M, w, y, N, n0, n1);
+    case 6: return narrow_rows<6>(x, M, w, y, N, n0, n1);
+    default: return narrow_rows<7>(x, M, w, y, N, n0, n1);
+  }
+}
+
+// K of the narrow kernels: under 128 (NARROW_K in linear.py)
+constexpr int64_t kNarrowK = 128;
+
 #ifdef __AVX512BF16__
 // bfloat16 x and weight: each vdpbf16ps multiplies 32 pairs exactly and adds them into 16
 // float32 lanes (no widening); K a multiple of 32.
@@ -380,6 +441,45 @@ template <int MR>
 void rows_pass(const uint16_t* x, int64_t K, const uint16_t* w, const float*, int64_t, float* y, int64_t N,
                int64_t n0, int64_t n1) {
   rows_block_dot<MR, 4>(x, K, w, y, N, n0, n1);  // 4 x 4 measured 20% faster than 4 x 2 at 32 rows
+}
+
+// Narrow products (K = 32 * KS, the LoRA up products): each output is only KS dot-product steps,
+// so its own cross-lane sum would cost as much as its arithmetic. 16 weight rows (at most 4 KB,
+// kept in L1) against every row of x in turn, their 16 sums reduced together into one vector of
+// y; weight rows past the last whole 16 go by rows_block_dot.
+template <int KS>
+void narrow_rows_dot(const uint16_t* x, int64_t M, const uint16_t* w, float* y, int64_t N, int64_t n0,
+                     int64_t n1) {
+  constexpr int64_t K = KS * 2 * kLanes;
+  int64_t n = n0;
+  for (; n + 16 <= n1; n += 16)
+    for (int64_t m = 0; m < M; ++m) {
+      __m512bh xv[KS];
+      for (int s = 0; s < KS; ++s) xv[s] = reinterpret_cast<__m512bh>(_mm512_loadu_si512(x + m * K + s * 2 * kLanes));
+      f32x16 acc[16];
+      for (int r = 0; r < 16; ++r) {
+        __m512 a = _mm512_setzero_ps();
+        for (int s = 0; s < KS; ++s)
+          a = _mm512_dpbf16_ps(a, reinterpret_cast<__m512bh>(_mm512_loadu_si512(w + (n + r) * K + s * 2 * kLanes)),
+                               xv[s]);
+        acc[r] = reinterpret_cast<f32x16>(a);
+      }
+      store(y + m * N + n, lane_sums16(acc));
+    }
+  if (n < n1)
+    for (int64_t m = 0; m < M; ++m) rows_block_dot<1, 1>(x + m * K, K, w, y + m * N, N, n, n1);
+}
+
+// Whether the narrow dot-product kernel takes K (a multiple of 32 under kNarrowK).
+inline bool narrow_dot(int64_t K) { return K % (2 * kLanes) == 0 && K < kNarrowK; }
+
+void narrow_dot_rows(const uint16_t* x, int64_t M, int64_t K, const uint16_t* w, float* y, int64_t N, int64_t n0,
+                     int64_t n1) {
+  switch (K / (2 * kLanes)) {
+    case 1: return narrow_rows_dot<1>(x, M, w, y, N, n0, n1);
+    case 2: return narrow_rows_dot<2>(x, M, w, y, N, n0, n1);
+    default: return narrow_rows_dot<3>(x, M, w, y, N, n0, n1);
+  }
 }
 
 #endif
@@ -622,6 +722,13 @@ Product plan_nk(const ffi::ThreadPool& pool, const X* x, int64_t M, int64_t K, c
   // bfloat16 x with quantized weights: always the converted tiles and the dot product (linear.py
   // picks it from more than kMaxRows rows)
   constexpr bool q_dot = std::is_same_v<X, uint16_t> && kQuantized<W>;
+  // bfloat16 x and weights: narrow products of more than 2 rows by narrow_dot_rows
+  constexpr bool bf16_dot = std::is_same_v<X, uint16_t> && std::is_same_v<W, uint16_t>;
+#ifdef __AVX512BF16__
+  const bool narrow = bf16_dot && M > 2 && narrow_dot(K);
+#endif
+  // float32 x against float32 / bfloat16 weights: narrow products of more than 2 rows by narrow_float_rows
+  const bool narrow_float = has_many && M > 2 && K < kNarrowK;
   const bool many = has_many && M > kMaxRows;
   auto chunk = [=](int64_t c) {
     const int64_t n0 = c * rows_per_chunk, n1 = std::min(N, n0 + rows_per_chunk);
@@ -630,7 +737,13 @@ Product plan_nk(const ffi::ThreadPool& pool, const X* x, int64_t M, int64_t K, c
       many_rows_q_dot(x, M, K, w, scale, G, y, N, n0, n1);
 #endif
     } else {
+#ifdef __AVX512BF16__
+      if constexpr (bf16_dot) {
+        if (narrow) return narrow_dot_rows(x, M, K, w, y, N, n0, n1);
+      }
+#endif
       if constexpr (has_many) {
+        if (narrow_float) return narrow_float_rows(x, M, K, w, y, N, n0, n1);
         if (many) return many_rows(x, M, K, w, y, N, n0, n1);
       }
       for (int64_t t0 = n0; t0 < n1; t0 += tile) {

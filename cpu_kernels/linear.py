@@ -72,7 +72,9 @@ QUANTIZED_DOT_MIN_ROWS = {"int8": 12, "int4": 6, "fp8": 12}
 # Narrow products (K under NARROW_K: the LoRA up products, K = 32 / 64): each output is a short
 # dot product whose final sum across the vector lanes costs as much as its few steps, so XLA's
 # GEMM is faster from 4 rows (K = 32 at 4 rows: 25 against 38 GFLOP/s; K = 64 at 32 rows: 156
-# against 242, bfloat16 dot 129 against 275); one or two rows stay native.
+# against 242, bfloat16 dot 129 against 275); one or two rows stay native. Narrow kernels of their
+# own (16 weight rows' sums reduced together) take more rows: bfloat16 x bfloat16 by the dot
+# product up to MAX_ROWS["bf16_dot"], float32 x with ``library.MANY_ROWS`` up to MANY_ROWS.
 NARROW_K, MAX_ROWS_NARROW = 128, 2
 
 
@@ -81,8 +83,10 @@ def max_rows(kind: str, K: int, w_in_axis: int = 1) -> int:
     "fp8" | "bf16_dot") with K input channels in layout ``w_in_axis`` runs on this build."""
     if w_in_axis == 0:
         return MAX_ROWS_KN
-    if K < NARROW_K and kind not in QUANTIZED:
-        return MAX_ROWS_NARROW
+    if K < NARROW_K and kind not in QUANTIZED:  # the narrow kernels (linear.cc), where the build has them
+        if kind == "bf16_dot":
+            return MAX_ROWS["bf16_dot"]
+        return MANY_ROWS if library.MANY_ROWS in library.load().capabilities else MAX_ROWS_NARROW
     if kind in ("f32", "bf16") and library.MANY_ROWS in library.load().capabilities:
         return MANY_ROWS
     return MAX_ROWS[kind]

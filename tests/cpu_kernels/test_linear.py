@@ -65,14 +65,35 @@ def test_many_rows_of_wide_weights(kind, M):
 
 
 @pytest.mark.parametrize("kind", ["f32", "bf16"])
-def test_narrow_products_of_more_rows_run_xla(kind):
-    """K under NARROW_K (the LoRA up products): native for one or two rows, XLA's op above."""
+@pytest.mark.parametrize("M", [1, 2, 3, 17, 32, 33])
+def test_narrow_products_of_float32_rows(kind, M):
+    """K under NARROW_K (the LoRA up products): native for one or two rows, and up to MANY_ROWS
+    by the narrow kernel (16 weight rows' sums reduced together, the rows past the last 16 alone)
+    where the build has MANY_ROWS; XLA's op above."""
     rng = np.random.default_rng()
     K = 16 * int(rng.integers(1, native.NARROW_K // 16))
-    w = random_weight(rng, kind, int(rng.integers(1, 100)), K, 1)
-    x = jnp.asarray(rng.standard_normal((native.MAX_ROWS_NARROW + 1, K)), jnp.float32)
-    assert not native.supports(x, w) and native.supports(x[:native.MAX_ROWS_NARROW], w)
-    check(x[:native.MAX_ROWS_NARROW], w, 1)
+    w = random_weight(rng, kind, int(rng.integers(1, 600)), K, 1)
+    x = jnp.asarray(rng.standard_normal((M, K)), jnp.float32)
+    wide = library.MANY_ROWS in library.load().capabilities
+    assert native.supports(x, w) == (M <= (native.MANY_ROWS if wide else native.MAX_ROWS_NARROW))
+    check(x, w, 1)
+
+
+@pytest.mark.parametrize("M", [3, 7, 32])
+@pytest.mark.parametrize("K", [32, 64, 96])
+def test_narrow_bfloat16_products_of_more_rows(M, K):
+    """bfloat16 x with bfloat16 weights of K under NARROW_K (a bfloat16 model's LoRA up products)
+    run their own narrow dot-product kernel up to MAX_ROWS["bf16_dot"] rows where the build has
+    the dot product: 16 weight rows' sums reduced together, the rows past the last 16 alone."""
+    rng = np.random.default_rng()
+    N = int(rng.integers(1, 900))
+    x = jnp.asarray(rng.standard_normal((M, K)), jnp.bfloat16)
+    w = random_weight(rng, "bf16", N, K, 1)
+    dot = library.BF16_DOT in library.load().capabilities
+    assert native.bf16_dot(x, w) == dot
+    lowered = jax.jit(native.matmul_f32).lower(x, w).as_text()
+    assert ("rwkv7_linear_bf16_dot" in lowered) == dot
+    check(x, w, 1)
 
 
 def test_more_rows_than_the_kn_layout_takes_run_xla():
