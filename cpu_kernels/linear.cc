@@ -405,8 +405,9 @@ void narrow_float_rows(const float* x, int64_t M, int64_t K, const W* w, float* 
   }
 }
 
-// K of the narrow kernels: under 128 (NARROW_K in linear.py)
-constexpr int64_t kNarrowK = 128;
+// K of the narrow kernels: under 128 (NARROW_K in linear.py); they take more than 2 rows (fewer keep
+// the row kernels, linear.py's MAX_ROWS_NARROW)
+constexpr int64_t kNarrowK = 128, kNarrowMinRows = 3;
 
 #ifdef __AVX512BF16__
 // bfloat16 x and weight: each vdpbf16ps multiplies 32 pairs exactly and adds them into 16
@@ -580,8 +581,8 @@ void many_rows(const float* x, int64_t M, int64_t K, const W* w, float* y, int64
 }
 
 #ifdef __AVX512BF16__
-// Quantized weights against bfloat16 x by the bfloat16 dot product (x of a bfloat16 model, more
-// rows than kMaxRows): each tile of weight rows is converted once to bfloat16, exactly (int8, int4
+// Quantized weights against bfloat16 x by the bfloat16 dot product (x of a bfloat16 model, from
+// linear.py's QUANTIZED_DOT_MIN_ROWS rows): each tile of weight rows is converted once to bfloat16, exactly (int8, int4
 // and float8_e4m3fn values are all bfloat16 numbers), then MR rows of x against R weight rows a
 // step, each group of G inputs (a multiple of 32) summed apart and added into the accumulator times
 // its scale. The pair products are exact, so the result differs from x @ (q * scale).T in float32
@@ -720,15 +721,16 @@ Product plan_nk(const ffi::ThreadPool& pool, const X* x, int64_t M, int64_t K, c
   // dequantized once than with the weight widened in registers on every pass.
   constexpr bool has_many = kWide && std::is_same_v<X, float> && !kQuantized<W>;
   // bfloat16 x with quantized weights: always the converted tiles and the dot product (linear.py
-  // picks it from more than kMaxRows rows)
+  // picks it from QUANTIZED_DOT_MIN_ROWS rows)
   constexpr bool q_dot = std::is_same_v<X, uint16_t> && kQuantized<W>;
-  // bfloat16 x and weights: narrow products of more than 2 rows by narrow_dot_rows
+  // bfloat16 x and weights: narrow products of kNarrowMinRows rows or more by narrow_dot_rows
   constexpr bool bf16_dot = std::is_same_v<X, uint16_t> && std::is_same_v<W, uint16_t>;
 #ifdef __AVX512BF16__
-  const bool narrow = bf16_dot && M > 2 && narrow_dot(K);
+  const bool narrow = bf16_dot && M >= kNarrowMinRows && narrow_dot(K);
 #endif
-  // float32 x against float32 / bfloat16 weights: narrow products of more than 2 rows by narrow_float_rows
-  const bool narrow_float = has_many && M > 2 && K < kNarrowK;
+  // float32 x against float32 / bfloat16 weights: narrow products of kNarrowMinRows rows or more by
+  // narrow_float_rows
+  const bool narrow_float = has_many && M >= kNarrowMinRows && K < kNarrowK;
   const bool many = has_many && M > kMaxRows;
   auto chunk = [=](int64_t c) {
     const int64_t n0 = c * rows_per_chunk, n1 = std::min(N, n0 + rows_per_chunk);
