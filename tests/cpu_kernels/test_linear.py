@@ -140,7 +140,7 @@ def test_rows_of_zeros_skip_their_weight_rows_exactly(kind, zeros):
         assert not np.asarray(native.matmul_f32(jnp.asarray(x), w, 0)).any()
 
 
-@pytest.mark.parametrize("M,K", [(1, 128), (3, 768), (32, 64), (2, 48)])
+@pytest.mark.parametrize("M,K", [(1, 128), (3, 768), (4, 128), (13, 800), (32, 768), (32, 64), (2, 48)])
 def test_bfloat16_inputs_with_bfloat16_weights(M, K):
     """By the bfloat16 dot-product kernel where the build has it and K is a multiple of 32
     (exact pair products: only the order of the float32 sums differs), else widened."""
