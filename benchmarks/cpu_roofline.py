@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import math
 import os
 import re
 import statistics
@@ -41,13 +42,13 @@ import numpy as np
 
 import rwkv_jax
 from benchmarks.cpu_step_profile import FORMATS, params_for
-from benchmarks.quant_speed import step_bytes
 from benchmarks.results_io import cpu_model, write_results
 from cpu_kernels import library
 from cpu_kernels.linear import matmul_f32
 from pallas_kernels.quantized import QuantizedWeight
 from rwkv7_core.config import named_config
 from rwkv7_core.cost import step_bytes_and_flops
+from rwkv7_core.state import state_shapes
 from rwkv_jax.compilation import compiler_options
 
 RESULTS = Path(__file__).resolve().parent / "results" / "cpu_roofline.json"
@@ -95,49 +96,45 @@ def peak_gflops() -> dict[str, float]:
     return {what: float(rate) for what, threads, rate in found if int(threads) == 2}
 
 
-def step_rates(formats: list[str], rounds: int, seconds: float,
+def step_rates(config, params: dict[str, dict], rounds: int, seconds: float,
                stream: Callable[[], float]) -> tuple[dict[tuple[str, int], float], float]:
-    """Median tok/s of the compiled native decode step per (format, B), formats rotating per round,
-    and the median of the stream probe run at the start of each round (the host's bandwidth moves
-    with its other load, so the bound is measured beside the steps)."""
-    config = named_config("0.1b")
+    """Median tok/s of the compiled native decode step per (format, B) of each format's params,
+    formats rotating per round, and the median of the stream probe run at the start of each round
+    (the host's bandwidth moves with its other load, so the bound is measured beside the steps)."""
     steps = {}
-    for fmt, B in itertools.product(formats, BATCHES):
-        params = params_for(config, fmt)
+    for fmt, B in itertools.product(params, BATCHES):
         dtype = FORMATS[fmt][0]
         tokens = jnp.asarray(np.random.default_rng(B).integers(0, config.vocab_size, (B, 1)), jnp.int32)
         fn = jax.jit(rwkv_jax.forward_fn, static_argnames=("config", "path", "kernels"), donate_argnames=("state",))
-        exe = fn.lower(params, tokens, rwkv_jax.init_state(config, B, dtype), config=config,
+        exe = fn.lower(params[fmt], tokens, rwkv_jax.init_state(config, B, dtype), config=config,
                        path=rwkv_jax.select_path(B, 1), kernels="native").compile(compiler_options("cpu"))
-        steps[fmt, B] = (exe, params, tokens, rwkv_jax.init_state(config, B, dtype))
+        steps[fmt, B] = (exe, params[fmt], tokens, rwkv_jax.init_state(config, B, dtype))
     rates: dict[tuple[str, int], list[float]] = {key: [] for key in steps}
     keys, streams = list(steps), []
     for r in range(rounds):
         streams.append(stream())
         for key in keys[r % len(keys):] + keys[:r % len(keys)]:
-            exe, params, tokens, state = steps[key]
-            logits, state = exe(params, tokens, state)
+            exe, weights, tokens, state = steps[key]
+            logits, state = exe(weights, tokens, state)
             logits.block_until_ready()
             calls, start = 0, time.perf_counter()
             while calls < 3 or time.perf_counter() - start < seconds:
-                logits, state = exe(params, tokens, state)
+                logits, state = exe(weights, tokens, state)
                 logits.block_until_ready()
                 calls += 1
             rates[key].append(calls * key[1] / (time.perf_counter() - start))
-            steps[key] = (exe, params, tokens, state)
+            steps[key] = (exe, weights, tokens, state)
     return {key: statistics.median(v) for key, v in rates.items()}, statistics.median(streams)
 
 
-def bounds(fmt: str, stream: float, peak: dict[str, float]) -> dict:
-    """The format's bytes and flops a step (0.1b, float32 state) and its tok/s bounds at B = 1 and 32."""
-    config = named_config("0.1b")
-    params = params_for(config, fmt)
+def bounds(config, fmt: str, params: dict, stream: float, peak: dict[str, float]) -> dict:
+    """The format's bytes and flops a step (float32 state) and its tok/s bounds at B = 1 and 32."""
     itemsize = jnp.dtype(FORMATS[fmt][0]).itemsize
-    weights = step_bytes(params)
-    one, _ = step_bytes_and_flops(config, weights + config.vocab_size * config.n_embd * itemsize, itemsize, 1, 1)
+    total = sum(leaf.nbytes for leaf in jax.tree.leaves(params))
+    one, _ = step_bytes_and_flops(config, total, itemsize, 1, 1)
     B = BATCHES[-1]
-    _, flops = step_bytes_and_flops(config, weights, itemsize, B, 1)
-    state = 2 * B * config.n_layer * config.n_head * config.head_size ** 2 * 4  # float32 wkv, read and written
+    _, flops = step_bytes_and_flops(config, total, itemsize, B, 1)
+    state = 2 * 4 * math.prod(state_shapes(config, B)["wkv"])  # the float32 wkv, read and written
     rate = peak.get(ARITHMETIC[fmt])
     seconds = flops / (rate * 1e9) + state / (stream * 1e9) if rate else None
     return {"format": fmt, "bytes_b1": one, "flops_b32": flops, "state_bytes_b32": state, "arithmetic": ARITHMETIC[fmt],
@@ -151,12 +148,13 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--output", type=Path, default=RESULTS)
     args = ap.parse_args(argv)
     lib = library.load()
-    FORMATS.setdefault("int8 bfloat16-rows", (jnp.bfloat16, FORMATS["int8"][1]))
-    formats = [f for f in ARITHMETIC if ARITHMETIC[f] != "bfloat16 dot" or library.BF16_DOT in lib.capabilities]
+    config = named_config("0.1b")
+    params = {f: params_for(config, f) for f in ARITHMETIC
+              if ARITHMETIC[f] != "bfloat16 dot" or library.BF16_DOT in lib.capabilities}
     peak = peak_gflops()
-    measured, stream = step_rates(formats, args.rounds, args.seconds, stream_probe(np.random.default_rng(0)))
+    measured, stream = step_rates(config, params, args.rounds, args.seconds, stream_probe(np.random.default_rng(0)))
     print(f"stream {stream:.1f} GB/s; peak {peak}", flush=True)
-    rows = [bounds(f, stream, peak) for f in formats]
+    rows = [bounds(config, f, p, stream, peak) for f, p in params.items()]
     for row in rows:
         row["tok_s_b1"], row["tok_s_b32"] = measured[row["format"], 1], measured[row["format"], 32]
     best_b1 = max(r["tok_s_b1"] for r in rows)

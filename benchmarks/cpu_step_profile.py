@@ -37,7 +37,7 @@ from rwkv_jax.modules import RWKV7
 
 RESULTS = Path(__file__).resolve().parent / "results" / "cpu_step_profile.json"
 FORMATS = {"float32": (jnp.float32, None), "bfloat16": (jnp.bfloat16, None),
-           "int8": (jnp.float32, QuantSpec("int8", 64))}
+           "int8": (jnp.float32, QuantSpec("int8", 64)), "int8 bfloat16-rows": (jnp.bfloat16, QuantSpec("int8", 64))}
 LORA = {f"{kind}{end}" for kind in "wavg" for end in "12"}
 # name = type op(operands), kind=..., calls=...; a tuple type (a custom call's several results) has spaces
 INSTRUCTION = re.compile(r"^\s*(?:ROOT )?%([\w.\-]+) = (\([^()]*\)|\S+) (\w[\w\-]*)\((.*?)\)(?:, kind=(\w+))?"
